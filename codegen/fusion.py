@@ -1,0 +1,221 @@
+"""Fusion planning: which fx nodes are computed together in one Triton kernel.
+
+Greedy over the nodes in topological order (principles alg-fuse-pointwise-chain,
+alg-reduction-prologue, alg-reduction-epilogue). A group's kernel runs where its last member was,
+so a node may join a group only if no member of the group has a user outside the group that runs
+before the joining node; that single rule keeps the program order valid.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import fx
+
+from codegen.ops import FLOAT_DTYPES, NOp, classify, node_dtype, node_shape
+
+FUSABLE_DTYPES = FLOAT_DTYPES | {torch.bool}
+
+
+@dataclass
+class Group:
+    id: str
+    kind: str  # pointwise | reduction | softmax
+    members: list[fx.Node] = field(default_factory=list)
+    domain: tuple[int, ...] = ()
+    red: fx.Node | None = None  # the reduction / softmax node
+    aliases: dict[fx.Node, str] = field(default_factory=dict)  # getitem -> acc / acc_idx
+    out_shape: tuple[int, ...] = ()  # reduced domain of a reduction
+    rdims: list[int] = field(default_factory=list)
+    keepdim: bool = False
+    disabled: bool = False
+
+    @property
+    def template(self) -> str:
+        return self.kind
+
+    def prologue(self) -> list[fx.Node]:
+        if self.red is None:
+            return []
+        return self.members[: self.members.index(self.red)]
+
+    def epilogue(self) -> list[fx.Node]:
+        if self.red is None:
+            return list(self.members)
+        return [m for m in self.members[self.members.index(self.red) + 1:]]
+
+
+@dataclass
+class FusionPlan:
+    gm: fx.GraphModule
+    nops: dict[fx.Node, NOp]
+    groups: list[Group]
+    order: dict[fx.Node, int]
+    notes: list[str] = field(default_factory=list)
+
+    def group_of(self, node: fx.Node) -> Group | None:
+        for g in self.groups:
+            if node in g.members or node in g.aliases:
+                return g
+        return None
+
+
+def _all_float(nodes) -> bool:
+    return all(node_dtype(n) in FUSABLE_DTYPES for n in nodes)
+
+
+def _norm_dims(dim, nd: int) -> list[int] | None:
+    if dim is None or dim == () or dim == []:
+        return list(range(nd))
+    dims = list(dim) if isinstance(dim, (list, tuple)) else [dim]
+    if not all(isinstance(d, int) for d in dims):
+        return None
+    return sorted(d % nd for d in dims) if nd else []
+
+
+def plan_fusion(gm: fx.GraphModule, disabled: set[str] | None = None) -> FusionPlan:
+    """Group the graph's nodes into kernels. Groups whose id is in ``disabled`` are dropped
+    (their nodes stay torch code), which is how a failing or slow group is backed out."""
+    nodes = list(gm.graph.nodes)
+    order = {n: i for i, n in enumerate(nodes)}
+    nops = {n: classify(n, gm) for n in nodes}
+    where: dict[fx.Node, Group] = {}
+    groups: list[Group] = []
+
+    def users_ok(g: Group, n: fx.Node, strict: bool) -> bool:
+        """Every user of every member is in the group, n, or (unless strict) runs after n."""
+        for m in list(g.members) + list(g.aliases):
+            for u in m.users:
+                if u in g.members or u in g.aliases or u is n:
+                    continue
+                if strict or order[u] < order[n]:
+                    return False
+        return True
+
+    def new_group(kind: str, **kw) -> Group:
+        g = Group(id=f"g{len(groups)}", kind=kind, **kw)
+        groups.append(g)
+        return g
+
+    for n in nodes:
+        op = nops[n]
+        shape = node_shape(n)
+        if op.kind == "getitem":
+            src = op.operands[0] if op.operands else None
+            g = where.get(src) if isinstance(src, fx.Node) else None
+            if g is not None and g.red is src and op.operands[1] in (0, 1):
+                g.aliases[n] = "acc" if op.operands[1] == 0 else "acc_idx"
+                where[n] = g
+            continue
+        if op.kind == "identity":
+            src = op.operands[0]
+            g = where.get(src) if isinstance(src, fx.Node) else None
+            if g is None or shape is None:
+                continue
+            op.kind, op.name = "pointwise", "identity"
+        if op.kind == "pointwise":
+            if shape is None or not _all_float([n] + op.tensor_inputs):
+                op.kind, op.why = "library", "dtype not handled by the pointwise template"
+                continue
+            cands = [where[t] for t in op.tensor_inputs if t in where]
+            cands.sort(key=lambda g: max(order[m] for m in g.members + list(g.aliases)))
+            joined = False
+            for g in reversed(cands):
+                if g.kind == "pointwise":
+                    if shape == g.domain and users_ok(g, n, strict=False):
+                        joined = True
+                    elif (len(shape) >= len(g.domain) and shape != g.domain
+                          and torch.broadcast_shapes(shape, g.domain) == shape
+                          and users_ok(g, n, strict=True)):
+                        g.domain = shape
+                        joined = True
+                elif g.kind == "reduction" and shape == g.out_shape and users_ok(g, n, False):
+                    joined = True
+                elif g.kind == "softmax" and shape == g.domain and users_ok(g, n, False):
+                    joined = True
+                if joined:
+                    g.members.append(n)
+                    where[n] = g
+                    break
+            if not joined:
+                if op.name == "identity":
+                    op.kind = "identity"
+                    continue
+                g = new_group("pointwise", members=[n], domain=shape)
+                where[n] = g
+            continue
+        if op.kind in ("reduction", "softmax"):
+            src = op.operands[0]
+            in_shape = node_shape(src)
+            if in_shape is None or node_dtype(src) not in FLOAT_DTYPES or len(in_shape) == 0:
+                op.kind, op.why = "library", "reduction input is not a floating tensor"
+                continue
+            nd = len(in_shape)
+            dims = _norm_dims(op.p.get("dim"), nd)
+            if dims is None or (dims and dims != list(range(dims[0], dims[-1] + 1))):
+                op.kind, op.why = "library", "reduced dims are not adjacent"
+                continue
+            if op.kind == "softmax" and len(dims) != 1:
+                op.kind, op.why = "library", "softmax over several dims"
+                continue
+            if op.name in ("argmax", "argmin") and op.p.get("dim") is None and nd > 1:
+                op.kind, op.why = "library", "argmax over a flattened tensor"
+                continue
+            keepdim = bool(op.p.get("keepdim", False))
+            out_shape = tuple(1 if d in dims else s for d, s in enumerate(in_shape)) if keepdim \
+                else tuple(s for d, s in enumerate(in_shape) if d not in dims)
+            prod = [n]
+            pg = where.get(src)
+            if (pg is not None and pg.kind == "pointwise" and pg.domain == in_shape
+                    and users_ok(pg, n, strict=True)):
+                groups.remove(pg)
+                prod = pg.members + [n]
+                for m in pg.members:
+                    del where[m]
+            g = new_group(op.kind, members=prod, domain=in_shape, red=n, rdims=dims,
+                          keepdim=keepdim, out_shape=out_shape if op.kind == "reduction" else in_shape)
+            for m in prod:
+                where[m] = g
+            continue
+    # renumber in emission order (position of the last member)
+    groups.sort(key=lambda g: max(order[m] for m in g.members + list(g.aliases)))
+    for i, g in enumerate(groups):
+        g.id = f"g{i}"
+        if disabled and g.id in disabled:
+            g.disabled = True
+    plan = FusionPlan(gm, nops, [g for g in groups if not g.disabled], order)
+    return plan
+
+
+def group_inputs(plan: FusionPlan, g: Group) -> tuple[list[fx.Node], list[int], list[int]]:
+    """External tensor inputs of a group, and which of them the prologue / epilogue read.
+
+    A tensor read both before and after the reduction gets two slots: the prologue reads it on
+    the full domain, the epilogue on the reduced domain.
+    """
+    inside = set(g.members) | set(g.aliases)
+    pro_nodes = set(g.prologue()) | ({g.red} if g.red is not None else set())
+    slots: dict[tuple[str, fx.Node], int] = {}
+    ins: list[fx.Node] = []
+    for m in g.members:
+        role = "epi" if g.red is not None and m not in pro_nodes else "pro"
+        for t in plan.nops[m].tensor_inputs:
+            if t in inside or (role, t) in slots:
+                continue
+            slots[(role, t)] = len(ins)
+            ins.append(t)
+    pro = sorted(i for (role, _t), i in slots.items() if role == "pro")
+    epi = sorted(i for (role, _t), i in slots.items() if role == "epi")
+    return ins, pro, epi
+
+
+def group_outputs(g: Group) -> list[fx.Node]:
+    """Members (or reduction aliases) whose value is used outside the group."""
+    inside = set(g.members) | set(g.aliases)
+    out = []
+    for m in list(g.members) + list(g.aliases):
+        if m is g.red and g.aliases:
+            continue  # a tuple-valued reduction is used through its getitem aliases
+        if any(u not in inside for u in m.users):
+            out.append(m)
+    return out

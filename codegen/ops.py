@@ -1,0 +1,484 @@
+"""The op table: how EGG reads each torch op of a captured fx graph.
+
+Every fx node is normalized into an ``NOp``: its kind (pointwise, reduction, softmax, view,
+library, ...), a canonical name, its operands bound to named parameters, and for pointwise ops a
+Triton expression emitter. An op not in the table is a library op: it stays torch code.
+"""
+from __future__ import annotations
+
+import math
+import operator
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch import fx
+
+REQ = object()  # marks a required parameter
+
+
+@dataclass
+class OpDef:
+    name: str
+    kind: str  # pointwise | reduction | softmax | view | identity
+    params: list[tuple[str, Any]]
+    #: parameters that are operands (tensors or scalars) of a pointwise op, in order
+    operands: tuple[str, ...] = ("input",)
+
+
+@dataclass
+class NOp:
+    kind: str  # pointwise | reduction | softmax | view | library | identity | io | getitem
+    name: str
+    node: fx.Node
+    operands: list[Any] = field(default_factory=list)  # fx.Node or python scalars
+    p: dict[str, Any] = field(default_factory=dict)
+    why: str = ""  # why this node is a library op (when it is)
+
+    @property
+    def tensor_inputs(self) -> list[fx.Node]:
+        return [a for a in self.operands if isinstance(a, fx.Node)]
+
+
+def _d(name, kind, params, operands=("input",)):
+    return OpDef(name, kind, [(p if isinstance(p, tuple) else (p, REQ)) for p in params],
+                 tuple(operands))
+
+
+_U = ["input"]
+_BIN = ["input", "other", ("alpha", 1)]
+POINTWISE: dict[str, OpDef] = {
+    "add": _d("add", "pointwise", _BIN, ("input", "other")),
+    "sub": _d("sub", "pointwise", _BIN, ("input", "other")),
+    "rsub": _d("rsub", "pointwise", _BIN, ("input", "other")),
+    "mul": _d("mul", "pointwise", ["input", "other"], ("input", "other")),
+    "div": _d("div", "pointwise", ["input", "other", ("rounding_mode", None)], ("input", "other")),
+    "pow": _d("pow", "pointwise", ["input", "exponent"], ("input", "exponent")),
+    "maximum": _d("maximum", "pointwise", ["input", "other"], ("input", "other")),
+    "minimum": _d("minimum", "pointwise", ["input", "other"], ("input", "other")),
+    "where": _d("where", "pointwise", ["condition", "input", "other"],
+                ("condition", "input", "other")),
+    "clamp": _d("clamp", "pointwise", ["input", ("min", None), ("max", None)],
+                ("input", "min", "max")),
+    "gt": _d("gt", "pointwise", ["input", "other"], ("input", "other")),
+    "ge": _d("ge", "pointwise", ["input", "other"], ("input", "other")),
+    "lt": _d("lt", "pointwise", ["input", "other"], ("input", "other")),
+    "le": _d("le", "pointwise", ["input", "other"], ("input", "other")),
+    "eq": _d("eq", "pointwise", ["input", "other"], ("input", "other")),
+    "ne": _d("ne", "pointwise", ["input", "other"], ("input", "other")),
+    "leaky_relu": _d("leaky_relu", "pointwise", ["input", ("negative_slope", 0.01), ("inplace", False)]),
+    "gelu": _d("gelu", "pointwise", ["input", ("approximate", "none")]),
+    "softplus": _d("softplus", "pointwise", ["input", ("beta", 1.0), ("threshold", 20.0)]),
+    "elu": _d("elu", "pointwise", ["input", ("alpha", 1.0), ("inplace", False)]),
+    "celu": _d("celu", "pointwise", ["input", ("alpha", 1.0), ("inplace", False)]),
+    "hardtanh": _d("hardtanh", "pointwise", ["input", ("min_val", -1.0), ("max_val", 1.0), ("inplace", False)]),
+    "threshold": _d("threshold", "pointwise", ["input", "threshold", "value", ("inplace", False)]),
+    "cast": _d("cast", "pointwise", ["input", "dtype"]),
+}
+for _n in ["neg", "abs", "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "rsqrt",
+           "sin", "cos", "tan", "sigmoid", "tanh", "relu", "relu6", "silu", "mish", "softsign",
+           "selu", "hardsigmoid", "hardswish", "reciprocal", "square", "sign", "floor", "ceil",
+           "erf", "logsigmoid", "tanhshrink", "logical_not"]:
+    POINTWISE[_n] = _d(_n, "pointwise", _U + [("inplace", False)])
+
+REDUCTIONS: dict[str, OpDef] = {
+    "sum": _d("sum", "reduction", ["input", ("dim", None), ("keepdim", False), ("dtype", None)]),
+    "mean": _d("mean", "reduction", ["input", ("dim", None), ("keepdim", False), ("dtype", None)]),
+    "amax": _d("amax", "reduction", ["input", ("dim", ()), ("keepdim", False)]),
+    "amin": _d("amin", "reduction", ["input", ("dim", ()), ("keepdim", False)]),
+    "argmax": _d("argmax", "reduction", ["input", ("dim", None), ("keepdim", False)]),
+    "argmin": _d("argmin", "reduction", ["input", ("dim", None), ("keepdim", False)]),
+    "logsumexp": _d("logsumexp", "reduction", ["input", "dim", ("keepdim", False)]),
+    "max_dim": _d("max_dim", "reduction", ["input", "dim", ("keepdim", False)]),
+    "min_dim": _d("min_dim", "reduction", ["input", "dim", ("keepdim", False)]),
+    "softmax": _d("softmax", "softmax", ["input", ("dim", None), ("_stacklevel", 3), ("dtype", None)]),
+    "log_softmax": _d("log_softmax", "softmax", ["input", ("dim", None), ("_stacklevel", 3), ("dtype", None)]),
+}
+
+VIEWS = {"view", "reshape", "flatten", "unsqueeze", "squeeze", "permute", "transpose", "t",
+         "expand", "expand_as", "view_as", "reshape_as", "unflatten", "narrow", "select",
+         "movedim", "contiguous", "split", "chunk", "unbind", "size", "dim", "numel"}
+IDENTITY = {"clone", "detach", "identity"}
+
+# -- callables of fx call_function nodes -> canonical names ---------------------------------
+FUNCTIONS: dict[Any, str] = {
+    operator.add: "add", operator.sub: "sub", operator.mul: "mul", operator.truediv: "div",
+    operator.neg: "neg", operator.pow: "pow", operator.gt: "gt", operator.ge: "ge",
+    operator.lt: "lt", operator.le: "le", operator.eq: "eq", operator.ne: "ne",
+    torch.add: "add", torch.sub: "sub", torch.subtract: "sub", torch.rsub: "rsub",
+    torch.mul: "mul", torch.multiply: "mul", torch.div: "div", torch.divide: "div",
+    torch.true_divide: "div", torch.pow: "pow", torch.maximum: "maximum", torch.minimum: "minimum",
+    torch.fmax: "maximum", torch.fmin: "minimum", torch.where: "where",
+    torch.clamp: "clamp", torch.clip: "clamp", torch.clamp_min: "clamp_min",
+    torch.clamp_max: "clamp_max", torch.gt: "gt", torch.ge: "ge", torch.lt: "lt", torch.le: "le",
+    torch.eq: "eq", torch.ne: "ne", torch.greater: "gt", torch.less: "lt",
+    torch.sum: "sum", torch.mean: "mean", torch.amax: "amax", torch.amin: "amin",
+    torch.argmax: "argmax", torch.argmin: "argmin", torch.logsumexp: "logsumexp",
+    torch.max: "max", torch.min: "min", torch.softmax: "softmax", torch.log_softmax: "log_softmax",
+    F.softmax: "softmax", F.log_softmax: "log_softmax", torch.special.softmax: "softmax",
+    F.relu: "relu", F.relu6: "relu6", F.leaky_relu: "leaky_relu", F.gelu: "gelu",
+    F.silu: "silu", F.mish: "mish", F.softplus: "softplus", F.softsign: "softsign",
+    F.elu: "elu", F.celu: "celu", F.selu: "selu", F.hardtanh: "hardtanh",
+    F.hardsigmoid: "hardsigmoid", F.hardswish: "hardswish", F.logsigmoid: "logsigmoid",
+    F.tanhshrink: "tanhshrink", F.threshold: "threshold", F.sigmoid: "sigmoid", F.tanh: "tanh",
+    torch.sigmoid: "sigmoid", torch.tanh: "tanh", torch.relu: "relu", torch.exp: "exp",
+    torch.exp2: "exp2", torch.expm1: "expm1", torch.log: "log", torch.log2: "log2",
+    torch.log10: "log10", torch.log1p: "log1p", torch.sqrt: "sqrt", torch.rsqrt: "rsqrt",
+    torch.sin: "sin", torch.cos: "cos", torch.tan: "tan", torch.abs: "abs", torch.neg: "neg",
+    torch.negative: "neg", torch.reciprocal: "reciprocal", torch.square: "square",
+    torch.sign: "sign", torch.floor: "floor", torch.ceil: "ceil", torch.erf: "erf",
+    torch.special.erf: "erf", torch.special.expit: "sigmoid", torch.logical_not: "logical_not",
+    torch.selu: "selu", torch.celu: "celu", torch.nn.functional.dropout: "dropout",
+    torch.dropout: "dropout", torch.clone: "clone", torch.detach: "detach",
+    torch.flatten: "flatten", torch.reshape: "reshape", torch.squeeze: "squeeze",
+    torch.unsqueeze: "unsqueeze", torch.permute: "permute", torch.transpose: "transpose",
+    torch.t: "t", operator.getitem: "getitem", getattr: "getattr",
+}
+for _fn, _name in [("gelu", "gelu"), ("leaky_relu", "leaky_relu"), ("softplus", "softplus"),
+                   ("elu", "elu"), ("hardtanh", "hardtanh"), ("hardsigmoid", "hardsigmoid"),
+                   ("hardswish", "hardswish"), ("silu", "silu"), ("mish", "mish"),
+                   ("relu6", "relu6"), ("log_sigmoid", "logsigmoid")]:
+    if hasattr(torch._C._nn, _fn):
+        FUNCTIONS[getattr(torch._C._nn, _fn)] = _name
+
+METHODS: dict[str, str] = {
+    "add": "add", "sub": "sub", "mul": "mul", "div": "div", "true_divide": "div", "pow": "pow",
+    "clamp": "clamp", "clip": "clamp", "clamp_min": "clamp_min", "clamp_max": "clamp_max",
+    "maximum": "maximum", "minimum": "minimum", "where": "where_method", "gt": "gt", "ge": "ge",
+    "lt": "lt", "le": "le", "eq": "eq", "ne": "ne", "sum": "sum", "mean": "mean",
+    "amax": "amax", "amin": "amin", "argmax": "argmax", "argmin": "argmin",
+    "logsumexp": "logsumexp", "max": "max", "min": "min", "softmax": "softmax",
+    "log_softmax": "log_softmax", "relu": "relu", "sigmoid": "sigmoid", "tanh": "tanh",
+    "exp": "exp", "exp2": "exp2", "expm1": "expm1", "log": "log", "log2": "log2",
+    "log10": "log10", "log1p": "log1p", "sqrt": "sqrt", "rsqrt": "rsqrt", "sin": "sin",
+    "cos": "cos", "tan": "tan", "abs": "abs", "neg": "neg", "reciprocal": "reciprocal",
+    "square": "square", "sign": "sign", "floor": "floor", "ceil": "ceil", "erf": "erf",
+    "float": "cast_float", "half": "cast_half", "bfloat16": "cast_bf16", "double": "cast_double",
+    "to": "to", "type_as": "type_as", "clone": "clone", "detach": "detach",
+    "logical_not": "logical_not",
+}
+METHODS.update({v: v for v in VIEWS})
+
+MODULES: dict[type, tuple[str, Callable[[nn.Module], dict]]] = {
+    nn.ReLU: ("relu", lambda m: {}), nn.ReLU6: ("relu6", lambda m: {}),
+    nn.Sigmoid: ("sigmoid", lambda m: {}), nn.Tanh: ("tanh", lambda m: {}),
+    nn.SiLU: ("silu", lambda m: {}), nn.Mish: ("mish", lambda m: {}),
+    nn.GELU: ("gelu", lambda m: {"approximate": m.approximate}),
+    nn.LeakyReLU: ("leaky_relu", lambda m: {"negative_slope": m.negative_slope}),
+    nn.ELU: ("elu", lambda m: {"alpha": m.alpha}), nn.CELU: ("celu", lambda m: {"alpha": m.alpha}),
+    nn.SELU: ("selu", lambda m: {}), nn.Softsign: ("softsign", lambda m: {}),
+    nn.Softplus: ("softplus", lambda m: {"beta": m.beta, "threshold": m.threshold}),
+    nn.Hardtanh: ("hardtanh", lambda m: {"min_val": m.min_val, "max_val": m.max_val}),
+    nn.Hardsigmoid: ("hardsigmoid", lambda m: {}), nn.Hardswish: ("hardswish", lambda m: {}),
+    nn.LogSigmoid: ("logsigmoid", lambda m: {}), nn.Tanhshrink: ("tanhshrink", lambda m: {}),
+    nn.Threshold: ("threshold", lambda m: {"threshold": m.threshold, "value": m.value}),
+    nn.Softmax: ("softmax", lambda m: {"dim": m.dim}),
+    nn.LogSoftmax: ("log_softmax", lambda m: {"dim": m.dim}),
+    nn.Identity: ("identity", lambda m: {}),
+    nn.Flatten: ("flatten_module", lambda m: {"start_dim": m.start_dim, "end_dim": m.end_dim}),
+    nn.Dropout: ("dropout", lambda m: {"p": m.p, "training": m.training}),
+}
+
+FLOAT_DTYPES = {torch.float32, torch.float16, torch.bfloat16, torch.float64}
+
+
+def _bind(op: OpDef, args: tuple, kwargs: dict) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    names = [n for n, _ in op.params]
+    if len(args) > len(names):
+        raise TypeError(f"{op.name}: too many positional arguments")
+    for n, a in zip(names, args):
+        out[n] = a
+    for k, v in kwargs.items():
+        if k not in names:
+            raise TypeError(f"{op.name}: unsupported keyword {k!r}")
+        if k in out:
+            raise TypeError(f"{op.name}: {k!r} given twice")
+        out[k] = v
+    for n, default in op.params:
+        if n not in out:
+            if default is REQ:
+                raise TypeError(f"{op.name}: missing {n!r}")
+            out[n] = default
+    return out
+
+
+def tensor_meta(node: fx.Node):
+    return node.meta.get("tensor_meta")
+
+
+def node_shape(node: fx.Node) -> tuple[int, ...] | None:
+    tm = tensor_meta(node)
+    return tuple(tm.shape) if tm is not None and hasattr(tm, "shape") else None
+
+
+def node_dtype(node: fx.Node) -> torch.dtype | None:
+    tm = tensor_meta(node)
+    return tm.dtype if tm is not None and hasattr(tm, "dtype") else None
+
+
+def is_scalar(v: Any) -> bool:
+    return isinstance(v, (int, float, bool)) and not isinstance(v, fx.Node)
+
+
+def library(node: fx.Node, why: str) -> NOp:
+    return NOp("library", _describe(node), node, why=why)
+
+
+def _describe(node: fx.Node) -> str:
+    if node.op == "call_module":
+        return f"module:{node.target}"
+    if node.op == "call_method":
+        return f"method:{node.target}"
+    t = node.target
+    return f"fn:{getattr(t, '__module__', '')}.{getattr(t, '__name__', str(t))}"
+
+
+def classify(node: fx.Node, gm: fx.GraphModule) -> NOp:
+    """Normalize one fx node; anything unknown or unsupported becomes a library op."""
+    if node.op in ("placeholder", "output"):
+        return NOp("io", node.op, node)
+    if node.op == "get_attr":
+        return NOp("param", "get_attr", node)
+    try:
+        return _classify(node, gm)
+    except TypeError as e:  # argument shapes we do not model: keep the op as torch code
+        return library(node, str(e))
+
+
+def _classify(node: fx.Node, gm: fx.GraphModule) -> NOp:
+    args, kwargs = tuple(node.args), dict(node.kwargs)
+    if node.op == "call_module":
+        mod = gm.get_submodule(node.target)
+        entry = MODULES.get(type(mod))
+        if entry is None:
+            return library(node, f"module {type(mod).__name__} has no template")
+        name, attrs = entry
+        p = attrs(mod)
+        if name == "dropout":
+            if p["p"] == 0.0 or not p["training"]:
+                return NOp("identity", "identity", node, [args[0]])
+            return library(node, "dropout in training mode draws random numbers")
+        if name == "identity":
+            return NOp("identity", "identity", node, [args[0]])
+        if name == "flatten_module":
+            return NOp("view", "flatten", node, list(args))
+        return _from_name(name, node, args, kwargs, extra=p)
+    if node.op == "call_method":
+        name = METHODS.get(node.target)
+        if name is None:
+            return library(node, f"method {node.target} has no template")
+        return _from_name(name, node, args, kwargs)
+    name = FUNCTIONS.get(node.target)
+    if name is None:
+        return library(node, f"{_describe(node)} has no template")
+    return _from_name(name, node, args, kwargs)
+
+
+def _from_name(name: str, node: fx.Node, args: tuple, kwargs: dict, extra: dict | None = None) -> NOp:
+    if name in VIEWS:
+        return NOp("view", name, node, list(args))
+    if name == "getitem":
+        return NOp("getitem", "getitem", node, list(args))
+    if name == "getattr":
+        return NOp("view", "getattr", node, list(args))
+    if name in IDENTITY:
+        return NOp("identity", "identity", node, [args[0]])
+    if name == "dropout":
+        b = _bind(_d("dropout", "x", ["input", ("p", 0.5), ("training", True), ("inplace", False)]), args, kwargs)
+        if b["p"] == 0.0 or not b["training"]:
+            return NOp("identity", "identity", node, [b["input"]])
+        return library(node, "dropout in training mode draws random numbers")
+    # casts
+    if name.startswith("cast_") or name in ("to", "type_as"):
+        target = {"cast_float": torch.float32, "cast_half": torch.float16,
+                  "cast_bf16": torch.bfloat16, "cast_double": torch.float64}.get(name)
+        if target is None:
+            target = node_dtype(node)
+            extra_args = [a for a in list(args[1:]) + list(kwargs.values())
+                          if not isinstance(a, torch.dtype)]
+            if any(isinstance(a, (torch.device, str)) for a in extra_args) or target is None:
+                return library(node, "to() with a device or memory format")
+            if name == "type_as":
+                return NOp("pointwise", "cast", node, [args[0]], {"dtype": target})
+        return NOp("pointwise", "cast", node, [args[0]], {"dtype": target})
+    if name == "where_method":  # x.where(cond, other)
+        b = _bind(_d("w", "x", ["input", "condition", "other"]), args, kwargs)
+        return NOp("pointwise", "where", node, [b["condition"], b["input"], b["other"]])
+    if name in ("clamp_min", "clamp_max"):
+        b = _bind(_d(name, "x", ["input", "bound"]), args, kwargs)
+        p = {"min": b["bound"], "max": None} if name == "clamp_min" else {"min": None, "max": b["bound"]}
+        return NOp("pointwise", "clamp", node, [b["input"], p["min"], p["max"]])
+    if name in ("max", "min"):
+        rest = list(args[1:]) + list(kwargs.values())
+        if rest and isinstance(rest[0], fx.Node):  # elementwise max/min of two tensors
+            b = _bind(POINTWISE["maximum"], args, kwargs)
+            return NOp("pointwise", "maximum" if name == "max" else "minimum", node,
+                       [b["input"], b["other"]])
+        if not rest:  # full reduction
+            return NOp("reduction", "amax" if name == "max" else "amin", node, [args[0]],
+                       {"dim": None, "keepdim": False})
+        name = "max_dim" if name == "max" else "min_dim"
+    if name in POINTWISE:
+        op = POINTWISE[name]
+        b = _bind(op, args, kwargs)
+        if extra:
+            b.update(extra)
+        if b.get("inplace"):
+            raise TypeError(f"{name}: in-place variant kept as torch code")
+        operands = [b[k] for k in op.operands]
+        p = {k: v for k, v in b.items() if k not in op.operands}
+        for v in operands:
+            if not (isinstance(v, fx.Node) or is_scalar(v) or v is None):
+                raise TypeError(f"{name}: operand of type {type(v).__name__}")
+        if name == "div" and p.get("rounding_mode") not in (None,):
+            raise TypeError("div with a rounding mode")
+        return NOp("pointwise", name, node, operands, p)
+    if name in REDUCTIONS:
+        op = REDUCTIONS[name]
+        b = _bind(op, args, kwargs)
+        if extra:
+            b.update(extra)
+        if b.get("dtype") is not None:
+            raise TypeError(f"{name} with dtype=")
+        if not isinstance(b["input"], fx.Node):
+            raise TypeError(f"{name} of a non-tensor")
+        p = {k: v for k, v in b.items() if k not in ("input", "_stacklevel", "dtype")}
+        if op.kind == "softmax" and p.get("dim") is None:
+            raise TypeError(f"{name} without dim")
+        return NOp(op.kind, name, node, [b["input"]], p)
+    raise TypeError(f"{name} has no template")
+
+
+# -- Triton expressions for pointwise ops ---------------------------------------------------
+def lit(v: Any) -> str:
+    """A Python scalar as a Triton literal."""
+    if isinstance(v, bool):
+        return "1.0" if v else "0.0"
+    v = float(v)
+    if math.isinf(v):
+        return 'float("inf")' if v > 0 else 'float("-inf")'
+    if math.isnan(v):
+        return 'float("nan")'
+    return repr(v)
+
+
+SELU_ALPHA = 1.6732632423543772848170429916717
+SELU_SCALE = 1.0507009873554804934193349852946
+
+
+def _pow(a: str, e: Any) -> str:
+    if isinstance(e, str):
+        return f"tl.exp({e} * tl.log({a}))"
+    e = float(e)
+    if e == 2.0:
+        return f"({a} * {a})"
+    if e == 3.0:
+        return f"({a} * {a} * {a})"
+    if e == 4.0:
+        return f"(({a} * {a}) * ({a} * {a}))"
+    if e == 1.0:
+        return f"({a})"
+    if e == 0.0:
+        return f"({a} * 0.0 + 1.0)"
+    if e == 0.5:
+        return f"tl.sqrt({a})"
+    if e == -1.0:
+        return f"(1.0 / {a})"
+    if e == -0.5:
+        return f"(1.0 / tl.sqrt({a}))"
+    if e == int(e):  # integer power of any sign base: |a|^e with the sign of a^e
+        mag = f"tl.exp({lit(e)} * tl.log(tl.abs({a})))"
+        if int(e) % 2:
+            return f"tl.where({a} < 0, -{mag}, {mag})"
+        return mag
+    return f"tl.exp({lit(e)} * tl.log({a}))"
+
+
+def _clamp(a: str, lo: str | None, hi: str | None) -> str:
+    out = a
+    if lo is not None:
+        out = f"tl.maximum({out}, {lo})"
+    if hi is not None:
+        out = f"tl.minimum({out}, {hi})"
+    return out
+
+
+def emit(op: NOp, a: list[str | None]) -> str:
+    """Triton expression of a pointwise op over operand expressions ``a`` (None: absent)."""
+    n, p = op.name, op.p
+    x = a[0]
+    if n == "add":
+        b = a[1] if p.get("alpha", 1) == 1 else f"({a[1]} * {lit(p['alpha'])})"
+        return f"({x} + {b})"
+    if n == "sub":
+        b = a[1] if p.get("alpha", 1) == 1 else f"({a[1]} * {lit(p['alpha'])})"
+        return f"({x} - {b})"
+    if n == "rsub":
+        b = x if p.get("alpha", 1) == 1 else f"({x} * {lit(p['alpha'])})"
+        return f"({a[1]} - {b})"
+    simple = {
+        "mul": "({0} * {1})", "div": "({0} / {1})", "maximum": "tl.maximum({0}, {1})",
+        "minimum": "tl.minimum({0}, {1})", "gt": "({0} > {1})", "ge": "({0} >= {1})",
+        "lt": "({0} < {1})", "le": "({0} <= {1})", "eq": "({0} == {1})", "ne": "({0} != {1})",
+    }
+    if n in simple:
+        return simple[n].format(x, a[1])
+    if n == "where":
+        return f"tl.where({a[0]}, {a[1]}, {a[2]})"
+    if n == "pow":
+        return _pow(x, a[1] if isinstance(op.operands[1], fx.Node) else op.operands[1])
+    if n == "clamp":
+        return _clamp(x, a[1], a[2])
+    if n == "cast":
+        from knowledge.templates import TL_DTYPE
+
+        dt = str(p["dtype"]).replace("torch.", "")
+        if dt in ("float32",):
+            return f"({x})"
+        return f"({x}).to({TL_DTYPE[dt]}).to(tl.float32)"
+    unary = {
+        "neg": "(-{0})", "abs": "tl.abs({0})", "exp": "tl.exp({0})", "exp2": "tl.exp2({0})",
+        "expm1": "(tl.exp({0}) - 1.0)", "log": "tl.log({0})", "log2": "tl.log2({0})",
+        "log10": "(tl.log({0}) * 0.4342944819032518)", "log1p": "tl.log(1.0 + {0})",
+        "sqrt": "tl.sqrt({0})", "rsqrt": "(1.0 / tl.sqrt({0}))", "sin": "tl.sin({0})",
+        "cos": "tl.cos({0})", "tan": "(tl.sin({0}) / tl.cos({0}))", "sigmoid": "tl.sigmoid({0})",
+        "tanh": "_egg_tanh({0})", "relu": "tl.maximum({0}, 0.0)",
+        "relu6": "tl.minimum(tl.maximum({0}, 0.0), 6.0)", "silu": "({0} * tl.sigmoid({0}))",
+        "mish": "({0} * _egg_tanh(_egg_softplus({0}, 1.0, 20.0)))",
+        "softsign": "({0} / (1.0 + tl.abs({0})))",
+        "selu": f"({SELU_SCALE!r} * tl.where({{0}} > 0, {{0}}, {SELU_ALPHA!r} * (tl.exp({{0}}) - 1.0)))",
+        "hardsigmoid": "tl.minimum(tl.maximum({0} / 6.0 + 0.5, 0.0), 1.0)",
+        "hardswish": "({0} * tl.minimum(tl.maximum({0} + 3.0, 0.0), 6.0) / 6.0)",
+        "reciprocal": "(1.0 / {0})", "square": "({0} * {0})",
+        "sign": "tl.where({0} > 0, 1.0, tl.where({0} < 0, -1.0, 0.0))",
+        "floor": "tl.floor({0})", "ceil": "tl.ceil({0})", "erf": "tl.math.erf({0})",
+        "logsigmoid": "(tl.minimum({0}, 0.0) - tl.log(1.0 + tl.exp(-tl.abs({0}))))",
+        "tanhshrink": "({0} - _egg_tanh({0}))", "logical_not": "({0} == 0)",
+    }
+    if n in unary:
+        return unary[n].format(x)
+    if n == "leaky_relu":
+        return f"tl.where({x} > 0, {x}, {x} * {lit(p['negative_slope'])})"
+    if n == "gelu":
+        if p.get("approximate", "none") == "tanh":
+            inner = f"0.7978845608028654 * ({x} + 0.044715 * {x} * {x} * {x})"
+            return f"(0.5 * {x} * (1.0 + _egg_tanh({inner})))"
+        return f"(0.5 * {x} * (1.0 + tl.math.erf({x} * 0.7071067811865476)))"
+    if n == "softplus":
+        return f"_egg_softplus({x}, {lit(p['beta'])}, {lit(p['threshold'])})"
+    if n == "elu":
+        return f"tl.where({x} > 0, {x}, {lit(p['alpha'])} * (tl.exp({x}) - 1.0))"
+    if n == "celu":
+        al = lit(p["alpha"])
+        return f"tl.where({x} > 0, {x}, {al} * (tl.exp({x} / {al}) - 1.0))"
+    if n == "hardtanh":
+        return _clamp(x, lit(p["min_val"]), lit(p["max_val"]))
+    if n == "threshold":
+        return f"tl.where({x} > {lit(p['threshold'])}, {x}, {lit(p['value'])})"
+    raise KeyError(f"no Triton expression for {n}")
+
+
+BOOL_RESULT = {"gt", "ge", "lt", "le", "eq", "ne", "logical_not"}

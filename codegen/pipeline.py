@@ -1,0 +1,70 @@
+"""One call from a problem to a ModelNew source: capture, rewrites, fusion, emit."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from codegen.emit import Emitted, emit_model
+from codegen.fusion import FusionPlan, Group, group_inputs, plan_fusion
+from codegen import rewrites as RW
+from harness.capture import capture
+from harness.problem import LoadedProblem
+
+FALLBACK_CLASS = '''
+
+# ======== EGG: the reference itself (no kernel beat it or none applies) ========
+class ModelNew(Model):
+    pass
+'''
+
+
+def fallback_source(problem_source: str) -> str:
+    return problem_source.rstrip() + "\n" + FALLBACK_CLASS
+
+
+@dataclass
+class Compiled:
+    emitted: Emitted | None
+    plan: FusionPlan | None
+    rewrites: list[str] = field(default_factory=list)
+    error: str | None = None
+
+
+def group_geometry(g: Group, n_inputs: int) -> dict:
+    """Sizes a launch heuristic needs: numel, rows, reduced length, inner length."""
+    numel = 1
+    for s in g.domain:
+        numel *= s
+    if g.red is None:
+        return {"numel": numel, "n_inputs": n_inputs}
+    lo, hi = g.rdims[0], g.rdims[-1] + 1
+    r = 1
+    for s in g.domain[lo:hi]:
+        r *= s
+    inner = 1
+    for s in g.domain[hi:]:
+        inner *= s
+    return {"numel": numel, "n_inputs": n_inputs, "r": r, "inner": inner,
+            "nrows": max(1, numel // max(1, r * inner)), "rows_variant": inner == 1}
+
+
+def analyze(prob: LoadedProblem, disabled: set[str] | None = None, use_rewrites: bool = True):
+    """Capture and plan, without emitting: (plan, rewrites applied, error)."""
+    cap = capture(prob)
+    if cap.gm is None:
+        return None, [], cap.error
+    applied = RW.apply_all(cap.gm) if use_rewrites else []
+    return plan_fusion(cap.gm, disabled), applied, None
+
+
+def compile_problem(prob: LoadedProblem, disabled: set[str] | None = None,
+                    configs: dict[str, dict] | None = None, header: str = "",
+                    use_rewrites: bool = True) -> Compiled:
+    plan, applied, err = analyze(prob, disabled, use_rewrites)
+    if plan is None:
+        return Compiled(None, None, [], err)
+    em = emit_model(prob.source, plan, configs, header)
+    return Compiled(em, plan, applied)
+
+
+__all__ = ["Compiled", "compile_problem", "analyze", "fallback_source", "group_geometry",
+           "group_inputs"]

@@ -1,0 +1,1 @@
+"""Building the EGG graph, its routers, checkpoints and time travel, and the CLI."""

@@ -1,0 +1,62 @@
+"""Routers: small pure functions of the state, typed with Literal so Studio draws real edges."""
+from __future__ import annotations
+
+from typing import Literal
+
+from state import EggState, NEXT_STAGE, STAGE_NODE
+
+Author = Literal["algorithm_designer", "tiler", "memory_optimizer"]
+
+
+def next_stage_node(stage: str) -> Literal["tiler", "memory_optimizer", "reporter"]:
+    nxt = NEXT_STAGE.get(stage, "done")
+    return STAGE_NODE.get(nxt, "reporter")  # type: ignore[return-value]
+
+
+def _may_retry(state: EggState) -> bool:
+    cap = state.caps.get(state.stage, 1)
+    return state.attempts.get(state.stage, 0) < cap
+
+
+def route_after_planner(state: EggState) -> Literal["algorithm_designer", "reporter"]:
+    return "reporter" if state.error else "algorithm_designer"
+
+
+def _after_author(state: EggState) -> str:
+    """A new candidate goes to the verifier; a stage with nothing (more) to try moves on."""
+    if state.current_id is not None and state.verification(state.current_id) is None:
+        return "verifier"
+    return next_stage_node(state.stage)
+
+
+def route_after_designer(state: EggState) -> Literal["verifier", "tiler"]:
+    return _after_author(state)  # type: ignore[return-value]
+
+
+def route_after_tiler(state: EggState) -> Literal["verifier", "memory_optimizer"]:
+    return _after_author(state)  # type: ignore[return-value]
+
+
+def route_after_memory(state: EggState) -> Literal["verifier", "reporter"]:
+    return _after_author(state)  # type: ignore[return-value]
+
+
+def route_after_verifier(state: EggState) -> Literal[
+        "profiler", "algorithm_designer", "tiler", "memory_optimizer", "reporter"]:
+    """Passed: time it. Failed: back to the stage's author while under its cap, else move on."""
+    v = state.verification(state.current_id)
+    if v is not None and v.passed:
+        return "profiler"
+    if _may_retry(state):
+        return STAGE_NODE[state.stage]  # type: ignore[return-value]
+    return next_stage_node(state.stage)
+
+
+def route_after_profiler(state: EggState) -> Literal[
+        "algorithm_designer", "tiler", "memory_optimizer", "reporter"]:
+    """Regressed (beyond noise) or unmeasurable: another variant while under the cap; an
+    improvement, noise or a finished stage moves on."""
+    t = state.timing(state.current_id)
+    if t is not None and t.verdict in ("regressed", "failed") and _may_retry(state):
+        return STAGE_NODE[state.stage]  # type: ignore[return-value]
+    return next_stage_node(state.stage)

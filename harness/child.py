@@ -1,0 +1,35 @@
+"""Entry point of the harness's child processes: ``python -m harness.child MODE REQUEST_JSON``.
+
+MODE is ``verify`` (a judge process: writes one verdict) or ``profile`` (a timing server that
+reads JSON requests on stdin). The original stdout is the protocol channel; anything the
+problem or candidate prints goes to stderr.
+"""
+import json
+import os
+import sys
+
+
+def main() -> int:
+    mode, req = sys.argv[1], json.loads(sys.argv[2])
+    chan = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    if req.get("device") == "cpu":
+        os.environ["TRITON_INTERPRET"] = "1"
+    else:
+        os.environ.pop("TRITON_INTERPRET", None)
+    if req.get("triton_cache"):
+        os.environ["TRITON_CACHE_DIR"] = req["triton_cache"]
+    from harness import worker  # imported only now: the environment above must be in place
+
+    if mode == "verify":
+        worker.judge(req, chan)
+    elif mode == "profile":
+        worker.profile_server(req, chan, sys.stdin)
+    else:
+        raise SystemExit(f"unknown mode {mode}")
+    chan.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

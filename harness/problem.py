@@ -1,0 +1,180 @@
+"""Loading KernelBench-format problem files (and candidate files) with one-line errors.
+
+A problem file defines ``Model(nn.Module)``, ``get_inputs()`` and ``get_init_inputs()``. Every
+way a file can be unusable becomes a ``ProblemError`` whose message is one line naming the file;
+the CLI prints it and exits with code 2.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import pathlib
+import sys
+import types
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from state.records import ProblemSpec, TensorSpec
+
+
+class ProblemError(Exception):
+    """A problem or candidate file that cannot be used."""
+
+
+def _one_line(e: BaseException) -> str:
+    msg = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {msg[0] if msg else ''}".rstrip(": ")
+
+
+def load_module(path: str | pathlib.Path, what: str = "problem") -> types.ModuleType:
+    """Import a Python file as a fresh module (a new name each time it changes)."""
+    p = pathlib.Path(path)
+    if not p.is_file():
+        raise ProblemError(f"{what} {p}: no such file")
+    try:
+        src = p.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ProblemError(f"{what} {p}: cannot be read ({_one_line(e)})") from None
+    try:
+        code = compile(src, str(p), "exec")
+    except SyntaxError as e:
+        raise ProblemError(f"{what} {p}: does not parse: line {e.lineno}: {e.msg}") from None
+    digest = hashlib.sha256(src.encode()).hexdigest()[:12]
+    name = f"egg_{what}_{p.stem.replace('-', '_').replace('.', '_')}_{digest}"
+    mod = types.ModuleType(name)
+    mod.__file__ = str(p)
+    sys.modules[name] = mod
+    try:
+        exec(code, mod.__dict__)
+    except BaseException as e:  # noqa: BLE001 - any failure of user code is reported, not raised
+        sys.modules.pop(name, None)
+        if isinstance(e, KeyboardInterrupt):
+            raise
+        raise ProblemError(f"{what} {p}: importing it raised {_one_line(e)}") from None
+    return mod
+
+
+@dataclass
+class LoadedProblem:
+    path: str
+    name: str
+    source: str
+    sha256: str
+    module: types.ModuleType
+
+    @property
+    def Model(self) -> type:
+        return self.module.Model
+
+    def init_inputs(self) -> list:
+        return call_checked(self, "get_init_inputs", tensors_required=False)
+
+    def inputs(self) -> list:
+        return call_checked(self, "get_inputs", tensors_required=True)
+
+
+def load_problem(path: str | pathlib.Path) -> LoadedProblem:
+    p = pathlib.Path(path)
+    mod = load_module(p, "problem")
+    missing = [n for n in ("Model", "get_inputs", "get_init_inputs") if not hasattr(mod, n)]
+    if missing:
+        raise ProblemError(f"problem {p}: lacks {', '.join(missing)}")
+    if not (isinstance(mod.Model, type) and issubclass(mod.Model, nn.Module)):
+        raise ProblemError(f"problem {p}: Model is not an nn.Module class")
+    for fn in ("get_inputs", "get_init_inputs"):
+        if not callable(getattr(mod, fn)):
+            raise ProblemError(f"problem {p}: {fn} is not a function")
+    src = p.read_text()
+    return LoadedProblem(str(p), p.stem, src, hashlib.sha256(src.encode()).hexdigest(), mod)
+
+
+def call_checked(prob: LoadedProblem, fn: str, tensors_required: bool) -> list:
+    try:
+        out = getattr(prob.module, fn)()
+    except BaseException as e:  # noqa: BLE001
+        if isinstance(e, KeyboardInterrupt):
+            raise
+        raise ProblemError(f"problem {prob.path}: {fn}() raised {_one_line(e)}") from None
+    if not isinstance(out, (list, tuple)):
+        raise ProblemError(f"problem {prob.path}: {fn}() returned {type(out).__name__}, not a list")
+    out = list(out)
+    if tensors_required:
+        bad = [type(x).__name__ for x in out
+               if not isinstance(x, (torch.Tensor, int, float, bool))]
+        if bad:
+            raise ProblemError(f"problem {prob.path}: get_inputs() returned non-tensors ({', '.join(bad)})")
+        if not any(isinstance(x, torch.Tensor) for x in out):
+            raise ProblemError(f"problem {prob.path}: get_inputs() returned no tensor")
+    return out
+
+
+def build_model(prob: LoadedProblem, init: list, device: str | torch.device | None = None) -> nn.Module:
+    try:
+        if device is None:
+            return prob.Model(*init)
+        with torch.device(device):
+            return prob.Model(*init)
+    except BaseException as e:  # noqa: BLE001
+        if isinstance(e, KeyboardInterrupt):
+            raise
+        raise ProblemError(f"problem {prob.path}: Model(*get_init_inputs()) raised {_one_line(e)}") from None
+
+
+def meta_inputs(prob: LoadedProblem) -> list:
+    """The problem's inputs as meta tensors (shapes and dtypes, no data)."""
+    try:
+        with torch.device("meta"):
+            out = call_checked(prob, "get_inputs", True)
+    except ProblemError:
+        out = prob.inputs()  # some get_inputs do not run on meta; the real call reports errors
+    return [x.to("meta") if isinstance(x, torch.Tensor) else x for x in out]
+
+
+def meta_model(prob: LoadedProblem, init: list) -> nn.Module:
+    try:
+        return build_model(prob, init, "meta")
+    except ProblemError:
+        return build_model(prob, init).to("meta")
+
+
+def tensor_spec(x: Any) -> TensorSpec | str:
+    if isinstance(x, torch.Tensor):
+        return TensorSpec(shape=list(x.shape), dtype=str(x.dtype).replace("torch.", ""))
+    return repr(x)
+
+
+def describe_problem(path: str | pathlib.Path) -> tuple[LoadedProblem, ProblemSpec]:
+    """Load and check a problem without computing anything heavy (meta tensors)."""
+    prob = load_problem(path)
+    init = prob.init_inputs()
+    inputs = meta_inputs(prob)
+    model = meta_model(prob, init)
+    outputs: list[TensorSpec] = []
+    try:
+        with torch.no_grad():
+            out = model(*inputs)
+        flat = out if isinstance(out, (list, tuple)) else [out]
+        outputs = [tensor_spec(o) for o in flat if isinstance(o, torch.Tensor)]
+    except Exception:  # noqa: BLE001 - ops without meta kernels: the worker runs it for real
+        outputs = []
+    spec = ProblemSpec(
+        path=str(pathlib.Path(path).resolve()), name=prob.name, source=prob.source,
+        sha256=prob.sha256, inputs=[tensor_spec(x) for x in inputs],
+        init_args=[repr(a) for a in init], outputs=outputs,
+        n_params=sum(p.numel() for p in model.parameters()),
+    )
+    return prob, spec
+
+
+def problem_from_source(source: str, folder: str | pathlib.Path, name: str = "problem") -> pathlib.Path:
+    """Write a problem given as source text to a file (Studio inputs), content-addressed."""
+    folder = pathlib.Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    digest = hashlib.sha256(source.encode()).hexdigest()[:12]
+    path = folder / f"{name}_{digest}.py"
+    if not path.exists():
+        path.write_text(source)
+    return path

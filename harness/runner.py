@@ -1,0 +1,61 @@
+"""Starting the harness's child processes from the EGG process (which never runs candidates).
+
+Each child gets its own process group, so a timeout kills it and everything it spawned; its
+stderr goes to a log file whose tail explains a crash.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import tempfile
+
+PROJECT_ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def child_env(device: str) -> dict:
+    env = dict(os.environ)
+    paths = [str(PROJECT_ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    if device == "cpu":
+        env["TRITON_INTERPRET"] = "1"
+    else:
+        env.pop("TRITON_INTERPRET", None)
+    env.setdefault("TRITON_CACHE_DIR", str(pathlib.Path(tempfile.gettempdir()) / "egg-triton-cache"))
+    return env
+
+
+def start_child(mode: str, req: dict, log_dir: str | None = None, stdin=None) -> tuple[subprocess.Popen, pathlib.Path]:
+    log_dir = log_dir or tempfile.mkdtemp(prefix="egg-")
+    log = pathlib.Path(log_dir) / f"{mode}-{os.getpid()}-{id(req)}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    errf = open(log, "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "harness.child", mode, json.dumps(req)],
+        stdin=stdin, stdout=subprocess.PIPE, stderr=errf, env=child_env(req["device"]),
+        start_new_session=True, text=True,
+    )
+    errf.close()
+    return proc, log
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.wait(5)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def log_tail(log: pathlib.Path, n: int = 8) -> str:
+    try:
+        lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    return " | ".join(lines[-n:])

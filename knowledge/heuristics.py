@@ -1,0 +1,64 @@
+"""Named formulas of the knowledge base: launch configurations from shapes.
+
+Each threshold says where it came from. These give the tiler its starting point and the CPU
+path its choice; on a GPU the tiler measures a shortlist around them.
+"""
+from __future__ import annotations
+
+import math
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, math.ceil(math.log2(max(1, n))))
+
+
+def pointwise_config(numel: int, n_inputs: int, sm_count: int = 132) -> dict:
+    """Elements per program: 4 KB-16 KB of each input in flight per program keeps a Hopper SM's
+    memory pipeline full (principle mem-block-count); small tensors use small blocks so the grid
+    still covers every SM at least twice."""
+    block = 2048 if numel >= (1 << 22) else 1024
+    while block > 256 and math.ceil(numel / block) < 2 * sm_count:
+        block //= 2
+    warps = 8 if block >= 2048 and n_inputs <= 3 else 4
+    return {"BLOCK": block, "num_warps": warps}
+
+
+def reduction_config(nrows: int, r: int, inner: int, rows_variant: bool, sm_count: int = 132) -> dict:
+    """Tile ~2K-4K elements per loop step (tile-block-size): short rows pack several rows per
+    program (BLOCK_O), long rows take one row and a wide BLOCK_R with more warps."""
+    if rows_variant:
+        block_r = min(next_pow2(r), 4096 if r >= 4096 else 2048)
+        block_o = max(1, min(64, 2048 // block_r))
+        while block_o > 1 and math.ceil(nrows / block_o) < 2 * sm_count:
+            block_o //= 2
+        warps = 8 if block_r * block_o >= 4096 else 4
+        return {"BLOCK_O": block_o, "BLOCK_R": block_r, "BLOCK_I": 64, "num_warps": warps,
+                "num_stages": 2}
+    block_i = min(128, next_pow2(inner))
+    block_r = max(8, min(next_pow2(r), 4096 // block_i))
+    warps = 4 if block_i * block_r <= 4096 else 8
+    return {"BLOCK_O": 1, "BLOCK_R": block_r, "BLOCK_I": block_i, "num_warps": warps,
+            "num_stages": 2}
+
+
+def softmax_config(nrows: int, r: int, inner: int, rows_variant: bool) -> dict:
+    """One pass while the row fits 8K fp32 values in registers (alg-online-softmax)."""
+    if rows_variant:
+        p = next_pow2(r)
+        if p <= 8192:
+            block_o = max(1, min(16, 2048 // p))
+            warps = 4 if p * block_o <= 2048 else (8 if p <= 4096 else 16)
+            return {"BLOCK_O": block_o, "BLOCK_R": p, "BLOCK_I": 32, "num_warps": warps,
+                    "num_stages": 1, "ONE_PASS_MAX": max(8192, p * block_o)}
+        return {"BLOCK_O": 1, "BLOCK_R": 4096, "BLOCK_I": 32, "num_warps": 16, "num_stages": 2,
+                "ONE_PASS_MAX": 8192}
+    block_i = min(64, next_pow2(inner))
+    return {"BLOCK_O": 1, "BLOCK_R": max(8, min(next_pow2(r), 4096 // block_i)), "BLOCK_I": block_i,
+            "num_warps": 4, "num_stages": 2, "ONE_PASS_MAX": 4096}
+
+
+def pipeline_stages(iterations: int) -> int:
+    """Software pipelining depth (mem-pipelining): loops of >= 4 iterations prefetch 3 deep."""
+    if iterations >= 4:
+        return 3
+    return 2 if iterations >= 2 else 1

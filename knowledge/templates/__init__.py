@@ -1,0 +1,107 @@
+"""Triton kernel templates with declared tunables.
+
+A template turns a group spec (what to load, the Triton expressions to compute, what to store)
+and a launch configuration into the source of one ``@triton.jit`` kernel plus its host wrapper.
+Generated sources are standalone: they rely only on torch, triton and the runtime prelude
+(``_runtime.py``), which is copied into every generated file.
+"""
+from __future__ import annotations
+
+import pathlib
+from dataclasses import dataclass, field
+
+from knowledge.schema import TemplateInfo
+
+RUNTIME_SOURCE = (pathlib.Path(__file__).with_name("_runtime.py")).read_text()
+
+Stmt = tuple[str, str]  # (variable, Triton expression)
+
+
+@dataclass
+class PointwiseSpec:
+    """Elementwise kernel over one domain. Inputs are loaded as x0..x{n-1}."""
+
+    in_dtypes: list[str]
+    stmts: list[Stmt]
+    outputs: list[tuple[str, str]]  # (variable, torch dtype name)
+    compute: str = "fp32"
+
+
+@dataclass
+class ReductionSpec:
+    """Reduction over adjacent dims ``rdims`` of the domain of input 0 (the main input).
+
+    Prologue statements run on each loaded element (full domain, inputs ``pro_inputs``) and
+    produce ``red_var``. The reduced value is ``acc`` (and ``acc_idx`` for arg-reductions);
+    epilogue statements run on the reduced domain (inputs ``epi_inputs``) before the stores.
+    """
+
+    op: str  # sum | mean | amax | amin | argmax | argmin | logsumexp
+    in_dtypes: list[str]
+    pro_inputs: list[int]
+    epi_inputs: list[int]
+    pro_stmts: list[Stmt]
+    red_var: str
+    epi_stmts: list[Stmt]
+    outputs: list[tuple[str, str]]
+    rdims: list[int]
+    keepdim: bool
+    inner: bool  # True: the reduced dims are innermost (rows variant); False: columns variant
+    compute: str = "fp32"
+
+
+@dataclass
+class SoftmaxSpec:
+    """softmax / log_softmax over one dim; the result ``sm`` feeds full-domain epilogue stmts."""
+
+    op: str  # softmax | log_softmax
+    in_dtypes: list[str]
+    pro_inputs: list[int]
+    epi_inputs: list[int]
+    pro_stmts: list[Stmt]
+    red_var: str
+    epi_stmts: list[Stmt]
+    outputs: list[tuple[str, str]]
+    dim: int
+    inner: bool
+    compute: str = "fp32"
+
+
+@dataclass
+class Rendered:
+    kernel: str
+    wrapper: str
+    kernel_name: str
+    wrapper_name: str
+    config: dict = field(default_factory=dict)
+
+
+TL_DTYPE = {"float32": "tl.float32", "float16": "tl.float16", "bfloat16": "tl.bfloat16",
+            "float64": "tl.float64", "bool": "tl.int1", "int64": "tl.int64", "int32": "tl.int32"}
+
+
+def compute_type(spec) -> str:
+    return "tl.float64" if spec.compute == "fp64" else "tl.float32"
+
+
+def load_expr(ptr: str, idx: str, mask: str, dtype: str, ctype: str, other: str = "0") -> str:
+    """A masked load, upcast to the compute type (bool stays int1)."""
+    base = f"tl.load({ptr} + {idx}, mask={mask}, other={other})"
+    if dtype == "bool":
+        return base
+    return f"{base}.to({ctype})"
+
+
+def indent(lines: list[str], n: int) -> str:
+    pad = " " * n
+    return "\n".join(pad + ln if ln else ln for ln in lines)
+
+
+def stmt_lines(stmts: list[Stmt]) -> list[str]:
+    return [f"{v} = {e}" for v, e in stmts]
+
+
+def all_templates() -> dict[str, TemplateInfo]:
+    from knowledge.templates import pointwise, reduction, softmax
+
+    return {m.INFO.name: m.INFO for m in (pointwise, reduction, softmax)}

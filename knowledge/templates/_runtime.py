@@ -1,0 +1,120 @@
+# EGG runtime helpers: copied verbatim into every generated ModelNew file (no import of EGG
+# needed to run one). Host-side layout helpers and the strided-index device function.
+import torch
+import triton
+import triton.language as tl
+
+
+def _egg_bstrides(t, shape):
+    """Strides of tensor t broadcast to shape (0 along broadcast dimensions)."""
+    nd = len(shape)
+    out = [0] * nd
+    ts, st = t.shape, t.stride()
+    for i in range(1, len(ts) + 1):
+        out[nd - i] = 0 if (ts[-i] == 1 and shape[-i] != 1) else st[-i]
+    return out
+
+
+def _egg_collapse(shape, strides_list, ndims):
+    """Merge adjacent dimensions that every tensor walks contiguously; drop size-1 dimensions.
+
+    Returns (dims, strides_list) padded on the left to exactly ``ndims`` dimensions, or None
+    when more than ``ndims`` dimensions remain.
+    """
+    dims, sts = [], [[] for _ in strides_list]
+    for i, d in enumerate(shape):
+        if d == 1:
+            continue
+        if dims and all(s[-1] == st[i] * d for s, st in zip(sts, strides_list)):
+            dims[-1] *= d
+            for s, st in zip(sts, strides_list):
+                s[-1] = st[i]
+            continue
+        dims.append(d)
+        for s, st in zip(sts, strides_list):
+            s.append(st[i])
+    if len(dims) > ndims:
+        return None
+    pad = ndims - len(dims)
+    return [1] * pad + dims, [[0] * pad + s for s in sts]
+
+
+def _egg_contig_strides(dims):
+    out, acc = [0] * len(dims), 1
+    for i in range(len(dims) - 1, -1, -1):
+        out[i] = acc if dims[i] != 1 else 0
+        acc *= dims[i]
+    return out
+
+
+def _egg_pointwise_layout(shape, tensors):
+    """Layout of a pointwise iteration domain: 4 collapsed dims, per-tensor strides, and whether
+    each tensor is walked exactly like the contiguous domain (then it is indexed by the flat
+    offset)."""
+    strides = [_egg_bstrides(t, shape) for t in tensors]
+    res = _egg_collapse(list(shape), strides, 4)
+    if res is None:
+        raise RuntimeError(f"EGG: pointwise domain {tuple(shape)} needs more than 4 dimensions")
+    dims, sts = res
+    cs = _egg_contig_strides(dims)
+    flat = [all(a == b or d == 1 for a, b, d in zip(s, cs, dims)) for s in sts]
+    return dims, sts, flat
+
+
+def _egg_reduction_layout(shape, rdims, tensors):
+    """Layout of a reduction domain split as outer (3 dims) x reduced (1) x inner (1).
+
+    ``tensors`` are given with shapes broadcastable to ``shape`` (reduced-domain tensors with the
+    reduced dims kept as size 1). Returns (outer dims, R, INNER, per-tensor strides
+    [so0, so1, so2, sr, si]).
+    """
+    nd = len(shape)
+    rdims = sorted(d % nd for d in rdims)
+    if rdims != list(range(rdims[0], rdims[-1] + 1)):
+        raise RuntimeError("EGG: reduced dimensions must be adjacent")
+    lo, hi = rdims[0], rdims[-1] + 1
+    strides = [_egg_bstrides(t, shape) for t in tensors]
+    outer = _egg_collapse(shape[:lo], [s[:lo] for s in strides], 3)
+    red = _egg_collapse(shape[lo:hi], [s[lo:hi] for s in strides], 1)
+    inner = _egg_collapse(shape[hi:], [s[hi:] for s in strides], 1)
+    if outer is None or red is None or inner is None:
+        raise RuntimeError(f"EGG: reduction layout of {tuple(shape)} over {rdims} not supported")
+    per = [o + r + i for o, r, i in zip(outer[1], red[1], inner[1])]
+    return outer[0], red[0][0], inner[0][0], per
+
+
+@triton.jit
+def _egg_index4(offs, D1, D2, D3, S0, S1, S2, S3):
+    """Offset of flat domain index offs in a tensor with strides S over dims (., D1, D2, D3)."""
+    i3 = offs % D3
+    r = offs // D3
+    i2 = r % D2
+    r = r // D2
+    i1 = r % D1
+    i0 = r // D1
+    return i0 * S0 + i1 * S1 + i2 * S2 + i3 * S3
+
+
+@triton.jit
+def _egg_index3(row, O1, O2, S0, S1, S2):
+    """Offset of outer row index row in a tensor with outer strides S over dims (., O1, O2)."""
+    i2 = row % O2
+    r = row // O2
+    i1 = r % O1
+    i0 = r // O1
+    return i0 * S0 + i1 * S1 + i2 * S2
+
+
+@triton.jit
+def _egg_tanh(x):
+    # tanh via exp of a non-positive argument: no overflow, abs error ~1e-7
+    e = tl.exp(-2.0 * tl.abs(x))
+    t = (1.0 - e) / (1.0 + e)
+    return tl.where(x < 0, -t, t)
+
+
+@triton.jit
+def _egg_softplus(x, beta, threshold):
+    bx = x * beta
+    sp = (tl.maximum(bx, 0.0) + tl.log(1.0 + tl.exp(-tl.abs(bx)))) / beta
+    return tl.where(bx > threshold, x, sp)

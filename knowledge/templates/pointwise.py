@@ -1,0 +1,81 @@
+"""Template: fused elementwise chain over one (broadcast) iteration domain.
+
+Inputs whose layout equals the contiguous domain are indexed by the flat offset; others
+(broadcast bias, permuted views) by a 4-d strided index after collapsing mergeable dims.
+"""
+from __future__ import annotations
+
+from knowledge.schema import TemplateInfo
+from knowledge.templates import PointwiseSpec, Rendered, compute_type, indent, load_expr, stmt_lines
+
+INFO = TemplateInfo(
+    name="pointwise",
+    kind="pointwise",
+    # BLOCK: elements per program. 1024-4096 keep >= 16 KB in flight per program on Hopper
+    # (tuning table knowledge/tuning/pointwise.yaml lists the measured space).
+    tunables={"BLOCK": [512, 1024, 2048, 4096, 8192], "num_warps": [2, 4, 8, 16]},
+    defaults={"BLOCK": 1024, "num_warps": 4},
+    principle_ids=["alg-fuse-pointwise-chain", "alg-fp32-accumulate", "mem-block-count"],
+    description="elementwise chain; flat or strided-broadcast indexing per input",
+)
+
+
+def render(spec: PointwiseSpec, cfg: dict, kname: str, gname: str) -> Rendered:
+    cfg = {**INFO.defaults, **(cfg or {})}
+    n = len(spec.in_dtypes)
+    ct = compute_type(spec)
+    ins = [f"P{i}" for i in range(n)]
+    outs = [f"O{j}" for j in range(len(spec.outputs))]
+    strides = [f"S{i}_{d}" for i in range(n) for d in range(4)]
+    flags = [f"F{i}: tl.constexpr" for i in range(n)]
+    sig = ", ".join(ins + outs + ["N", "D1", "D2", "D3"] + strides + flags
+                    + ["I64: tl.constexpr", "BLOCK: tl.constexpr"])
+    body = [
+        "pid = tl.program_id(0)",
+        "if I64:",
+        "    pid = pid.to(tl.int64)",
+        "offs = pid * BLOCK + tl.arange(0, BLOCK)",
+        "mask = offs < N",
+    ]
+    for i in range(n):
+        body += [
+            f"if F{i}:",
+            f"    i{i} = offs",
+            "else:",
+            f"    i{i} = _egg_index4(offs, D1, D2, D3, S{i}_0, S{i}_1, S{i}_2, S{i}_3)",
+            f"x{i} = {load_expr(f'P{i}', f'i{i}', 'mask', spec.in_dtypes[i], ct)}",
+        ]
+    body += stmt_lines(spec.stmts)
+    for j, (var, _dt) in enumerate(spec.outputs):
+        body.append(f"tl.store(O{j} + offs, ({var}).to(O{j}.dtype.element_ty), mask=mask)")
+    kernel = f"@triton.jit\ndef {kname}({sig}):\n{indent(body, 4)}\n"
+
+    args = ", ".join(f"a{i}" for i in range(n))
+    out_allocs = [
+        f"o{j} = torch.empty(shape, device=dev, dtype=torch.{dt})"
+        for j, (_v, dt) in enumerate(spec.outputs)
+    ]
+    launch_args = ", ".join(
+        [f"a{i}" for i in range(n)] + [f"o{j}" for j in range(len(spec.outputs))]
+        + ["n", "dims[1]", "dims[2]", "dims[3]"]
+        + [f"*sts[{i}]" for i in range(n)]
+        + [f"F{i}=flat[{i}]" for i in range(n)]
+        + ["I64=n + BLOCK >= 2**31", "BLOCK=BLOCK", f"num_warps={int(cfg['num_warps'])}"]
+    )
+    ret = ", ".join(f"o{j}" for j in range(len(spec.outputs)))
+    wbody = [
+        f"ts = ({args},)",
+        "shape = torch.broadcast_shapes(*[t.shape for t in ts])",
+        "dev = ts[0].device",
+        *out_allocs,
+        f"n = o0.numel()",
+        "if n == 0:",
+        f"    return {ret}",
+        "dims, sts, flat = _egg_pointwise_layout(shape, ts)",
+        f"BLOCK = {int(cfg['BLOCK'])}",
+        "grid = (triton.cdiv(n, BLOCK),)",
+        f"{kname}[grid]({launch_args})",
+        f"return {ret}",
+    ]
+    wrapper = f"def {gname}({args}):\n{indent(wbody, 4)}\n"
+    return Rendered(kernel, wrapper, kname, gname, cfg)

@@ -1,0 +1,218 @@
+"""Template: reduction over adjacent dims with a fused elementwise prologue and epilogue.
+
+Two mappings (principle tile-grid-mapping): ``rows`` when the reduced dims are innermost (tile
+[BLOCK_O rows x BLOCK_R], coalesced along the row); ``cols`` otherwise (one outer index per
+program, tile [BLOCK_R x BLOCK_I], coalesced along the contiguous inner dim). The loop over the
+reduced dim keeps a 2-d accumulator and reduces it once at the end.
+"""
+from __future__ import annotations
+
+from knowledge.schema import TemplateInfo
+from knowledge.templates import ReductionSpec, Rendered, compute_type, indent, load_expr, stmt_lines
+
+INFO = TemplateInfo(
+    name="reduction",
+    kind="reduction",
+    tunables={"BLOCK_O": [1, 2, 4, 8, 16, 32], "BLOCK_R": [64, 128, 256, 512, 1024, 2048],
+              "BLOCK_I": [16, 32, 64, 128, 256], "num_warps": [1, 2, 4, 8, 16],
+              "num_stages": [1, 2, 3, 4]},
+    defaults={"BLOCK_O": 4, "BLOCK_R": 512, "BLOCK_I": 64, "num_warps": 4, "num_stages": 2},
+    principle_ids=["alg-reduction-prologue", "alg-reduction-epilogue", "alg-fp32-accumulate",
+                   "tile-grid-mapping", "alg-argreduce"],
+    description="sum/mean/amax/amin/argmax/argmin/logsumexp over adjacent dims, rows or cols mapping",
+)
+
+IDENTITY = {"sum": "0.0", "mean": "0.0", "amax": 'float("-inf")', "amin": 'float("inf")',
+            "argmax": 'float("-inf")', "argmin": 'float("inf")', "logsumexp": 'float("-inf")'}
+
+
+def signature(kname: str, n_in: int, n_out: int, tail: list[str]) -> str:
+    ins = [f"P{i}" for i in range(n_in)]
+    outs = [f"O{j}" for j in range(n_out)]
+    strides = [f"S{i}_{d}" for i in range(n_in) for d in range(5)]
+    sig = ", ".join(ins + outs + ["NROWS", "O1", "O2", "R", "INNER"] + strides + tail)
+    return f"@triton.jit\ndef {kname}({sig}):\n"
+
+
+def row_setup(n_in: int, rows_variant: bool) -> list[str]:
+    """Program -> (outer row(s), inner block) and per-input row base offsets."""
+    if rows_variant:
+        lines = [
+            "pid = tl.program_id(0)",
+            "rows = pid * BLOCK_O + tl.arange(0, BLOCK_O)",
+            "if I64:",
+            "    rows = rows.to(tl.int64)",
+            "rmask = rows < NROWS",
+        ]
+        lines += [f"b{i} = _egg_index3(rows, O1, O2, S{i}_0, S{i}_1, S{i}_2)" for i in range(n_in)]
+    else:
+        lines = [
+            "pid = tl.program_id(0)",
+            "nib = tl.cdiv(INNER, BLOCK_I)",
+            "row = pid // nib",
+            "ib = pid % nib",
+            "if I64:",
+            "    row = row.to(tl.int64)",
+            "ii = ib * BLOCK_I + tl.arange(0, BLOCK_I)",
+            "imask = ii < INNER",
+        ]
+        lines += [f"b{i} = _egg_index3(row, O1, O2, S{i}_0, S{i}_1, S{i}_2)" for i in range(n_in)]
+    return lines
+
+
+def tile_loads(spec, inputs: list[int], rows_variant: bool, rr: str, mask: str) -> list[str]:
+    """Loads of full-domain inputs for one tile of the reduced dim (index vector ``rr``)."""
+    ct = compute_type(spec)
+    out = []
+    for i in inputs:
+        if rows_variant:
+            idx = f"b{i}[:, None] + {rr}[None, :] * S{i}_3"
+        else:
+            idx = f"b{i} + {rr}[:, None] * S{i}_3 + ii[None, :] * S{i}_4"
+        out.append(f"x{i} = {load_expr(f'P{i}', idx, mask, spec.in_dtypes[i], ct)}")
+    return out
+
+
+def tile_mask(rows_variant: bool, rr: str) -> str:
+    if rows_variant:
+        return f"rmask[:, None] & ({rr} < R)[None, :]"
+    return f"({rr} < R)[:, None] & imask[None, :]"
+
+
+def reduced_loads(spec, inputs: list[int], rows_variant: bool) -> list[str]:
+    """Loads of reduced-domain inputs (their reduced stride is 0)."""
+    ct = compute_type(spec)
+    out = []
+    for i in inputs:
+        idx, mask = (f"b{i}", "rmask") if rows_variant else (f"b{i} + ii * S{i}_4", "imask")
+        out.append(f"x{i} = {load_expr(f'P{i}', idx, mask, spec.in_dtypes[i], ct)}")
+    return out
+
+
+def launch_tail(rows_variant: bool, cfg: dict) -> tuple[list[str], str, str]:
+    """Constexpr parameters of the kernel, its grid expression and launch keywords."""
+    if rows_variant:
+        params = ["I64: tl.constexpr", "BLOCK_O: tl.constexpr", "BLOCK_R: tl.constexpr"]
+        grid = f"(triton.cdiv(nrows, {int(cfg['BLOCK_O'])}),)"
+        kw = f"BLOCK_O={int(cfg['BLOCK_O'])}, BLOCK_R=BLOCK_R"
+    else:
+        params = ["I64: tl.constexpr", "BLOCK_R: tl.constexpr", "BLOCK_I: tl.constexpr"]
+        grid = f"(nrows * triton.cdiv(inner, {int(cfg['BLOCK_I'])}),)"
+        kw = f"BLOCK_R=BLOCK_R, BLOCK_I={int(cfg['BLOCK_I'])}"
+    return params, grid, kw
+
+
+def launch_line(kname: str, n_out: int, grid: str, kw: str, cfg: dict) -> str:
+    outs = "".join(f", o{j}" for j in range(n_out))
+    return (f"{kname}[{grid}](*ts{outs}, nrows, outer[1], outer[2], R, inner, "
+            f"*[s for st in sts for s in st], I64=nrows * R * inner >= 2**31, {kw}, "
+            f"num_warps={int(cfg['num_warps'])}, num_stages={int(cfg['num_stages'])})")
+
+
+def wrapper_prelude(n_in: int, pro: list[int], epi: list[int], rdims: list[int], keepdim: bool,
+                    inner: bool) -> list[str]:
+    """Host code: domain shape, reduced-domain inputs lifted to the full rank, layout."""
+    lines = [
+        f"ts = [{', '.join(f'a{i}' for i in range(n_in))}]",
+        f"shape = list(torch.broadcast_shapes(*[ts[i].shape for i in {pro}]))",
+        "dev = ts[0].device",
+        f"rdims = [d % len(shape) for d in {rdims}]",
+        "rshape = [1 if d in rdims else s for d, s in enumerate(shape)]",
+        "oshape = rshape if KEEPDIM else [s for d, s in enumerate(shape) if d not in rdims]",
+        f"for i in {epi}:",
+        "    t = ts[i].expand(oshape)",
+        "    if not KEEPDIM:",
+        "        for d in rdims:",
+        "            t = t.unsqueeze(d)",
+        "    ts[i] = t",
+        "outer, R, inner, sts = _egg_reduction_layout(shape, rdims, ts)",
+        "nrows = outer[0] * outer[1] * outer[2]",
+    ]
+    if inner:
+        lines += ["if inner != 1:",
+                  "    raise RuntimeError('EGG: kernel built for innermost reduction, got strided')"]
+    lines = [f"KEEPDIM = {bool(keepdim)}"] + lines
+    return lines
+
+
+def render(spec: ReductionSpec, cfg: dict, kname: str, gname: str) -> Rendered:
+    cfg = {**INFO.defaults, **(cfg or {})}
+    rows_v = spec.inner
+    n_in = len(spec.in_dtypes)
+    ct = compute_type(spec)
+    op = spec.op
+    params, grid, kw = launch_tail(rows_v, cfg)
+    head = signature(kname, n_in, len(spec.outputs), params)
+    tile = "[BLOCK_O, BLOCK_R]" if rows_v else "[BLOCK_R, BLOCK_I]"
+    ax = 1 if rows_v else 0
+    ridx = "rr[None, :]" if rows_v else "rr[:, None]"
+    body = row_setup(n_in, rows_v)
+    ident = IDENTITY[op]
+    if op in ("sum", "mean"):
+        body.append(f"acc2 = tl.zeros({tile}, {ct})")
+    elif op in ("argmax", "argmin"):
+        body += [f"acc2 = tl.full({tile}, {ident}, {ct})", f"idx2 = tl.zeros({tile}, tl.int32)"]
+    elif op == "logsumexp":
+        body += [f"acc2 = tl.full({tile}, {ident}, {ct})", f"sum2 = tl.zeros({tile}, {ct})"]
+    else:
+        body.append(f"acc2 = tl.full({tile}, {ident}, {ct})")
+    loop = ["rr = r0 + tl.arange(0, BLOCK_R)", f"m = {tile_mask(rows_v, 'rr')}"]
+    loop += tile_loads(spec, spec.pro_inputs, rows_v, "rr", "m")
+    loop += stmt_lines(spec.pro_stmts)
+    loop.append(f"v = tl.where(m, {spec.red_var}, {ident})")
+    if op in ("sum", "mean"):
+        loop.append("acc2 = acc2 + v")
+    elif op == "amax":
+        loop.append("acc2 = tl.maximum(acc2, v)")
+    elif op == "amin":
+        loop.append("acc2 = tl.minimum(acc2, v)")
+    elif op in ("argmax", "argmin"):
+        cmp = ">" if op == "argmax" else "<"
+        loop += [f"upd = v {cmp} acc2", "acc2 = tl.where(upd, v, acc2)",
+                 f"idx2 = tl.where(upd, {ridx}.to(tl.int32) + tl.zeros({tile}, tl.int32), idx2)"]
+    elif op == "logsumexp":
+        loop += ["mn = tl.maximum(acc2, v)",
+                 'sc = tl.where(mn == float("-inf"), 0.0, tl.exp(acc2 - mn))',
+                 'ev = tl.where(mn == float("-inf"), 0.0, tl.exp(v - mn))',
+                 "sum2 = sum2 * sc + ev", "acc2 = mn"]
+    body.append("for r0 in range(0, R, BLOCK_R):")
+    body += ["    " + ln for ln in loop]
+    if op == "sum":
+        body.append(f"acc = tl.sum(acc2, {ax})")
+    elif op == "mean":
+        body.append(f"acc = tl.sum(acc2, {ax}) / R")
+    elif op == "amax":
+        body.append(f"acc = tl.max(acc2, {ax})")
+    elif op == "amin":
+        body.append(f"acc = tl.min(acc2, {ax})")
+    elif op in ("argmax", "argmin"):
+        red = "tl.max" if op == "argmax" else "tl.min"
+        ex = "acc[:, None]" if rows_v else "acc[None, :]"
+        body += [f"acc = {red}(acc2, {ax})",
+                 f"acc_idx = tl.min(tl.where(acc2 == {ex}, idx2, 2147483647), {ax})"]
+    elif op == "logsumexp":
+        ex = "acc[:, None]" if rows_v else "acc[None, :]"
+        body += [f"acc = tl.max(acc2, {ax})",
+                 f'tot = tl.sum(tl.where(acc2 == float("-inf"), 0.0, sum2 * tl.exp(acc2 - {ex})), {ax})',
+                 'acc = tl.where(acc == float("-inf"), acc, acc + tl.log(tot))']
+    body += reduced_loads(spec, spec.epi_inputs, rows_v)
+    body += stmt_lines(spec.epi_stmts)
+    oidx, omask = ("rows", "rmask") if rows_v else ("row * INNER + ii", "imask")
+    for j, (var, _dt) in enumerate(spec.outputs):
+        body.append(f"tl.store(O{j} + {oidx}, ({var}).to(O{j}.dtype.element_ty), mask={omask})")
+    kernel = head + indent(body, 4) + "\n"
+
+    args = ", ".join(f"a{i}" for i in range(n_in))
+    w = wrapper_prelude(n_in, spec.pro_inputs, spec.epi_inputs, spec.rdims, spec.keepdim, rows_v)
+    w += [f"o{j} = torch.empty(oshape, device=dev, dtype=torch.{dt})"
+          for j, (_v, dt) in enumerate(spec.outputs)]
+    ret = ", ".join(f"o{j}" for j in range(len(spec.outputs)))
+    w += [
+        "if o0.numel() == 0 or R == 0:",
+        "    raise RuntimeError('EGG: empty reduction domain')",
+        f"BLOCK_R = min({int(cfg['BLOCK_R'])}, triton.next_power_of_2(R))",
+        launch_line(kname, len(spec.outputs), grid, kw, cfg),
+        f"return {ret}",
+    ]
+    wrapper = f"def {gname}({args}):\n{indent(w, 4)}\n"
+    return Rendered(kernel, wrapper, kname, gname, cfg)

@@ -1,0 +1,92 @@
+"""Small helpers every role node uses: settings, policy, run folder, filing candidates."""
+from __future__ import annotations
+
+import hashlib
+import pathlib
+import tempfile
+
+from langgraph.runtime import Runtime
+
+from policies import get_policy
+from policies.base import Decline, Draft
+from state import Attempt, Candidate, EggState, Settings, STAGE_NODE
+
+
+def settings_of(runtime: Runtime | None) -> Settings:
+    ctx = getattr(runtime, "context", None) if runtime is not None else None
+    if isinstance(ctx, Settings):
+        return ctx
+    if isinstance(ctx, dict):
+        return Settings(**ctx)
+    return Settings()
+
+
+def run_dir(settings: Settings, state: EggState) -> pathlib.Path:
+    """The run's folder; without one (Studio, plain invoke) a temp folder per problem."""
+    if settings.run_dir:
+        d = pathlib.Path(settings.run_dir)
+    else:
+        key = state.problem.sha256[:12] if state.problem else hashlib.sha256(
+            (state.problem_path + state.problem_source).encode()).hexdigest()[:12]
+        d = pathlib.Path(tempfile.gettempdir()) / "egg-runs" / key
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def candidate_path(settings: Settings, state: EggState, cand: Candidate) -> pathlib.Path:
+    """The candidate's file, (re)written from the state if missing (e.g. after a resume)."""
+    p = run_dir(settings, state) / "candidates" / f"{cand.id}.py"
+    if not p.exists() or p.read_text() != cand.source:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(cand.source)
+    return p
+
+
+def author_step(state: EggState, runtime: Runtime, stage: str, ask) -> dict:
+    """What the three authoring roles share: ask the policy, file its draft or end the stage."""
+    settings = settings_of(runtime)
+    ctx = state.context(stage).model_copy(deep=True)
+    n = state.attempts.get(stage, 0)
+    base = {"stage": stage, "current_id": None}
+    if n >= settings.max_attempts(stage):
+        ctx.finished, ctx.finish_reason = True, f"attempt cap ({n}) reached"
+        return {**base, "stage_context": {stage: ctx}}
+    policy = get_policy(settings.policy)
+    res = ask(policy)(state, settings)
+    if isinstance(res, Decline):
+        ctx.finished, ctx.finish_reason = True, res.reason
+        ctx.decisions += res.decisions
+        ctx.best_id = state.best_id
+        return {**base, "stage_context": {stage: ctx}, **_usage(policy)}
+    assert isinstance(res, Draft)
+    cid = state.new_candidate_id()
+    cand = Candidate(
+        id=cid, parent_id=state.best_id, stage=stage, author=STAGE_NODE[stage], source=res.source,
+        configs=res.configs, disabled_groups=res.disabled_groups, kernels=res.kernels,
+        fallback=res.fallback, rationale=res.rationale, principle_ids=res.principle_ids)
+    cand.path = str(candidate_path(settings, state, cand))
+    ctx.attempts.append(Attempt(candidate_id=cid, outcome="pending", summary=res.rationale[:300]))
+    ctx.decisions += res.decisions
+    return {**base, "candidates": [cand], "current_id": cid, "attempts": {stage: n + 1},
+            "stage_context": {stage: ctx}, **_usage(policy)}
+
+
+def _usage(policy) -> dict:
+    """LLM usage a policy accumulated during this step (empty for the expert policy)."""
+    take = getattr(policy, "take_usage", None)
+    usage = take() if take else None
+    return {"llm_usage": usage} if usage else {}
+
+
+def mark_attempt(state: EggState, cid: str, outcome: str, summary: str = "") -> dict:
+    """Update the current stage context's record of an attempt."""
+    stage = state.stage
+    ctx = state.context(stage).model_copy(deep=True)
+    for a in ctx.attempts:
+        if a.candidate_id == cid:
+            a.outcome = outcome
+            if summary:
+                a.summary = summary[:300]
+    if outcome == "failed" and summary:
+        ctx.failures.append(f"{cid}: {summary[:400]}")
+    return {stage: ctx}

@@ -1,0 +1,83 @@
+"""profiler: time the verified candidate against eager and torch.compile in one process,
+roofline fraction, and the noise-aware verdict the routers read."""
+from __future__ import annotations
+
+from langgraph.runtime import Runtime
+
+from harness import profile as P
+from harness.timing import noise_verdict
+from nodes.common import candidate_path, mark_attempt, run_dir, settings_of
+from state import EggState, Settings, TimingRecord
+
+
+def _record(cid: str, t: dict, base: dict, floor_ms: float | None, interpreter: bool) -> TimingRecord:
+    eager = base.get("eager", {})
+    comp = base.get("compile", {})
+    ms = t["median_ms"]
+    rec = TimingRecord(
+        candidate_id=cid, device="cpu" if interpreter else "cuda", interpreter=interpreter,
+        candidate_ms=ms, p20_ms=t.get("p20_ms"), p80_ms=t.get("p80_ms"),
+        eager_ms=eager.get("median_ms"), eager_p20_ms=eager.get("p20_ms"),
+        eager_p80_ms=eager.get("p80_ms"), compile_ms=comp.get("median_ms"),
+        compile_s=comp.get("compile_s"), compile_error=comp.get("error"),
+        flags=list(t.get("flags", [])))
+    if interpreter:
+        rec.note = "Triton CPU interpreter timing: not a GPU timing, no speedup claimed"
+        return rec
+    rec.speedup_eager = rec.eager_ms / ms if rec.eager_ms and ms else None
+    rec.speedup_compile = rec.compile_ms / ms if rec.compile_ms and ms else None
+    if floor_ms:
+        rec.roofline_pct = 100.0 * floor_ms / ms
+    if rec.speedup_eager and rec.speedup_eager > 10:
+        rec.flags.append("speedup over 10x: flagged for a second look")
+    return rec
+
+
+def _as_bench(rec: TimingRecord) -> dict:
+    return {"median_ms": rec.candidate_ms, "p20_ms": rec.p20_ms or rec.candidate_ms,
+            "p80_ms": rec.p80_ms or rec.candidate_ms}
+
+
+def profiler(state: EggState, runtime: Runtime[Settings]) -> dict:
+    settings = settings_of(runtime)
+    cand = state.candidate(state.current_id)
+    if cand is None:
+        return {}
+    dev = state.hardware.device
+    interp = state.hardware.interpreter
+    key = P.session_key(settings.run_dir, state.problem.sha256, dev)
+    floor = state.analysis.floor_ms if state.analysis else None
+    out: dict = {"timings": []}
+    try:
+        sess = P.session(key, state.problem.path, dev, settings.timing_rep_ms,
+                         settings.profile_timeout_s, str(run_dir(settings, state) / "logs"))
+        base = sess.baselines()
+        t = sess.time_candidate(str(candidate_path(settings, state, cand)))
+    except P.ProfileError as e:
+        rec = TimingRecord(candidate_id=cand.id, device=dev, interpreter=interp, verdict="failed",
+                           note=f"profiling failed: {e}")
+        return {"timings": [rec], "stage_context": mark_attempt(state, cand.id, "failed", rec.note)}
+    if state.timing("c0") is None:  # the reference's own record: eager time, verdict baseline
+        ref = _record("c0", base["eager"], base, floor, interp)
+        ref.verdict = "baseline"
+        out["timings"].append(ref)
+        best_rec = ref
+    else:
+        best_rec = state.timing(state.best_id) or state.timing("c0")
+    rec = _record(cand.id, t, base, floor, interp)
+    rec.compared_to = state.best_id
+    if interp:
+        rec.verdict = "unmeasured"
+    else:
+        rec.verdict = noise_verdict(_as_bench(rec), _as_bench(best_rec))
+    out["timings"].append(rec)
+    # On the GPU a candidate must beat the best beyond noise; on the CPU nothing is measured, so a
+    # verified kernel candidate replaces the reference (the report claims no speedup there).
+    if rec.verdict == "improved" or (interp and not cand.fallback):
+        out["best_id"] = cand.id
+    summary = (f"{rec.candidate_ms:.4f} ms vs best {best_rec.candidate_ms:.4f} ms: {rec.verdict}"
+               if not interp else "verified (interpreter: not timed for speed)")
+    ctx = mark_attempt(state, cand.id, rec.verdict, summary)
+    ctx[state.stage].best_id = out.get("best_id", state.best_id)
+    out["stage_context"] = ctx
+    return out

@@ -1,0 +1,108 @@
+"""reporter: the end of a run - the best candidate as best.py, report.json and report.md.
+
+Not an optimization role: it only reads the records the roles wrote.
+"""
+from __future__ import annotations
+
+import json
+
+from langgraph.runtime import Runtime
+
+from harness import profile as P
+from nodes.common import run_dir, settings_of
+from state import EggState, Settings, STAGES
+
+
+def build_report(state: EggState, settings: Settings) -> dict:
+    if state.error:
+        return {"status": "error", "error": state.error, "problem": state.problem_path}
+    best = state.candidate(state.best_id)
+    t = state.timing(state.best_id)
+    ref_t = state.timing("c0")
+    interp = state.hardware.interpreter
+    timing = {"interpreter": interp}
+    src = t or ref_t
+    if src is not None:
+        timing.update(eager_ms=src.eager_ms, compile_ms=src.compile_ms, compile_s=src.compile_s,
+                      compile_error=src.compile_error,
+                      best_ms=src.candidate_ms if t is not None else src.eager_ms)
+    if interp:
+        timing["note"] = "CPU: Triton interpreter timings are not GPU timings; no speedup claimed"
+    elif t is not None:
+        timing.update(speedup_eager=t.speedup_eager if not best.fallback else 1.0,
+                      speedup_compile=t.speedup_compile if not best.fallback else
+                      (t.compile_ms / t.eager_ms if t.compile_ms and t.eager_ms else None),
+                      roofline_pct=t.roofline_pct, flags=t.flags)
+    stage1 = [x for x in state.timings if (c := state.candidate(x.candidate_id)) is not None
+              and c.stage == "algorithm" and x.candidate_ms and state.verification(c.id)
+              and state.verification(c.id).passed]
+    stage1_best = min((x.candidate_ms for x in stage1), default=None)
+    cands = []
+    for c in state.candidates:
+        v, tm = state.verification(c.id), state.timing(c.id)
+        cands.append({"id": c.id, "stage": c.stage, "author": c.author, "parent": c.parent_id,
+                      "kernels": c.kernels, "fallback": c.fallback,
+                      "verified": None if v is None else v.passed,
+                      "failure": None if v is None or v.passed else f"[{v.category}] {v.reason}"[:500],
+                      "ms": tm.candidate_ms if tm else None, "verdict": tm.verdict if tm else None})
+    a = state.analysis
+    return {
+        "status": "ok", "problem": state.problem.name, "path": state.problem.path,
+        "sha256": state.problem.sha256, "device": state.hardware.device,
+        "hardware": state.hardware.name, "policy": settings.policy,
+        "best_id": state.best_id, "fallback": bool(best.fallback), "kernels": best.kernels,
+        "best_stage": best.stage, "timing": timing, "stage1_best_ms": stage1_best,
+        "analysis": {"flops": a.flops, "bytes": a.bytes, "floor_ms": a.floor_ms, "bound": a.bound,
+                     "capture": a.capture, "capture_error": a.capture_error} if a else None,
+        "plan": {"groups": [g.model_dump() for g in state.plan.groups],
+                 "rewrites": state.plan.rewrites} if state.plan else None,
+        "stages": {s: state.context(s).model_dump() for s in STAGES},
+        "candidates": cands,
+        "llm_usage": {k: v.model_dump() for k, v in state.llm_usage.items()},
+    }
+
+
+def report_markdown(rep: dict) -> str:
+    if rep.get("status") == "error":
+        return f"# EGG run: error\n\n{rep['error']}\n"
+    t = rep["timing"]
+    lines = [f"# EGG run: {rep['problem']}", "",
+             f"- device: {rep['device']} ({rep['hardware']}), policy: {rep['policy']}",
+             f"- best candidate: {rep['best_id']} (stage {rep['best_stage']})"
+             + (" - the reference itself (fallback)" if rep["fallback"] else
+                f", kernels: {', '.join(rep['kernels'])}"), ""]
+    fmt = lambda v, f="{:.4f}": "-" if v is None else f.format(v)  # noqa: E731
+    if t.get("interpreter"):
+        lines += [f"Timings are Triton CPU interpreter timings: {t.get('note')}.", "",
+                  f"| eager ms (CPU) | best ms (interpreter) |", "|---|---|",
+                  f"| {fmt(t.get('eager_ms'))} | {fmt(t.get('best_ms'))} |"]
+    else:
+        lines += ["| eager ms | torch.compile ms | EGG ms | vs eager | vs compile | roofline % |",
+                  "|---|---|---|---|---|---|",
+                  f"| {fmt(t.get('eager_ms'))} | {fmt(t.get('compile_ms'))} | {fmt(t.get('best_ms'))} "
+                  f"| {fmt(t.get('speedup_eager'), '{:.2f}x')} | {fmt(t.get('speedup_compile'), '{:.2f}x')} "
+                  f"| {fmt(t.get('roofline_pct'), '{:.1f}')} |"]
+    lines += ["", "## Candidates", "", "| id | stage | verified | ms | verdict | note |", "|---|---|---|---|---|---|"]
+    for c in rep["candidates"]:
+        lines.append(f"| {c['id']} | {c['stage']} | {c['verified']} | {fmt(c['ms'])} | {c['verdict'] or '-'} "
+                     f"| {(c['failure'] or '').replace('|', '/')[:120]} |")
+    lines += ["", "## Stages", ""]
+    for s, ctx in rep["stages"].items():
+        lines.append(f"- {s}: {ctx.get('finish_reason') or 'done'}; "
+                     + "; ".join(d for d in ctx.get("decisions", [])[:4]))
+    return "\n".join(lines) + "\n"
+
+
+def reporter(state: EggState, runtime: Runtime[Settings]) -> dict:
+    settings = settings_of(runtime)
+    rep = build_report(state, settings)
+    if settings.run_dir:
+        d = run_dir(settings, state)
+        best = state.candidate(state.best_id)
+        if best is not None:
+            (d / "best.py").write_text(best.source)
+        (d / "report.json").write_text(json.dumps(rep, indent=2, default=str))
+        (d / "report.md").write_text(report_markdown(rep))
+    if state.problem and state.hardware:
+        P.close_session(P.session_key(settings.run_dir, state.problem.sha256, state.hardware.device))
+    return {"report": rep, "stage": "done"}

@@ -1,0 +1,214 @@
+"""The expert policy: decisions from the knowledge base, by rules and measured search. No network.
+
+planner: capture, count, roofline, fusion groups (codegen.fusion) with the principles behind
+them. algorithm_designer: emit the fused ModelNew; on a failed verification back out the group
+the error names (or the newest one), on a regression the group with the least expected saving.
+tiler / memory_optimizer: launch configurations from knowledge/heuristics.py; on a GPU the
+tiler measures a pruned shortlist (policies.search).
+"""
+from __future__ import annotations
+
+import re
+
+from codegen import pipeline
+from codegen.fusion import FusionPlan, Group, group_inputs, group_outputs
+from codegen.ops import node_dtype, node_shape
+from harness import roofline
+from harness.problem import load_problem
+from knowledge import heuristics as H
+from knowledge.templates import all_templates
+from policies.base import Decline, Draft
+from state import Analysis, EggState, FusionGroup, KernelConfig, OpRecord, Plan, Settings
+
+KIND_PRINCIPLES = {
+    "pointwise": ["alg-fuse-pointwise-chain", "alg-fp32-accumulate"],
+    "reduction": ["alg-reduction-prologue", "alg-reduction-epilogue", "alg-fp32-accumulate"],
+    "softmax": ["alg-online-softmax", "alg-reduction-prologue", "alg-reduction-epilogue"],
+}
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape or ():
+        n *= s
+    return n
+
+
+def _bytes(node) -> int:
+    dt = node_dtype(node)
+    shape = node_shape(node)
+    if dt is None or shape is None:
+        return 0
+    return _numel(shape) * (dt.itemsize if hasattr(dt, "itemsize") else 4)
+
+
+def bytes_saved(plan: FusionPlan, g: Group) -> float:
+    """Eager traffic of the group's ops (each reads its inputs, writes its output) minus the fused
+    kernel's (external inputs once, outputs once)."""
+    eager = 0
+    for m in g.members:
+        eager += _bytes(m) + sum(_bytes(t) for t in plan.nops[m].tensor_inputs)
+    ins, _, _ = group_inputs(plan, g)
+    fused = sum(_bytes(t) for t in ins) + sum(_bytes(o) for o in group_outputs(g))
+    return float(max(0, eager - fused))
+
+
+def group_config(plan: FusionPlan, g: Group, sm_count: int) -> dict:
+    ins, _, _ = group_inputs(plan, g)
+    geo = pipeline.group_geometry(g, len(ins))
+    if g.kind == "pointwise":
+        return H.pointwise_config(geo["numel"], geo["n_inputs"], sm_count)
+    if g.kind == "reduction":
+        return H.reduction_config(geo["nrows"], geo["r"], geo["inner"], geo["rows_variant"], sm_count)
+    return H.softmax_config(geo["nrows"], geo["r"], geo["inner"], geo["rows_variant"])
+
+
+class ExpertPolicy:
+    name = "expert"
+
+    # ------------------------------------------------------------------ planner
+    def plan(self, state: EggState, settings: Settings) -> tuple[Analysis, Plan]:
+        prob = load_problem(state.problem.path)
+        fplan, rewrites, err = pipeline.analyze(prob)
+        hw = state.hardware
+        flops, nbytes, dt = roofline.count(prob, fplan.gm if fplan else None)
+        floor, bound = roofline.floor_ms(flops, nbytes, dt, hw.peak_tflops, hw.mem_bandwidth_gbs)
+        analysis = Analysis(capture="fx" if fplan else "none", capture_error=err, flops=flops,
+                            bytes=nbytes, floor_ms=floor, bound=bound)
+        plan = Plan(rewrites=rewrites)
+        if fplan is None:
+            plan.notes.append(f"no op graph ({err}): the reference is kept")
+            plan.goals = {"algorithm": "none: capture failed", "tiling": "none", "memory": "none"}
+            return analysis, plan
+        for n in fplan.gm.graph.nodes:
+            op = fplan.nops[n]
+            analysis.ops.append(OpRecord(
+                name=n.name, op=n.op, target=op.name, kind=op.kind,
+                shape=list(node_shape(n) or []), dtype=str(node_dtype(n) or "").replace("torch.", ""),
+                args=[a.name for a in op.tensor_inputs]))
+        for g in fplan.groups:
+            plan.groups.append(FusionGroup(
+                id=g.id, kind=g.kind, template=g.template,
+                nodes=[m.name for m in g.members] + [a.name for a in g.aliases],
+                reason=f"{len(g.members)} op(s) over {tuple(g.domain)} in one pass",
+                principle_ids=KIND_PRINCIPLES[g.kind], est_bytes_saved=bytes_saved(fplan, g)))
+        for n, op in fplan.nops.items():
+            if op.kind == "library":
+                plan.groups.append(FusionGroup(
+                    id=f"lib_{n.name}", kind="library", nodes=[n.name],
+                    reason=op.why or "vendor library", principle_ids=["alg-library-heavy-ops"]))
+        kernels = [g for g in plan.groups if g.kind != "library"]
+        ms = f"{floor:.3f} ms" if floor is not None else "unknown"
+        plan.goals = {
+            "algorithm": f"{len(kernels)} fused kernel(s); roofline floor {ms} ({bound}-bound)",
+            "tiling": "per-kernel block sizes and warps by measured search on the GPU",
+            "memory": "pipelining depth of loop kernels",
+        }
+        if not kernels:
+            plan.notes.append("every op is a library call: nothing to fuse")
+        return analysis, plan
+
+    # ------------------------------------------------------------------ stage 1
+    def design(self, state: EggState, settings: Settings) -> Draft | Decline:
+        if state.plan is None or not any(g.kind != "library" for g in state.plan.groups):
+            return Decline("nothing to fuse: the reference stays the answer")
+        disabled, why = self._backout(state, "algorithm")
+        if why is None and disabled is None:
+            return Decline("every fused group was backed out")
+        return self._build(state, set(disabled or []), stage="algorithm",
+                           decisions=[why] if why else ["fuse every planned group"])
+
+    def _backout(self, state: EggState, stage: str) -> tuple[list[str] | None, str | None]:
+        """Groups to disable for the next attempt, from the stage's last outcome."""
+        mine = [c for c in state.candidates if c.stage == stage]
+        if not mine:
+            return [], None
+        last = mine[-1]
+        disabled = list(last.disabled_groups)
+        enabled = [g for g in state.plan.groups if g.kind != "library" and g.id not in disabled]
+        if not enabled:
+            return None, None
+        ver = state.verification(last.id)
+        if ver is not None and not ver.passed:
+            m = re.search(r"_egg_(?:k_)?(g\d+)", ver.reason)
+            named = m.group(1) if m and any(g.id == m.group(1) for g in enabled) else None
+            victim = named or enabled[-1].id
+            how = "named in the error" if named else "the newest group (the error names none)"
+            return disabled + [victim], f"back out {victim} ({how}) after: {ver.reason[:160]}"
+        tim = state.timing(last.id)
+        if tim is not None and tim.verdict == "regressed":
+            victim = min(enabled, key=lambda g: g.est_bytes_saved).id
+            return disabled + [victim], f"back out {victim} (least expected saving) after a regression"
+        return disabled, "retry"
+
+    def _build(self, state: EggState, disabled: set[str], stage: str, decisions: list[str],
+               tweak=None) -> Draft | Decline:
+        prob = load_problem(state.problem.path)
+        fplan, rewrites, err = pipeline.analyze(prob, disabled)
+        if fplan is None:
+            return Decline(f"capture failed: {err}")
+        if not fplan.groups:
+            return Decline("no fused group left")
+        sm = state.hardware.sm_count or 132
+        configs = {g.id: group_config(fplan, g, sm) for g in fplan.groups}
+        if tweak is not None:
+            configs = tweak(fplan, configs)
+            if configs is None:
+                return Decline("no configuration change applies")
+        cid = state.new_candidate_id()
+        header = f"# candidate {cid} (stage {stage}, expert policy); rewrites: {', '.join(rewrites) or 'none'}"
+        from codegen.emit import emit_model
+
+        em = emit_model(prob.source, fplan, configs, header)
+        principles = sorted({p for g in fplan.groups for p in KIND_PRINCIPLES[g.kind]} | set(rewrites))
+        return Draft(
+            source=em.source,
+            configs=[KernelConfig(group_id=i["id"], template=i["template"], params=i["config"])
+                     for i in em.groups],
+            disabled_groups=sorted(disabled), kernels=em.kernels, rationale="; ".join(decisions),
+            principle_ids=principles, decisions=decisions)
+
+    # ------------------------------------------------------------------ stage 2
+    def tile(self, state: EggState, settings: Settings) -> Draft | Decline:
+        base = state.candidate(state.best_id)
+        if base is None or base.fallback or not base.kernels:
+            return Decline("no Triton kernel to tile")
+        if state.hardware.interpreter:
+            return Decline("CPU interpreter: no GPU timing to choose tiles by; "
+                           "the heuristic configurations of stage 1 are kept")
+        from policies import search
+
+        return search.tile_search(self, state, settings, base)
+
+    def optimize_memory(self, state: EggState, settings: Settings) -> Draft | Decline:
+        base = state.candidate(state.best_id)
+        if base is None or base.fallback or not base.kernels:
+            return Decline("no Triton kernel to optimize")
+        if state.hardware.interpreter:
+            return Decline("CPU interpreter: pipelining depth cannot be measured")
+        if any(c.stage == "memory" for c in state.candidates):
+            return Decline("pipelining depth already tried")
+        cfg_of = {c.group_id: dict(c.params) for c in base.configs}
+
+        def deepen(fplan, configs):
+            changed = False
+            out = {}
+            for g in fplan.groups:
+                cfg = dict(cfg_of.get(g.id, configs[g.id]))
+                if g.kind != "pointwise":
+                    geo = pipeline.group_geometry(g, 1)
+                    iters = -(-geo["r"] // max(1, cfg.get("BLOCK_R", 1)))
+                    st = H.pipeline_stages(iters)
+                    if st != cfg.get("num_stages"):
+                        cfg["num_stages"] = st
+                        changed = True
+                out[g.id] = cfg
+            return out if changed else None
+
+        return self._build(state, set(base.disabled_groups), "memory",
+                           ["software pipelining depth from loop trip counts (mem-pipelining)"],
+                           tweak=deepen)
+
+
+def template_names() -> list[str]:
+    return list(all_templates())

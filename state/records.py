@@ -1,0 +1,194 @@
+"""Records held in the shared state.
+
+Append-only records (candidates, verifications, timings) carry the id of the candidate they
+describe, so a run's story can be replayed from them. Every field is plain data that survives a
+SQLite checkpoint round trip.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+Stage = Literal["plan", "algorithm", "tiling", "memory", "done"]
+#: the optimization stages in order, each owned by one role node
+STAGES: tuple[str, ...] = ("algorithm", "tiling", "memory")
+STAGE_NODE: dict[str, str] = {
+    "algorithm": "algorithm_designer",
+    "tiling": "tiler",
+    "memory": "memory_optimizer",
+}
+NEXT_STAGE: dict[str, str] = {"algorithm": "tiling", "tiling": "memory", "memory": "done"}
+
+Verdict = Literal["baseline", "improved", "regressed", "noise", "unmeasured", "failed"]
+
+
+class TensorSpec(BaseModel):
+    shape: list[int]
+    dtype: str  # torch dtype name without the "torch." prefix, e.g. "float32"
+
+
+class ProblemSpec(BaseModel):
+    """A KernelBench-format problem file, as loaded."""
+
+    path: str
+    name: str
+    source: str
+    sha256: str
+    inputs: list[TensorSpec | str] = Field(
+        default_factory=list, description="tensor specs; non-tensor inputs as their repr"
+    )
+    init_args: list[str] = Field(default_factory=list, description="repr of get_init_inputs()")
+    outputs: list[TensorSpec] = Field(default_factory=list)
+    n_params: int = 0
+
+
+class HardwareInfo(BaseModel):
+    """The machine a run targets, matched to a profile of knowledge/hardware."""
+
+    device: Literal["cpu", "cuda"]
+    name: str
+    profile_id: str
+    interpreter: bool = Field(description="True when kernels run in Triton's CPU interpreter")
+    sm_count: int = 0
+    mem_bandwidth_gbs: float = 0.0
+    peak_tflops: dict[str, float] = Field(default_factory=dict)
+    smem_per_block: int = 0
+    l2_bytes: int = 0
+    arch: str = ""
+
+
+class OpRecord(BaseModel):
+    """One node of the captured op graph."""
+
+    name: str
+    op: str  # fx opcode
+    target: str  # canonical op name, e.g. "relu", "sum", "library:Conv2d"
+    kind: str  # pointwise | reduction | softmax | matmul | conv | norm | view | library | io
+    shape: list[int] = Field(default_factory=list)
+    dtype: str = ""
+    args: list[str] = Field(default_factory=list)
+    flops: float = 0.0
+    bytes: float = 0.0
+
+
+class Analysis(BaseModel):
+    capture: Literal["fx", "none"] = "none"
+    capture_error: str | None = None
+    ops: list[OpRecord] = Field(default_factory=list)
+    flops: float = 0.0
+    bytes: float = 0.0
+    floor_ms: float | None = None
+    bound: Literal["memory", "compute", "unknown"] = "unknown"
+
+
+class FusionGroup(BaseModel):
+    """A set of op-graph nodes computed together: one Triton kernel or one library call."""
+
+    id: str
+    kind: str  # pointwise | reduction | softmax | library | view
+    template: str | None = None  # knowledge template name when kind is a Triton kernel
+    nodes: list[str] = Field(default_factory=list)
+    reason: str = ""
+    principle_ids: list[str] = Field(default_factory=list)
+    est_bytes_saved: float = 0.0
+
+
+class Plan(BaseModel):
+    groups: list[FusionGroup] = Field(default_factory=list)
+    rewrites: list[str] = Field(default_factory=list, description="rewrite rule ids applied")
+    goals: dict[str, str] = Field(default_factory=dict, description="goal per stage")
+    notes: list[str] = Field(default_factory=list)
+
+
+class KernelConfig(BaseModel):
+    """Launch configuration of one kernel of a candidate (stage 2 tunes these)."""
+
+    group_id: str
+    template: str
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class Candidate(BaseModel):
+    id: str
+    parent_id: str | None = None
+    stage: str
+    author: str
+    source: str
+    path: str | None = None
+    configs: list[KernelConfig] = Field(default_factory=list)
+    disabled_groups: list[str] = Field(default_factory=list)
+    kernels: list[str] = Field(default_factory=list, description="Triton kernels it launches")
+    fallback: bool = Field(False, description="True when the candidate is the reference wrapped")
+    rationale: str = ""
+    principle_ids: list[str] = Field(default_factory=list)
+
+
+class OutputError(BaseModel):
+    index: int
+    max_abs: float = 0.0
+    max_rel: float = 0.0
+    eager_err_fp64: float | None = None
+    cand_err_fp64: float | None = None
+    passed_by: Literal["tolerance", "fp64", "none"] = "none"
+
+
+class VerificationRecord(BaseModel):
+    candidate_id: str
+    passed: bool
+    reason: str = ""
+    category: str = Field("", description="failure class: compile, runtime, mismatch, cheat, ...")
+    trials: int = 0
+    device: str = "cpu"
+    checks: list[str] = Field(default_factory=list)
+    outputs: list[OutputError] = Field(default_factory=list)
+    wall_s: float = 0.0
+    flags: list[str] = Field(default_factory=list)
+
+
+class TimingRecord(BaseModel):
+    candidate_id: str
+    device: str
+    interpreter: bool
+    candidate_ms: float | None = None
+    p20_ms: float | None = None
+    p80_ms: float | None = None
+    eager_ms: float | None = None
+    eager_p20_ms: float | None = None
+    eager_p80_ms: float | None = None
+    compile_ms: float | None = None
+    compile_s: float | None = None
+    compile_error: str | None = None
+    speedup_eager: float | None = None
+    speedup_compile: float | None = None
+    roofline_pct: float | None = None
+    verdict: Verdict = "unmeasured"
+    compared_to: str | None = None
+    note: str = ""
+    flags: list[str] = Field(default_factory=list)
+
+
+class Attempt(BaseModel):
+    candidate_id: str
+    outcome: Literal["pending", "failed", "improved", "regressed", "noise", "unmeasured"]
+    summary: str = ""
+
+
+class StageContext(BaseModel):
+    """What the next node (or LLM) reads about a stage instead of the whole history."""
+
+    stage: str
+    goal: str = ""
+    attempts: list[Attempt] = Field(default_factory=list)
+    failures: list[str] = Field(default_factory=list)
+    decisions: list[str] = Field(default_factory=list)
+    best_id: str | None = None
+    finished: bool = False
+    finish_reason: str = ""
+
+
+class LLMUsage(BaseModel):
+    calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float = 0.0

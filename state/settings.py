@@ -1,0 +1,88 @@
+"""Run settings: the graph's context schema (``Runtime[Settings]``).
+
+Every field has a description; a field that is not given reads the environment variable
+``EGG_<FIELD NAME IN UPPER CASE>`` (for example ``EGG_POLICY=llm``), then its default.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, model_validator
+
+
+class Settings(BaseModel):
+    policy: Literal["expert", "llm", "hybrid"] = Field(
+        "expert", description="who decides inside the role nodes: rules+search, an LLM, or both"
+    )
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="where candidates run: cuda when a GPU is present under auto"
+    )
+    run_dir: str = Field("", description="folder of this run (candidates/ goes there); temp if empty")
+    # -- loop caps
+    max_attempts_algorithm: int = Field(4, description="candidates stage 1 may make", ge=1)
+    max_attempts_tiling: int = Field(3, description="candidates the tiler may make", ge=1)
+    max_attempts_memory: int = Field(3, description="candidates the memory optimizer may make", ge=1)
+    # -- verification
+    trials: int = Field(5, description="fresh random inputs per verification", ge=1)
+    atol_fp32: float = Field(1e-4, description="absolute tolerance for fp32 outputs")
+    rtol_fp32: float = Field(1e-4, description="relative tolerance for fp32 outputs")
+    atol_lowp: float = Field(1e-2, description="absolute tolerance for fp16/bf16 outputs")
+    rtol_lowp: float = Field(1e-2, description="relative tolerance for fp16/bf16 outputs")
+    verify_timeout_s: float = Field(600.0, description="wall-clock limit of one verification")
+    memory_limit_gb: float = Field(0.0, description="memory cap of a candidate worker; 0: none")
+    # -- timing
+    timing_rep_ms: float = Field(200.0, description="time spent repeating each timed function")
+    profile_timeout_s: float = Field(900.0, description="wall-clock limit of one profiling call")
+    # -- stage 2 search
+    search_width: int = Field(6, description="tile configs measured per kernel by the tiler")
+    tuning_cache: str = Field("", description="tuning cache file; empty: ~/.cache/egg/tuning.json")
+    # -- optional review
+    review: bool = Field(False, description="pause after the planner for a person to edit the plan")
+    # -- LLM policy
+    llm_model: str = Field("gpt-5.1", description="chat model name")
+    llm_base_url: str = Field("", description="OpenAI-compatible base URL; empty: the client default")
+    llm_api_key_env: str = Field(
+        "OPENAI_API_KEY", description="name of the environment variable holding the API key"
+    )
+    llm_temperature: float = Field(0.2, description="sampling temperature")
+    llm_max_tokens: int = Field(4096, description="max tokens per reply")
+    llm_timeout_s: float = Field(120.0, description="request timeout")
+    llm_retries: int = Field(2, description="retries of a failed request")
+    llm_token_budget: int = Field(400_000, description="tokens a run may spend; 0: no limit")
+    llm_price_per_1k_prompt: float = Field(0.0, description="price per 1k prompt tokens (USD)")
+    llm_price_per_1k_completion: float = Field(0.0, description="price per 1k completion tokens")
+    llm_replay_dir: str = Field("", description="folder of recorded exchanges to replay offline")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _env_fallback(cls, data: Any) -> Any:
+        data = dict(data or {}) if not isinstance(data, BaseModel) else data.model_dump()
+        for name in cls.model_fields:
+            if name in data and data[name] not in (None,):
+                continue
+            env = os.environ.get(f"EGG_{name.upper()}")
+            if env is not None and env != "":
+                data[name] = env
+        return data
+
+    def max_attempts(self, stage: str) -> int:
+        return int(getattr(self, f"max_attempts_{stage}", 1))
+
+    def resolved_device(self) -> str:
+        """The concrete device: 'cuda' when asked, or under auto when a GPU is visible."""
+        if self.device != "auto":
+            return self.device
+        return "cuda" if _cuda_visible() else "cpu"
+
+
+def _cuda_visible() -> bool:
+    """Whether a CUDA GPU is usable, without initializing CUDA in this process."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return False
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())  # uses NVML, does not create a context
+    except Exception:
+        return False
