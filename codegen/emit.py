@@ -208,7 +208,9 @@ def _forward_source(graph: fx.Graph, stubs: dict) -> tuple[list[str], str]:
     src = pc.src.strip("\n")
     imports = []
     for name, obj in pc.globals.items():
-        if getattr(obj, "__module__", None) == "egg_generated":
+        if isinstance(obj, str):  # a type annotation kept as text, e.g. 'torch.Tensor'
+            src = re.sub(rf"\b{re.escape(name)}\b", obj, src)
+        elif getattr(obj, "__module__", None) == "egg_generated":
             src = re.sub(rf"\b{re.escape(name)}\b", obj.__name__, src)
         elif name in _BUILTIN_GLOBALS:
             imports.append(_BUILTIN_GLOBALS[name])

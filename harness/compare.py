@@ -69,6 +69,16 @@ def structure_error(ref: list, cand: list) -> str | None:
     return None
 
 
+CHUNK = 1 << 24  # elements compared at a time: bounds the float64 temporaries to ~128 MB
+
+
+def _chunks(*ts: torch.Tensor):
+    flat = [t.reshape(-1) for t in ts]
+    n = flat[0].numel()
+    for i in range(0, n, CHUNK):
+        yield [f[i:i + CHUNK] for f in flat]
+
+
 def compare_output(i: int, ref: torch.Tensor, cand: torch.Tensor, tol: Tolerance) -> OutputCheck:
     if not ref.dtype.is_floating_point and not ref.is_complex():
         same = bool(torch.equal(ref, cand))
@@ -76,35 +86,50 @@ def compare_output(i: int, ref: torch.Tensor, cand: torch.Tensor, tol: Tolerance
         return OutputCheck(i, same, "" if same else f"output {i}: integer values differ (max {diff:g})",
                            max_abs=diff, within_tol=same, passed_by="tolerance" if same else "none")
     atol, rtol = tol.for_dtype(ref.dtype)
-    r, c = ref.double(), cand.double()
-    r_fin, c_fin = torch.isfinite(r), torch.isfinite(c)
-    if bool((~c_fin & r_fin).any()):
-        n = int((~c_fin & r_fin).sum())
-        return OutputCheck(i, False, f"output {i}: {n} NaN/Inf values where eager has finite ones")
-    if not bool(torch.equal(r_fin, c_fin)) or not bool(torch.equal(r[~r_fin].nan_to_num(), c[~c_fin].nan_to_num())):
+    max_abs = max_rel = 0.0
+    within = True
+    bad_nonfinite = 0
+    differ_nonfinite = False
+    for r, c in _chunks(ref, cand):
+        r, c = r.double(), c.double()
+        r_fin, c_fin = torch.isfinite(r), torch.isfinite(c)
+        bad_nonfinite += int((~c_fin & r_fin).sum())
+        if not torch.equal(r_fin, c_fin) or not torch.equal(r[~r_fin].nan_to_num(), c[~c_fin].nan_to_num()):
+            differ_nonfinite = True
+        diff = torch.where(r_fin & c_fin, (r - c).abs(), torch.zeros_like(r))
+        if diff.numel():
+            max_abs = max(max_abs, float(diff.max()))
+            max_rel = max(max_rel, float((diff / r.abs().clamp_min(1e-12)).max()))
+            within &= bool((diff <= atol + rtol * r.abs().nan_to_num()).all())
+    if bad_nonfinite:
+        return OutputCheck(i, False, f"output {i}: {bad_nonfinite} NaN/Inf values where eager has finite ones")
+    if differ_nonfinite:
         return OutputCheck(i, False, f"output {i}: non-finite values differ from eager's")
-    diff = (r - c).abs()
-    diff = torch.where(r_fin, diff, torch.zeros_like(diff))
-    max_abs = float(diff.max()) if diff.numel() else 0.0
-    rel = diff / r.abs().clamp_min(1e-12)
-    max_rel = float(rel.max()) if rel.numel() else 0.0
-    within = bool((diff <= atol + rtol * r.abs()).all()) if diff.numel() else True
     return OutputCheck(i, within, "" if within else
                        f"output {i}: max abs error {max_abs:.3g} exceeds atol={atol:g}, rtol={rtol:g}",
                        max_abs=max_abs, max_rel=max_rel, within_tol=within,
                        passed_by="tolerance" if within else "none")
 
 
+def _max_err(a: torch.Tensor, ref64: torch.Tensor) -> tuple[float, float]:
+    """(max |a - ref| over finite ref, max |ref|) in float64, chunked."""
+    err = scale = 0.0
+    for x, r in _chunks(a, ref64):
+        r = r.double()
+        fin = torch.isfinite(r)
+        if fin.any():
+            err = max(err, float((x.double() - r).abs()[fin].max()))
+            scale = max(scale, float(r.abs()[fin].max()))
+    return err, scale
+
+
 def fp64_door(chk: OutputCheck, ref64: torch.Tensor, eager: torch.Tensor, cand: torch.Tensor) -> OutputCheck:
     """Apply the float64 door and the lower-precision guard to a floating output."""
     if not eager.dtype.is_floating_point:
         return chk
-    r = ref64.double()
-    fin = torch.isfinite(r)
-    e_err = float(((eager.double() - r).abs()[fin]).max()) if fin.any() else 0.0
-    c_err = float(((cand.double() - r).abs()[fin]).max()) if fin.any() else 0.0
+    e_err, scale = _max_err(eager, ref64)
+    c_err, _ = _max_err(cand, ref64)
     chk.eager_err_fp64, chk.cand_err_fp64 = e_err, c_err
-    scale = float(r.abs()[fin].max()) if fin.any() else 1.0
     if chk.within_tol:
         if (eager.dtype not in LOW_PRECISION and c_err > LOWER_PRECISION_FACTOR * e_err
                 and c_err > LOWER_PRECISION_FLOOR * max(scale, 1e-30)):
