@@ -218,12 +218,14 @@ def judge(req: dict, chan) -> None:
                     ref2 = flatten(model(*inputs))
                     _check_reference_determinism(ref, ref2, tol)
                     result["checks"].append("reference-determinism")
+            _sync(dev)  # the candidate process reads these buffers on its own stream
             conn.send(mode)
             msg = _recv(conn, proc, call_timeout, f"trial {t + 1}")
             if msg[0] == "error":
                 raise _Verdict(msg[1], msg[2])
             _, outs, wall, launches, types_ = msg
             cand = [o.clone() if isinstance(o, torch.Tensor) else o for o in outs]
+            _sync(dev)  # our copies are complete before the candidate may free its outputs
             conn.send(("ack",))
             del outs
             result["launches"] = max(result["launches"], launches)

@@ -1,0 +1,30 @@
+"""Shared test setup. TRITON_INTERPRET must be set before any kernel module is imported."""
+import os
+import pathlib
+import sys
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("EGG_DEVICE", "cpu")
+os.environ.setdefault("LANGGRAPH_CLI_NO_ANALYTICS", "1")
+os.environ.setdefault("LANGGRAPH_NO_VERSION_CHECK", "true")
+os.environ.setdefault("LANGSMITH_TRACING", "false")
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import pytest  # noqa: E402
+
+EXAMPLES = ROOT / "examples"
+
+
+@pytest.fixture
+def write_problem(tmp_path):
+    """Write a KernelBench-format problem from source text; returns its path."""
+
+    def _write(source: str, name: str = "problem") -> pathlib.Path:
+        p = tmp_path / f"{name}.py"
+        p.write_text(source)
+        return p
+
+    return _write
