@@ -100,11 +100,13 @@ def plan_fusion(gm: fx.GraphModule, disabled: set[str] | None = None) -> FusionP
     for n in nodes:
         op = nops[n]
         shape = node_shape(n)
-        if op.kind == "getitem":
+        if op.kind == "getitem" or (op.kind == "view" and op.name == "getattr"):
             src = op.operands[0] if op.operands else None
+            key = op.operands[1] if len(op.operands) > 1 else None
+            slot = {0: "acc", 1: "acc_idx", "values": "acc", "indices": "acc_idx"}.get(key)
             g = where.get(src) if isinstance(src, fx.Node) else None
-            if g is not None and g.red is src and op.operands[1] in (0, 1):
-                g.aliases[n] = "acc" if op.operands[1] == 0 else "acc_idx"
+            if g is not None and g.red is src and slot is not None:
+                g.aliases[n] = slot
                 where[n] = g
             continue
         if op.kind == "identity":
@@ -137,6 +139,15 @@ def plan_fusion(gm: fx.GraphModule, disabled: set[str] | None = None) -> FusionP
                     g.members.append(n)
                     where[n] = g
                     break
+            if not joined and not cands:
+                # no producer in a group: join an open group over the same domain (horizontal
+                # fusion: shared loads, one launch less) if the program order allows it
+                for g in reversed(groups):
+                    if g.kind == "pointwise" and g.domain == shape and users_ok(g, n, strict=False):
+                        g.members.append(n)
+                        where[n] = g
+                        joined = True
+                        break
             if not joined:
                 if op.name == "identity":
                     op.kind = "identity"
@@ -177,6 +188,12 @@ def plan_fusion(gm: fx.GraphModule, disabled: set[str] | None = None) -> FusionP
             for m in prod:
                 where[m] = g
             continue
+    # a (values, indices) reduction whose tuple itself is used elsewhere stays torch code
+    for g in list(groups):
+        if g.red is not None and nops[g.red].name in ("max_dim", "min_dim"):
+            if any(u not in g.aliases for u in g.red.users):
+                groups.remove(g)
+                nops[g.red].kind, nops[g.red].why = "library", "the (values, indices) tuple escapes"
     # renumber in emission order (position of the last member)
     groups.sort(key=lambda g: max(order[m] for m in g.members + list(g.aliases)))
     for i, g in enumerate(groups):

@@ -135,6 +135,7 @@ FUNCTIONS: dict[Any, str] = {
     torch.flatten: "flatten", torch.reshape: "reshape", torch.squeeze: "squeeze",
     torch.unsqueeze: "unsqueeze", torch.permute: "permute", torch.transpose: "transpose",
     torch.t: "t", operator.getitem: "getitem", getattr: "getattr",
+    torch.zeros_like: "zeros_like", torch.ones_like: "ones_like", torch.full_like: "full_like",
 }
 for _fn, _name in [("gelu", "gelu"), ("leaky_relu", "leaky_relu"), ("softplus", "softplus"),
                    ("elu", "elu"), ("hardtanh", "hardtanh"), ("hardsigmoid", "hardsigmoid"),
@@ -304,6 +305,16 @@ def _from_name(name: str, node: fx.Node, args: tuple, kwargs: dict, extra: dict 
             if name == "type_as":
                 return NOp("pointwise", "cast", node, [args[0]], {"dtype": target})
         return NOp("pointwise", "cast", node, [args[0]], {"dtype": target})
+    if name in ("zeros_like", "ones_like", "full_like"):
+        spec = ["input", "fill_value"] if name == "full_like" else ["input"]
+        b = _bind(_d(name, "x", spec + [("dtype", None), ("layout", None), ("device", None),
+                                        ("requires_grad", False), ("memory_format", None)]), args, kwargs)
+        if b["layout"] is not None or b["device"] is not None or b["memory_format"] is not None:
+            raise TypeError(f"{name} with layout/device/memory_format")
+        value = {"zeros_like": 0.0, "ones_like": 1.0}.get(name, b.get("fill_value"))
+        if not is_scalar(value):
+            raise TypeError(f"{name} with a non-scalar fill value")
+        return NOp("pointwise", "fill", node, [b["input"]], {"value": value})
     if name == "where_method":  # x.where(cond, other)
         b = _bind(_d("w", "x", ["input", "condition", "other"]), args, kwargs)
         return NOp("pointwise", "where", node, [b["condition"], b["input"], b["other"]])
@@ -428,6 +439,8 @@ def emit(op: NOp, a: list[str | None]) -> str:
         return simple[n].format(x, a[1])
     if n == "where":
         return f"tl.where({a[0]}, {a[1]}, {a[2]})"
+    if n == "fill":
+        return f"(tl.zeros_like({x}) + {lit(p['value'])})"
     if n == "pow":
         return _pow(x, a[1] if isinstance(op.operands[1], fx.Node) else op.operands[1])
     if n == "clamp":

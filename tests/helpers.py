@@ -1,0 +1,42 @@
+"""Test helpers: build a problem's Model and a generated ModelNew with the same seed and compare."""
+from __future__ import annotations
+
+import torch
+
+from codegen.pipeline import compile_problem
+from harness.problem import load_module, load_problem
+
+
+def outputs(x):
+    return list(x) if isinstance(x, (list, tuple)) else [x]
+
+
+def generated_matches(problem_path, tmp_path, seeds=(0, 1), atol=1e-4, rtol=1e-4, configs=None):
+    """Compile a problem with EGG's codegen, then compare ModelNew with Model in-process.
+
+    Returns the Compiled result (so tests can assert on the groups/kernels it made)."""
+    prob = load_problem(problem_path)
+    comp = compile_problem(prob, configs=configs)
+    assert comp.emitted is not None, comp.error
+    path = tmp_path / f"cand_{problem_path.stem}.py"
+    path.write_text(comp.emitted.source)
+    mod = load_module(path, "candidate")
+    init = prob.init_inputs()
+    for seed in seeds:
+        torch.manual_seed(1000 + seed)
+        ref_model = prob.Model(*init)
+        torch.manual_seed(1000 + seed)
+        new_model = mod.ModelNew(*init)
+        torch.manual_seed(seed)
+        inputs = prob.inputs()
+        with torch.no_grad():
+            ref = outputs(ref_model(*inputs))
+            got = outputs(new_model(*inputs))
+        assert len(ref) == len(got)
+        for r, g in zip(ref, got):
+            assert g.shape == r.shape and g.dtype == r.dtype, (g.shape, r.shape, g.dtype, r.dtype)
+            if r.dtype.is_floating_point:
+                torch.testing.assert_close(g, r, atol=atol, rtol=rtol)
+            else:
+                assert torch.equal(g, r)
+    return comp

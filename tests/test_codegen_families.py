@@ -1,0 +1,192 @@
+"""Generated kernels for the op families of the foundation: pointwise chains (scalars,
+broadcast tensors, activations, clamp) and reductions over a dim (sum, mean, max, min,
+softmax, log_softmax), on problems the examples do not contain, in the CPU interpreter."""
+import pytest
+import torch
+
+from tests.helpers import generated_matches
+
+POINTWISE = '''
+import torch, torch.nn as nn, torch.nn.functional as F
+class Model(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.b = nn.Parameter(torch.randn(1, c))
+        self.s = nn.Parameter(torch.randn(c) * 0.1)
+    def forward(self, x, y):
+        z = (x - 0.3) * 1.5 + self.b
+        z = F.leaky_relu(z, 0.2) + y * self.s
+        z = torch.where(z > 0.5, F.silu(z), torch.tanh(z))
+        z = torch.clamp(F.hardswish(z), min=-1.0) / 2.0
+        return F.softplus(z) - F.elu(-z) + torch.sigmoid(y).pow(2)
+def get_inputs():
+    return [torch.randn(93, 131), torch.randn(93, 131)]
+def get_init_inputs():
+    return [131]
+'''
+
+ACTIVATIONS = '''
+import torch, torch.nn as nn, torch.nn.functional as F
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.act = nn.GELU(approximate="tanh")
+        self.m = nn.Mish()
+        self.h = nn.Hardtanh(-0.7, 0.9)
+    def forward(self, x):
+        a = self.act(x) + F.gelu(x) + F.selu(x) + F.softsign(x) + F.hardsigmoid(x)
+        b = self.m(x) * torch.exp(-x.abs()) + torch.rsqrt(x * x + 1.0) + torch.log1p(x.abs())
+        return self.h(a - b), F.relu6(x * 4.0), x.abs().sqrt()
+def get_inputs():
+    return [torch.randn(2, 7, 61)]
+def get_init_inputs():
+    return []
+'''
+
+CHANNEL_BIAS = '''
+import torch, torch.nn as nn
+class Model(nn.Module):
+    def __init__(self, c, scale):
+        super().__init__()
+        self.bias = nn.Parameter(torch.randn(c, 1, 1))
+        self.scale = scale
+    def forward(self, x):
+        return torch.relu(x * self.scale + self.bias) - torch.min(x, torch.zeros_like(x))
+def get_inputs():
+    return [torch.randn(3, 5, 9, 11)]
+def get_init_inputs():
+    return [5, 0.25]
+'''
+
+REDUCTIONS = '''
+import torch, torch.nn as nn
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+    def forward(self, x):
+        y = x * 2.0 - 1.0
+        return (y.sum(dim=-1), torch.mean(x, dim=-1, keepdim=True) * 3.0,
+                torch.amax(x, dim=-1) - torch.amin(x, dim=-1), x.max(dim=-1)[0] + 1.0,
+                torch.argmin(x, dim=-1), torch.max(x, dim=1).indices)
+def get_inputs():
+    return [torch.randn(37, 1023)]
+def get_init_inputs():
+    return []
+'''
+
+MIDDLE_DIM = '''
+import torch, torch.nn as nn
+class Model(nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.dim = dim
+    def forward(self, x):
+        return torch.sum(torch.exp(x), dim=self.dim) / 4.0, torch.argmax(x, dim=self.dim)
+def get_inputs():
+    return [torch.randn(3, 301, 17)]
+def get_init_inputs():
+    return [1]
+'''
+
+SOFTMAX = '''
+import torch, torch.nn as nn
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.sm = nn.Softmax(dim=1)
+    def forward(self, x, bias):
+        z = x + bias
+        return self.sm(z) * 0.5, torch.log_softmax(z * 2.0, dim=-1), torch.softmax(x, dim=0)
+def get_inputs():
+    return [torch.randn(29, 517), torch.randn(517)]
+def get_init_inputs():
+    return []
+'''
+
+LONG_ROW_SOFTMAX = '''
+import torch, torch.nn as nn
+class Model(nn.Module):
+    def forward(self, x):
+        return torch.softmax(x, dim=-1), torch.logsumexp(x, dim=-1)
+def get_inputs():
+    return [torch.randn(3, 9001) * 3.0]
+def get_init_inputs():
+    return []
+'''
+
+CASES = {
+    "pointwise": (POINTWISE, {"pointwise"}),
+    "activations": (ACTIVATIONS, {"pointwise"}),
+    "channel_bias": (CHANNEL_BIAS, {"pointwise"}),
+    "reductions": (REDUCTIONS, {"reduction"}),
+    "middle_dim": (MIDDLE_DIM, {"reduction"}),
+    "softmax": (SOFTMAX, {"softmax"}),
+    "long_row_softmax": (LONG_ROW_SOFTMAX, {"softmax", "reduction"}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_generated_model_matches_reference(name, write_problem, tmp_path):
+    src, kinds = CASES[name]
+    comp = generated_matches(write_problem(src, name), tmp_path)
+    made = {g.kind for g in comp.plan.groups}
+    assert kinds <= made, made
+    assert comp.emitted.kernels, "no Triton kernel was generated"
+    assert "@triton.jit" in comp.emitted.source
+
+
+def test_pointwise_chain_is_one_kernel(write_problem, tmp_path):
+    comp = generated_matches(write_problem(CHANNEL_BIAS, "cb"), tmp_path)
+    assert len(comp.plan.groups) == 1 and comp.plan.groups[0].kind == "pointwise"
+
+
+def test_prologue_fused_into_reduction(write_problem, tmp_path):
+    src = '''
+import torch, torch.nn as nn
+class Model(nn.Module):
+    def forward(self, x):
+        return (torch.relu(x) * 2.0 + 1.0).sum(dim=-1) * 0.5
+def get_inputs():
+    return [torch.randn(16, 300)]
+def get_init_inputs():
+    return []
+'''
+    comp = generated_matches(write_problem(src, "pro"), tmp_path)
+    assert [g.kind for g in comp.plan.groups] == ["reduction"]
+    g = comp.plan.groups[0]
+    assert len(g.members) == 5  # relu, mul, add, sum, mul epilogue
+
+
+def test_library_ops_stay_torch(write_problem, tmp_path):
+    src = '''
+import torch, torch.nn as nn
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(24, 40)
+    def forward(self, x):
+        return torch.sigmoid(self.lin(x)) * 2.0
+def get_inputs():
+    return [torch.randn(8, 24)]
+def get_init_inputs():
+    return []
+'''
+    comp = generated_matches(write_problem(src, "lib"), tmp_path)
+    assert "self.lin(" in comp.emitted.source
+    assert len(comp.plan.groups) == 1
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_low_precision_inputs(dtype, write_problem, tmp_path):
+    src = f'''
+import torch, torch.nn as nn
+class Model(nn.Module):
+    def forward(self, x):
+        return torch.softmax(x * 1.3, dim=-1), torch.nn.functional.gelu(x) + 1.0
+def get_inputs():
+    return [torch.randn(8, 200).to(torch.{dtype})]
+def get_init_inputs():
+    return []
+'''
+    # the interpreter truncates on bf16 downcasts: allow one bf16 ulp (ENVIRONMENT.md)
+    generated_matches(write_problem(src, f"lowp_{dtype}"), tmp_path, atol=2e-2, rtol=2e-2)
