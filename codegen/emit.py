@@ -17,10 +17,12 @@ from torch import fx
 
 from codegen import ops as O
 from codegen.fusion import FusionPlan, Group, group_inputs, group_outputs
-from knowledge.templates import (RUNTIME_SOURCE, PointwiseSpec, ReductionSpec, SoftmaxSpec,
+from codegen.fusion import norm_pattern
+from knowledge.templates import (RUNTIME_SOURCE, PointwiseSpec, ReductionSpec, SoftmaxSpec, norm,
                                  pointwise, reduction, softmax)
+from knowledge.templates.norm import NormSpec
 
-TEMPLATES = {"pointwise": pointwise, "reduction": reduction, "softmax": softmax}
+TEMPLATES = {"pointwise": pointwise, "reduction": reduction, "softmax": softmax, "norm": norm}
 MARK = "# ======== EGG generated below this line ========"
 
 
@@ -92,6 +94,8 @@ def build_spec(plan: FusionPlan, g: Group):
         outputs = [(f"v_{m.name}", _dt(m)) for m in outs]
         return PointwiseSpec(in_dtypes, stmts, outputs, compute), ins, outs
     red_op = plan.nops[g.red]
+    if g.kind == "norm":
+        return _norm_spec(plan, g, red_op, ins, pro, epi, slots, outs, in_dtypes, compute)
     red_var = {"argmax": "acc_idx", "argmin": "acc_idx"}.get(red_op.name, "acc")
     if g.kind == "softmax":
         red_var = "sm"
@@ -114,6 +118,40 @@ def build_spec(plan: FusionPlan, g: Group):
     name = {"max_dim": "argmax", "min_dim": "argmin"}.get(red_op.name, red_op.name)
     spec = ReductionSpec(name, in_dtypes, pro, epi, pro_stmts, red_in, epi_stmts, outputs,
                          g.rdims, g.keepdim, _inner(g), compute)
+    return spec, ins, outs
+
+
+def _norm_spec(plan, g, red_op, ins, pro, epi, slots, outs, in_dtypes, compute):
+    namer = _Namer(g, slots, "nv")
+    x, w, b = red_op.operands
+    w_i = slots.get(("pro", w)) if isinstance(w, fx.Node) else None
+    b_i = slots.get(("pro", b)) if isinstance(b, fx.Node) else None
+    pro_loaded = [i for i in pro if i not in (w_i, b_i)]
+    patterns = [norm_pattern(g, red_op, O.node_shape(t)) or "full" for t in ins]
+    for i in (w_i, b_i):
+        if i is not None:
+            patterns[i] = "affine"
+    nd = len(g.domain)
+    if red_op.name in ("layer", "rms"):
+        k = len(red_op.p["normalized_shape"])
+        rows_div = (f"math.prod(shape[:{nd - k}])", f"math.prod(shape[{nd - k}:])")
+        affine = ("1", "0", "1")
+    elif red_op.name == "group":
+        G = int(red_op.p["num_groups"])
+        rows_div = (f"shape[0] * {G}", f"(shape[1] // {G}) * math.prod(shape[2:])")
+        affine = (str(G), f"shape[1] // {G}", "math.prod(shape[2:])")
+    else:  # instance
+        rows_div = ("shape[0] * shape[1]", "math.prod(shape[2:])")
+        affine = ("shape[1]", "1", "math.prod(shape[2:])")
+    eps = red_op.p.get("eps")
+    if eps is None:  # rms_norm's default: the input dtype's machine epsilon
+        eps = float(torch.finfo(O.node_dtype(x)).eps)
+    spec = NormSpec(
+        op=red_op.name, in_dtypes=in_dtypes, patterns=patterns, pro_inputs=pro_loaded,
+        epi_inputs=epi, pro_stmts=_stmts(plan, g.prologue(), namer, "pro"),
+        red_var=namer(x, "pro", red_op, 0), epi_stmts=_stmts(plan, g.epilogue(), namer, "epi"),
+        outputs=[("nv" if m is g.red else f"v_{m.name}", _dt(m)) for m in outs],
+        weight=w_i, bias=b_i, eps=float(eps), rows_div=rows_div, affine=affine, compute=compute)
     return spec, ins, outs
 
 

@@ -60,6 +60,46 @@ class FusionPlan:
         return None
 
 
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def norm_pattern(g: "Group", norm: NOp, t_shape) -> str | None:
+    """How a normalization kernel indexes an extra input: full, scalar, affine or not at all."""
+    dom = tuple(g.domain)
+    t_shape = tuple(t_shape or ())
+    if t_shape == dom:
+        return "full"
+    if _numel(t_shape) == 1:
+        return "scalar"
+    nd = len(dom)
+    if len(t_shape) > nd:
+        return None
+    ts = (1,) * (nd - len(t_shape)) + t_shape
+    if norm.name in ("layer", "rms"):
+        k = len(norm.p.get("normalized_shape") or ())
+        if all(s == 1 for s in ts[: nd - k]) and ts[nd - k:] == dom[nd - k:]:
+            return "affine"
+        return None
+    if nd >= 2 and ts[1] == dom[1] and all(s == 1 for i, s in enumerate(ts) if i != 1):
+        return "affine"
+    return None
+
+
+def _norm_layout_ok(op: NOp, shape) -> bool:
+    nd = len(shape)
+    if op.name in ("layer", "rms"):
+        ns = tuple(op.p.get("normalized_shape") or ())
+        return 0 < len(ns) <= nd and tuple(shape[nd - len(ns):]) == ns
+    if op.name == "group":
+        g = op.p.get("num_groups")
+        return nd >= 2 and isinstance(g, int) and g > 0 and shape[1] % g == 0
+    return op.name == "instance" and nd >= 3
+
+
 def _all_float(nodes) -> bool:
     return all(node_dtype(n) in FUSABLE_DTYPES for n in nodes)
 
@@ -135,6 +175,10 @@ def plan_fusion(gm: fx.GraphModule, disabled: set[str] | None = None) -> FusionP
                     joined = True
                 elif g.kind == "softmax" and shape == g.domain and users_ok(g, n, False):
                     joined = True
+                elif (g.kind == "norm" and shape == g.domain and users_ok(g, n, False)
+                      and all(t in g.members or norm_pattern(g, nops[g.red], node_shape(t))
+                              for t in op.tensor_inputs)):
+                    joined = True
                 if joined:
                     g.members.append(n)
                     where[n] = g
@@ -154,6 +198,24 @@ def plan_fusion(gm: fx.GraphModule, disabled: set[str] | None = None) -> FusionP
                     continue
                 g = new_group("pointwise", members=[n], domain=shape)
                 where[n] = g
+            continue
+        if op.kind == "norm":
+            src = op.operands[0]
+            in_shape = node_shape(src)
+            if in_shape is None or not _norm_layout_ok(op, in_shape):
+                op.kind, op.why = "library", "normalization layout not handled"
+                continue
+            g = new_group("norm", members=[n], domain=in_shape, red=n, out_shape=in_shape)
+            pg = where.get(src)
+            if (pg is not None and pg.kind == "pointwise" and pg.domain == in_shape
+                    and users_ok(pg, n, strict=True)
+                    and all(norm_pattern(g, op, node_shape(t)) for m in pg.members
+                            for t in nops[m].tensor_inputs if t not in pg.members)):
+                groups.remove(pg)
+                g.members = pg.members + [n]
+                for m in pg.members:
+                    where[m] = g
+            where[n] = g
             continue
         if op.kind in ("reduction", "softmax"):
             src = op.operands[0]

@@ -136,6 +136,23 @@ FUNCTIONS: dict[Any, str] = {
     torch.unsqueeze: "unsqueeze", torch.permute: "permute", torch.transpose: "transpose",
     torch.t: "t", operator.getitem: "getitem", getattr: "getattr",
     torch.zeros_like: "zeros_like", torch.ones_like: "ones_like", torch.full_like: "full_like",
+    F.layer_norm: "layer_norm", F.group_norm: "group_norm", F.instance_norm: "instance_norm",
+    torch.layer_norm: "layer_norm", torch.group_norm: "group_norm",
+}
+if hasattr(F, "rms_norm"):
+    FUNCTIONS[F.rms_norm] = "rms_norm"
+
+NORMS: dict[str, OpDef] = {
+    "layer_norm": _d("layer", "norm", ["input", "normalized_shape", ("weight", None), ("bias", None),
+                                        ("eps", 1e-5), ("cudnn_enable", True)], ("input", "weight", "bias")),
+    "rms_norm": _d("rms", "norm", ["input", "normalized_shape", ("weight", None), ("eps", None)],
+                   ("input", "weight", "bias")),
+    "group_norm": _d("group", "norm", ["input", "num_groups", ("weight", None), ("bias", None),
+                                        ("eps", 1e-5), ("cudnn_enabled", True)], ("input", "weight", "bias")),
+    "instance_norm": _d("instance", "norm", ["input", ("running_mean", None), ("running_var", None),
+                                              ("weight", None), ("bias", None), ("use_input_stats", True),
+                                              ("momentum", 0.1), ("eps", 1e-5), ("cudnn_enabled", True)],
+                        ("input", "weight", "bias")),
 }
 for _fn, _name in [("gelu", "gelu"), ("leaky_relu", "leaky_relu"), ("softplus", "softplus"),
                    ("elu", "elu"), ("hardtanh", "hardtanh"), ("hardsigmoid", "hardsigmoid"),
@@ -315,6 +332,23 @@ def _from_name(name: str, node: fx.Node, args: tuple, kwargs: dict, extra: dict 
         if not is_scalar(value):
             raise TypeError(f"{name} with a non-scalar fill value")
         return NOp("pointwise", "fill", node, [b["input"]], {"value": value})
+    if name in NORMS:
+        op = NORMS[name]
+        b = _bind(op, args, kwargs)
+        if name == "instance_norm" and (b["running_mean"] is not None or not b["use_input_stats"]):
+            raise TypeError("instance_norm with running statistics")
+        if name == "rms_norm":
+            b["bias"] = None
+        for k in ("weight", "bias"):
+            if b.get(k) is not None and not isinstance(b[k], fx.Node):
+                raise TypeError(f"{name}: {k} is not a tensor of the graph")
+        if not isinstance(b["input"], fx.Node) or node_dtype(b["input"]) not in FLOAT_DTYPES:
+            raise TypeError(f"{name}: input is not a floating tensor")
+        p = {"eps": b.get("eps"), "num_groups": b.get("num_groups"),
+             "normalized_shape": b.get("normalized_shape")}
+        if isinstance(p["normalized_shape"], int):
+            p["normalized_shape"] = (p["normalized_shape"],)
+        return NOp("norm", op.name, node, [b["input"], b.get("weight"), b.get("bias")], p)
     if name == "where_method":  # x.where(cond, other)
         b = _bind(_d("w", "x", ["input", "condition", "other"]), args, kwargs)
         return NOp("pointwise", "where", node, [b["condition"], b["input"], b["other"]])

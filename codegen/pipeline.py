@@ -29,13 +29,27 @@ class Compiled:
     error: str | None = None
 
 
-def group_geometry(g: Group, n_inputs: int) -> dict:
+def group_geometry(plan: FusionPlan, g: Group, n_inputs: int) -> dict:
     """Sizes a launch heuristic needs: numel, rows, reduced length, inner length."""
     numel = 1
     for s in g.domain:
         numel *= s
     if g.red is None:
         return {"numel": numel, "n_inputs": n_inputs}
+    if g.kind == "norm":
+        op = plan.nops[g.red]
+        d = list(g.domain)
+        if op.name in ("layer", "rms"):
+            k = len(op.p["normalized_shape"])
+            r = 1
+            for s in d[len(d) - k:]:
+                r *= s
+        elif op.name == "group":
+            r = (d[1] // int(op.p["num_groups"])) * (numel // max(1, d[0] * d[1]))
+        else:
+            r = numel // max(1, d[0] * d[1])
+        return {"numel": numel, "n_inputs": n_inputs, "r": r, "inner": 1,
+                "nrows": max(1, numel // max(1, r)), "rows_variant": True}
     lo, hi = g.rdims[0], g.rdims[-1] + 1
     r = 1
     for s in g.domain[lo:hi]:
@@ -52,6 +66,7 @@ def analyze(prob: LoadedProblem, disabled: set[str] | None = None, use_rewrites:
     cap = capture(prob)
     if cap.gm is None:
         return None, [], cap.error
+    RW.canonicalize(cap.gm)
     applied = RW.apply_all(cap.gm) if use_rewrites else []
     return plan_fusion(cap.gm, disabled), applied, None
 

@@ -33,3 +33,67 @@ def apply_all(gm: fx.GraphModule) -> list[str]:
     if applied:
         gm.graph.lint()
     return applied
+
+
+# ---------------------------------------------------------------------------------------------
+# Canonicalization (not algebra): normalization modules become their functional form, with
+# get_attr nodes for weight and bias, so the fusion planner sees one op with tensor operands.
+def _attr_node(gm: fx.GraphModule, graph: fx.Graph, target: str):
+    from torch.fx.passes.shape_prop import _extract_tensor_metadata
+
+    node = graph.get_attr(target)
+    try:
+        t = gm.get_parameter(target)
+    except AttributeError:
+        t = gm.get_buffer(target)
+    node.meta["tensor_meta"] = _extract_tensor_metadata(t)
+    return node
+
+
+def norm_modules_to_functionals(gm: fx.GraphModule) -> bool:
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    graph = gm.graph
+    changed = False
+    for n in list(graph.nodes):
+        if n.op != "call_module" or len(n.args) != 1 or n.kwargs:
+            continue
+        mod = gm.get_submodule(n.target)
+        with graph.inserting_before(n):
+            def wb():
+                w = _attr_node(gm, graph, f"{n.target}.weight") if getattr(mod, "weight", None) is not None else None
+                b = _attr_node(gm, graph, f"{n.target}.bias") if getattr(mod, "bias", None) is not None else None
+                return w, b
+
+            if isinstance(mod, nn.LayerNorm):
+                w, b = wb()
+                new = graph.call_function(F.layer_norm, (n.args[0], tuple(mod.normalized_shape), w, b, mod.eps))
+            elif isinstance(mod, nn.GroupNorm):
+                w, b = wb()
+                new = graph.call_function(F.group_norm, (n.args[0], mod.num_groups, w, b, mod.eps))
+            elif isinstance(mod, (nn.InstanceNorm1d, nn.InstanceNorm2d, nn.InstanceNorm3d)):
+                if mod.track_running_stats:
+                    continue
+                w, b = wb()
+                new = graph.call_function(F.instance_norm, (n.args[0],),
+                                          {"weight": w, "bias": b, "eps": mod.eps})
+            elif hasattr(nn, "RMSNorm") and isinstance(mod, nn.RMSNorm):
+                w, _ = wb()
+                new = graph.call_function(F.rms_norm, (n.args[0], tuple(mod.normalized_shape), w, mod.eps))
+            else:
+                continue
+        new.meta = dict(n.meta)
+        n.replace_all_uses_with(new)
+        graph.erase_node(n)
+        changed = True
+    return changed
+
+
+CANONICAL = [norm_modules_to_functionals]
+
+
+def canonicalize(gm: fx.GraphModule) -> None:
+    for fn in CANONICAL:
+        fn(gm)
+    gm.graph.lint()

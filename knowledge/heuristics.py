@@ -32,8 +32,11 @@ def reduction_config(nrows: int, r: int, inner: int, rows_variant: bool, sm_coun
         while block_o > 1 and math.ceil(nrows / block_o) < 2 * sm_count:
             block_o //= 2
         warps = 8 if block_r * block_o >= 4096 else 4
+        # few long rows are split across programs (tile-split-rows): >= 4 programs per SM
+        want = max(1, math.ceil(4 * sm_count / max(1, nrows)))
+        chunk = max(4 * block_r, math.ceil(r / want))
         return {"BLOCK_O": block_o, "BLOCK_R": block_r, "BLOCK_I": 64, "num_warps": warps,
-                "num_stages": 2}
+                "num_stages": 2, "SPLIT_ROWS": 2 * sm_count, "SPLIT_CHUNK": chunk}
     block_i = min(128, next_pow2(inner))
     block_r = max(8, min(next_pow2(r), 4096 // block_i))
     warps = 4 if block_i * block_r <= 4096 else 8
@@ -62,3 +65,21 @@ def pipeline_stages(iterations: int) -> int:
     if iterations >= 4:
         return 3
     return 2 if iterations >= 2 else 1
+
+
+def norm_config(rows: int, r: int, sm_count: int = 132) -> dict:
+    """Rows that fit 4K fp32 values stay in registers (one read, one write); longer rows are
+    split so the statistics kernel has >= 4 programs per SM (tile-split-rows), in chunks of at
+    least 4 blocks so per-chunk overhead stays small."""
+    p = next_pow2(r)
+    if p <= 4096:
+        block_o = max(1, min(32, 4096 // p))
+        while block_o > 1 and math.ceil(rows / block_o) < 2 * sm_count:
+            block_o //= 2
+        return {"BLOCK_O": block_o, "BLOCK": 2048, "num_warps": 4 if p * block_o <= 2048 else 8,
+                "ONE_MAX": 4096, "SPLIT_CHUNK": 16384}
+    block = 2048
+    want = max(1, math.ceil(4 * sm_count / max(1, rows)))
+    chunk = max(4 * block, math.ceil(r / want))
+    chunk = math.ceil(chunk / block) * block
+    return {"BLOCK_O": 1, "BLOCK": block, "num_warps": 8, "ONE_MAX": 4096, "SPLIT_CHUNK": chunk}

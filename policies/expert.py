@@ -24,6 +24,7 @@ KIND_PRINCIPLES = {
     "pointwise": ["alg-fuse-pointwise-chain", "alg-fp32-accumulate"],
     "reduction": ["alg-reduction-prologue", "alg-reduction-epilogue", "alg-fp32-accumulate"],
     "softmax": ["alg-online-softmax", "alg-reduction-prologue", "alg-reduction-epilogue"],
+    "norm": ["alg-norm-fusion", "alg-reduction-prologue", "alg-reduction-epilogue", "tile-split-rows"],
 }
 
 
@@ -55,11 +56,13 @@ def bytes_saved(plan: FusionPlan, g: Group) -> float:
 
 def group_config(plan: FusionPlan, g: Group, sm_count: int) -> dict:
     ins, _, _ = group_inputs(plan, g)
-    geo = pipeline.group_geometry(g, len(ins))
+    geo = pipeline.group_geometry(plan, g, len(ins))
     if g.kind == "pointwise":
         return H.pointwise_config(geo["numel"], geo["n_inputs"], sm_count)
     if g.kind == "reduction":
         return H.reduction_config(geo["nrows"], geo["r"], geo["inner"], geo["rows_variant"], sm_count)
+    if g.kind == "norm":
+        return H.norm_config(geo["nrows"], geo["r"], sm_count)
     return H.softmax_config(geo["nrows"], geo["r"], geo["inner"], geo["rows_variant"])
 
 
@@ -196,7 +199,7 @@ class ExpertPolicy:
             for g in fplan.groups:
                 cfg = dict(cfg_of.get(g.id, configs[g.id]))
                 if g.kind != "pointwise":
-                    geo = pipeline.group_geometry(g, 1)
+                    geo = pipeline.group_geometry(fplan, g, 1)
                     iters = -(-geo["r"] // max(1, cfg.get("BLOCK_R", 1)))
                     st = H.pipeline_stages(iters)
                     if st != cfg.get("num_stages"):

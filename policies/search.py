@@ -117,7 +117,7 @@ def tile_search(policy, state, settings, base) -> Draft | Decline:
     changed = False
     for g in fplan.groups:
         ins, _, _ = group_inputs(fplan, g)
-        geo = pipeline.group_geometry(g, len(ins))
+        geo = pipeline.group_geometry(fplan, g, len(ins))
         base_cfg = current.get(g.id)
         if base_cfg is None:
             continue

@@ -1,5 +1,7 @@
 # EGG runtime helpers: copied verbatim into every generated ModelNew file (no import of EGG
 # needed to run one). Host-side layout helpers and the strided-index device function.
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -118,3 +120,12 @@ def _egg_softplus(x, beta, threshold):
     bx = x * beta
     sp = (tl.maximum(bx, 0.0) + tl.log(1.0 + tl.exp(-tl.abs(bx)))) / beta
     return tl.where(bx > threshold, x, sp)
+
+
+@triton.jit
+def _egg_welford_combine(m1, s1, n1, m2, s2, n2):
+    # Chan et al.: merge two (mean, M2, count) partial statistics
+    n = n1 + n2
+    d = m2 - m1
+    f = tl.where(n == 0.0, 0.0, n2 / tl.where(n == 0.0, 1.0, n))
+    return m1 + d * f, s1 + s2 + d * d * n1 * f, n

@@ -15,8 +15,9 @@ INFO = TemplateInfo(
     kind="reduction",
     tunables={"BLOCK_O": [1, 2, 4, 8, 16, 32], "BLOCK_R": [64, 128, 256, 512, 1024, 2048],
               "BLOCK_I": [16, 32, 64, 128, 256], "num_warps": [1, 2, 4, 8, 16],
-              "num_stages": [1, 2, 3, 4]},
-    defaults={"BLOCK_O": 4, "BLOCK_R": 512, "BLOCK_I": 64, "num_warps": 4, "num_stages": 2},
+              "num_stages": [1, 2, 3, 4], "SPLIT_CHUNK": [8192, 16384, 32768, 65536]},
+    defaults={"BLOCK_O": 4, "BLOCK_R": 512, "BLOCK_I": 64, "num_warps": 4, "num_stages": 2,
+              "SPLIT_ROWS": 264, "SPLIT_CHUNK": 32768},
     principle_ids=["alg-reduction-prologue", "alg-reduction-epilogue", "alg-fp32-accumulate",
                    "tile-grid-mapping", "alg-argreduce"],
     description="sum/mean/amax/amin/argmax/argmin/logsumexp over adjacent dims, rows or cols mapping",
@@ -135,6 +136,53 @@ def wrapper_prelude(n_in: int, pro: list[int], epi: list[int], rdims: list[int],
     return lines
 
 
+SPLIT_OPS = {"sum", "mean", "amax", "amin"}
+COMBINE = {"sum": ("tl.sum", "acc2 + v"), "mean": ("tl.sum", "acc2 + v"),
+           "amax": ("tl.max", "tl.maximum(acc2, v)"), "amin": ("tl.min", "tl.minimum(acc2, v)")}
+
+
+def _split_kernels(spec: ReductionSpec, kname: str, cfg: dict) -> str:
+    """Rows variant split over programs: partial reductions of chunks, then a merge + epilogue."""
+    n_in = len(spec.in_dtypes)
+    ct = compute_type(spec)
+    red, upd = COMBINE[spec.op]
+    ident = IDENTITY[spec.op]
+    strides = [f"S{i}_{d}" for i in range(n_in) for d in range(5)]
+    ins = [f"P{i}" for i in range(n_in)]
+    part = [
+        "pid = tl.program_id(0)",
+        "row = (pid // SPLITS).to(tl.int64)",
+        "sp = pid % SPLITS",
+        "rmask = row < NROWS",
+    ]
+    part += [f"b{i} = _egg_index3(row, O1, O2, S{i}_0, S{i}_1, S{i}_2)" for i in range(n_in)]
+    part += [f"acc2 = tl.full([BLOCK_R], {ident}, {ct})", "for off in range(0, CHUNK, BLOCK_R):"]
+    loop = ["rr = sp * CHUNK + off + tl.arange(0, BLOCK_R)", "m = (rr < R) & (rr < (sp + 1) * CHUNK)"]
+    for i in spec.pro_inputs:
+        loop.append(f"x{i} = {load_expr(f'P{i}', f'b{i} + rr * S{i}_3', 'm', spec.in_dtypes[i], ct)}")
+    loop += stmt_lines(spec.pro_stmts)
+    loop += [f"v = tl.where(m, {spec.red_var}, {ident})", f"acc2 = {upd}"]
+    part += ["    " + ln for ln in loop]
+    part.append(f"tl.store(W + pid, {red}(acc2, 0))")
+    k_part = (f"@triton.jit\ndef {kname}_part({', '.join(ins + ['W', 'NROWS', 'O1', 'O2', 'R', 'INNER'] + strides)}, "
+              "SPLITS, CHUNK, BLOCK_R: tl.constexpr):\n" + indent(part, 4) + "\n")
+    outs = [f"O{j}" for j in range(len(spec.outputs))]
+    fin = row_setup(n_in, True)
+    fin = [ln.replace("if I64:", "if True:") for ln in fin]
+    fin += ["s = tl.arange(0, SPLITS_P2)",
+            f"pv = tl.load(W + rows[:, None] * SPLITS + s[None, :], mask=rmask[:, None] & (s < SPLITS)[None, :], other={ident})",
+            f"acc = {red}(pv, 1)"]
+    if spec.op == "mean":
+        fin.append("acc = acc / R")
+    fin += reduced_loads(spec, spec.epi_inputs, True)
+    fin += stmt_lines(spec.epi_stmts)
+    for j, (var, _dt) in enumerate(spec.outputs):
+        fin.append(f"tl.store(O{j} + rows, ({var}).to(O{j}.dtype.element_ty), mask=rmask)")
+    k_fin = (f"@triton.jit\ndef {kname}_fin({', '.join(ins + outs + ['W', 'NROWS', 'O1', 'O2', 'R', 'INNER'] + strides)}, "
+             "SPLITS, SPLITS_P2: tl.constexpr, BLOCK_O: tl.constexpr):\n" + indent(fin, 4) + "\n")
+    return k_part + "\n\n" + k_fin
+
+
 def render(spec: ReductionSpec, cfg: dict, kname: str, gname: str) -> Rendered:
     cfg = {**INFO.defaults, **(cfg or {})}
     rows_v = spec.inner
@@ -201,6 +249,9 @@ def render(spec: ReductionSpec, cfg: dict, kname: str, gname: str) -> Rendered:
     for j, (var, _dt) in enumerate(spec.outputs):
         body.append(f"tl.store(O{j} + {oidx}, ({var}).to(O{j}.dtype.element_ty), mask={omask})")
     kernel = head + indent(body, 4) + "\n"
+    splittable = rows_v and op in SPLIT_OPS
+    if splittable:
+        kernel += "\n\n" + _split_kernels(spec, kname, cfg)
 
     args = ", ".join(f"a{i}" for i in range(n_in))
     w = wrapper_prelude(n_in, spec.pro_inputs, spec.epi_inputs, spec.rdims, spec.keepdim, rows_v)
@@ -211,6 +262,24 @@ def render(spec: ReductionSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         "if o0.numel() == 0 or R == 0:",
         "    raise RuntimeError('EGG: empty reduction domain')",
         f"BLOCK_R = min({int(cfg['BLOCK_R'])}, triton.next_power_of_2(R))",
+    ]
+    if splittable:
+        # few long rows: split each row over SPLITS programs, then merge (tile-split-rows)
+        outs = "".join(f", o{j}" for j in range(len(spec.outputs)))
+        flat = "*[s for st in sts for s in st]"
+        w += [
+            f"splits = min(1024, triton.cdiv(R, {int(cfg['SPLIT_CHUNK'])})) if nrows < {int(cfg['SPLIT_ROWS'])} else 1",
+            "if splits > 1:",
+            "    chunk = triton.cdiv(triton.cdiv(R, splits), BLOCK_R) * BLOCK_R",
+            "    splits = triton.cdiv(R, chunk)",
+            "    part = torch.empty(nrows * splits, device=dev, dtype=torch.float32)",
+            f"    {kname}_part[(nrows * splits,)](*ts, part, nrows, outer[1], outer[2], R, inner, {flat}, "
+            f"splits, chunk, BLOCK_R=BLOCK_R, num_warps={int(cfg['num_warps'])})",
+            f"    {kname}_fin[(triton.cdiv(nrows, 4),)](*ts{outs}, part, nrows, outer[1], outer[2], R, inner, "
+            f"{flat}, splits, SPLITS_P2=triton.next_power_of_2(splits), BLOCK_O=4, num_warps=4)",
+            f"    return {ret}",
+        ]
+    w += [
         launch_line(kname, len(spec.outputs), grid, kw, cfg),
         f"return {ret}",
     ]
