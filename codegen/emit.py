@@ -17,12 +17,15 @@ from torch import fx
 
 from codegen import ops as O
 from codegen.fusion import FusionPlan, Group, group_inputs, group_outputs
-from codegen.fusion import norm_pattern
+from codegen.fusion import norm_pattern, pool_aux_pattern
 from knowledge.templates import (RUNTIME_SOURCE, PointwiseSpec, ReductionSpec, SoftmaxSpec, norm,
-                                 pointwise, reduction, softmax)
+                                 pointwise, pool, reduction, scan, softmax)
+from knowledge.templates.scan import ScanSpec
 from knowledge.templates.norm import NormSpec
+from knowledge.templates.pool import PoolSpec
 
-TEMPLATES = {"pointwise": pointwise, "reduction": reduction, "softmax": softmax, "norm": norm}
+TEMPLATES = {"pointwise": pointwise, "reduction": reduction, "softmax": softmax, "norm": norm,
+             "pool": pool, "scan": scan}
 MARK = "# ======== EGG generated below this line ========"
 
 
@@ -96,6 +99,17 @@ def build_spec(plan: FusionPlan, g: Group):
     red_op = plan.nops[g.red]
     if g.kind == "norm":
         return _norm_spec(plan, g, red_op, ins, pro, epi, slots, outs, in_dtypes, compute)
+    if g.kind == "pool":
+        return _pool_spec(plan, g, red_op, ins, pro, epi, slots, outs, in_dtypes, compute)
+    if g.kind == "scan":
+        namer = _Namer(g, slots, "sc")
+        spec = ScanSpec(op=red_op.name, reverse=red_op.p["reverse"], in_dtypes=in_dtypes,
+                        pro_inputs=pro, pro_stmts=_stmts(plan, g.prologue(), namer, "pro"),
+                        red_var=namer(red_op.operands[0], "pro", red_op, 0),
+                        epi_stmts=_stmts(plan, g.epilogue(), namer, "epi"), epi_inputs=epi,
+                        outputs=[("sc" if m is g.red else f"v_{m.name}", _dt(m)) for m in outs],
+                        dim=g.rdims[0], compute=compute)
+        return spec, ins, outs
     red_var = {"argmax": "acc_idx", "argmin": "acc_idx"}.get(red_op.name, "acc")
     if g.kind == "softmax":
         red_var = "sm"
@@ -152,6 +166,23 @@ def _norm_spec(plan, g, red_op, ins, pro, epi, slots, outs, in_dtypes, compute):
         red_var=namer(x, "pro", red_op, 0), epi_stmts=_stmts(plan, g.epilogue(), namer, "epi"),
         outputs=[("nv" if m is g.red else f"v_{m.name}", _dt(m)) for m in outs],
         weight=w_i, bias=b_i, eps=float(eps), rows_div=rows_div, affine=affine, compute=compute)
+    return spec, ins, outs
+
+
+def _pool_spec(plan, g, red_op, ins, pro, epi, slots, outs, in_dtypes, compute):
+    namer = _Namer(g, slots, "acc")
+    main = next(i for i in pro if tuple(O.node_shape(ins[i]) or ()) == tuple(g.domain))
+    pats = {i: pool_aux_pattern(g.domain, O.node_shape(ins[i])) for i in pro if i != main}
+    p = red_op.p
+    spec = PoolSpec(
+        op=p["op"], nd=p["nd"], kernel=p["kernel"], stride=p["stride"], padding=p["padding"],
+        dilation=p["dilation"], ceil_mode=p["ceil_mode"], count_include_pad=p["count_include_pad"],
+        divisor_override=p["divisor_override"], in_dtypes=in_dtypes, main=main,
+        pro_inputs=[i for i in pro if i != main], pro_patterns=pats, epi_inputs=epi,
+        pro_stmts=_stmts(plan, g.prologue(), namer, "pro"),
+        red_var=namer(red_op.operands[0], "pro", red_op, 0),
+        epi_stmts=_stmts(plan, g.epilogue(), namer, "epi"),
+        outputs=[("acc" if m is g.red else f"v_{m.name}", _dt(m)) for m in outs], compute=compute)
     return spec, ins, outs
 
 

@@ -100,6 +100,20 @@ def _norm_layout_ok(op: NOp, shape) -> bool:
     return op.name == "instance" and nd >= 3
 
 
+def pool_aux_pattern(in_shape, t_shape) -> str | None:
+    """Extra inputs a pooling prologue can read without window indexing."""
+    t_shape = tuple(t_shape or ())
+    if _numel(t_shape) == 1:
+        return "scalar"
+    nd = len(in_shape)
+    if len(t_shape) > nd:
+        return None
+    ts = (1,) * (nd - len(t_shape)) + t_shape
+    if ts[1] == in_shape[1] and all(s == 1 for i, s in enumerate(ts) if i != 1):
+        return "channel"
+    return None
+
+
 def _all_float(nodes) -> bool:
     return all(node_dtype(n) in FUSABLE_DTYPES for n in nodes)
 
@@ -175,6 +189,10 @@ def plan_fusion(gm: fx.GraphModule, disabled: set[str] | None = None) -> FusionP
                     joined = True
                 elif g.kind == "softmax" and shape == g.domain and users_ok(g, n, False):
                     joined = True
+                elif g.kind == "scan" and shape == g.domain and users_ok(g, n, False):
+                    joined = True
+                elif g.kind == "pool" and shape == g.out_shape and users_ok(g, n, False):
+                    joined = True
                 elif (g.kind == "norm" and shape == g.domain and users_ok(g, n, False)
                       and all(t in g.members or norm_pattern(g, nops[g.red], node_shape(t))
                               for t in op.tensor_inputs)):
@@ -198,6 +216,43 @@ def plan_fusion(gm: fx.GraphModule, disabled: set[str] | None = None) -> FusionP
                     continue
                 g = new_group("pointwise", members=[n], domain=shape)
                 where[n] = g
+            continue
+        if op.kind == "scan":
+            src = op.operands[0]
+            in_shape = node_shape(src)
+            if in_shape is None or not in_shape:
+                op.kind, op.why = "library", "scan of an unknown shape"
+                continue
+            d = op.p["dim"] % len(in_shape)
+            if _numel(in_shape[d + 1:]) != 1:
+                op.kind, op.why = "library", "scan along a non-innermost dim"
+                continue
+            g = new_group("scan", members=[n], domain=in_shape, red=n, rdims=[d], out_shape=in_shape)
+            pg = where.get(src)
+            if pg is not None and pg.kind == "pointwise" and pg.domain == in_shape and users_ok(pg, n, strict=True):
+                groups.remove(pg)
+                g.members = pg.members + [n]
+                for m in pg.members:
+                    where[m] = g
+            where[n] = g
+            continue
+        if op.kind == "pool":
+            src = op.operands[0]
+            in_shape = node_shape(src)
+            if in_shape is None or node_dtype(src) not in FLOAT_DTYPES or shape is None:
+                op.kind, op.why = "library", "pooling of a non-floating tensor"
+                continue
+            g = new_group("pool", members=[n], domain=in_shape, red=n, out_shape=shape)
+            pg = where.get(src)
+            if pg is not None and pg.kind == "pointwise" and pg.domain == in_shape and users_ok(pg, n, strict=True):
+                ext = {t for m in pg.members for t in nops[m].tensor_inputs if t not in pg.members}
+                full = [t for t in ext if node_shape(t) == in_shape]
+                if len(full) == 1 and all(t in full or pool_aux_pattern(in_shape, node_shape(t)) for t in ext):
+                    groups.remove(pg)
+                    g.members = pg.members + [n]
+                    for m in pg.members:
+                        where[m] = g
+            where[n] = g
             continue
         if op.kind == "norm":
             src = op.operands[0]

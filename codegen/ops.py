@@ -141,6 +141,72 @@ FUNCTIONS: dict[Any, str] = {
 }
 if hasattr(F, "rms_norm"):
     FUNCTIONS[F.rms_norm] = "rms_norm"
+for _nd in (1, 2, 3):
+    FUNCTIONS[getattr(F, f"max_pool{_nd}d")] = f"max_pool{_nd}d"
+    FUNCTIONS[getattr(F, f"avg_pool{_nd}d")] = f"avg_pool{_nd}d"
+    FUNCTIONS[getattr(torch, f"max_pool{_nd}d")] = f"max_pool{_nd}d"
+    if hasattr(torch, f"avg_pool{_nd}d"):
+        FUNCTIONS[getattr(torch, f"avg_pool{_nd}d")] = f"avg_pool{_nd}d"
+    FUNCTIONS[getattr(F, f"adaptive_avg_pool{_nd}d")] = f"adaptive_avg_pool{_nd}d"
+
+def _egg_fn(name: str):
+    """Stand-ins for runtime helpers of generated files (codegen/emit renames them)."""
+    def fn(x, dim):
+        flip = x.flip(dim)
+        out = flip.cumsum(dim) if "cumsum" in name else flip.cumprod(dim)
+        return out.flip(dim)
+
+    fn.__name__ = fn.__qualname__ = name
+    fn.__module__ = "egg_generated"
+    return fn
+
+
+reverse_cumsum = _egg_fn("_egg_reverse_cumsum")
+reverse_cumprod = _egg_fn("_egg_reverse_cumprod")
+FUNCTIONS.update({torch.cumsum: "cumsum", torch.cumprod: "cumprod", torch.flip: "flip",
+                  reverse_cumsum: "reverse_cumsum", reverse_cumprod: "reverse_cumprod"})
+
+POOLS: dict[str, OpDef] = {}
+for _nd in (1, 2, 3):
+    POOLS[f"max_pool{_nd}d"] = _d("max", "pool", ["input", "kernel_size", ("stride", None), ("padding", 0),
+                                                   ("dilation", 1), ("ceil_mode", False),
+                                                   ("return_indices", False)])
+    POOLS[f"avg_pool{_nd}d"] = _d("avg", "pool", ["input", "kernel_size", ("stride", None), ("padding", 0),
+                                                   ("ceil_mode", False), ("count_include_pad", True),
+                                                   ("divisor_override", None)])
+
+
+def _tuple(v, nd: int) -> tuple[int, ...]:
+    if isinstance(v, (list, tuple)):
+        if len(v) == 1:
+            v = v[0]
+        else:
+            if len(v) != nd:
+                raise TypeError("pooling parameter of the wrong length")
+            return tuple(int(x) for x in v)
+    return (int(v),) * nd
+
+
+def pool_op(name: str, node: fx.Node, args: tuple, kwargs: dict) -> NOp:
+    nd = int(name[-2])
+    b = _bind(POOLS[name], args, kwargs)
+    if b.get("return_indices"):
+        raise TypeError("pooling with indices")
+    if not isinstance(b["input"], fx.Node):
+        raise TypeError("pooling of a non-tensor")
+    shape = node_shape(b["input"])
+    if shape is None or len(shape) != nd + 2:
+        raise TypeError("pooling without a batch and channel dim")
+    k = _tuple(b["kernel_size"], nd)
+    st = _tuple(b["stride"] if b["stride"] not in (None, [], ()) else k, nd)
+    p = {"op": POOLS[name].name, "nd": nd, "kernel": k, "stride": st,
+         "padding": _tuple(b.get("padding", 0), nd), "dilation": _tuple(b.get("dilation", 1), nd),
+         "ceil_mode": bool(b.get("ceil_mode", False)),
+         "count_include_pad": bool(b.get("count_include_pad", True)),
+         "divisor_override": b.get("divisor_override")}
+    if any(x > 16 for x in k):
+        raise TypeError("pooling window too large to unroll")
+    return NOp("pool", POOLS[name].name, node, [b["input"]], p)
 
 NORMS: dict[str, OpDef] = {
     "layer_norm": _d("layer", "norm", ["input", "normalized_shape", ("weight", None), ("bias", None),
@@ -178,6 +244,7 @@ METHODS: dict[str, str] = {
     "logical_not": "logical_not",
 }
 METHODS.update({v: v for v in VIEWS})
+METHODS.update({"cumsum": "cumsum", "cumprod": "cumprod", "flip": "flip"})
 
 MODULES: dict[type, tuple[str, Callable[[nn.Module], dict]]] = {
     nn.ReLU: ("relu", lambda m: {}), nn.ReLU6: ("relu6", lambda m: {}),
@@ -198,6 +265,16 @@ MODULES: dict[type, tuple[str, Callable[[nn.Module], dict]]] = {
     nn.Flatten: ("flatten_module", lambda m: {"start_dim": m.start_dim, "end_dim": m.end_dim}),
     nn.Dropout: ("dropout", lambda m: {"p": m.p, "training": m.training}),
 }
+for _nd in (1, 2, 3):
+    MODULES[getattr(nn, f"AdaptiveAvgPool{_nd}d")] = (f"adaptive_avg_pool{_nd}d",
+                                                      lambda m: {"output_size": m.output_size})
+    MODULES[getattr(nn, f"MaxPool{_nd}d")] = (f"max_pool{_nd}d", lambda m: {
+        "kernel_size": m.kernel_size, "stride": m.stride, "padding": m.padding,
+        "dilation": m.dilation, "ceil_mode": m.ceil_mode, "return_indices": m.return_indices})
+    MODULES[getattr(nn, f"AvgPool{_nd}d")] = (f"avg_pool{_nd}d", (lambda nd: lambda m: {
+        "kernel_size": m.kernel_size, "stride": m.stride, "padding": m.padding,
+        "ceil_mode": m.ceil_mode, "count_include_pad": m.count_include_pad,
+        **({"divisor_override": m.divisor_override} if nd > 1 else {})})(_nd))
 
 FLOAT_DTYPES = {torch.float32, torch.float16, torch.bfloat16, torch.float64}
 
@@ -283,6 +360,10 @@ def _classify(node: fx.Node, gm: fx.GraphModule) -> NOp:
             return NOp("identity", "identity", node, [args[0]])
         if name == "flatten_module":
             return NOp("view", "flatten", node, list(args))
+        if name in POOLS:
+            return pool_op(name, node, tuple(args[:1]), p)
+        if name.startswith("adaptive_avg_pool"):
+            return _from_name(name, node, tuple(args[:1]), p)
         return _from_name(name, node, args, kwargs, extra=p)
     if node.op == "call_method":
         name = METHODS.get(node.target)
@@ -332,6 +413,28 @@ def _from_name(name: str, node: fx.Node, args: tuple, kwargs: dict, extra: dict 
         if not is_scalar(value):
             raise TypeError(f"{name} with a non-scalar fill value")
         return NOp("pointwise", "fill", node, [b["input"]], {"value": value})
+    if name == "flip":
+        return NOp("view", "flip", node, list(args) + list(kwargs.values()))
+    if name in ("cumsum", "cumprod", "reverse_cumsum", "reverse_cumprod"):
+        b = _bind(_d(name, "scan", ["input", "dim", ("dtype", None)]), args, kwargs)
+        if b["dtype"] is not None or not isinstance(b["input"], fx.Node) or not isinstance(b["dim"], int):
+            raise TypeError(f"{name} with dtype= or a non-integer dim")
+        if node_dtype(b["input"]) not in FLOAT_DTYPES:
+            raise TypeError(f"{name} of a non-floating tensor")
+        return NOp("scan", name.replace("reverse_", ""), node, [b["input"]],
+                   {"dim": b["dim"], "reverse": name.startswith("reverse_")})
+    if name in POOLS:
+        return pool_op(name, node, args, kwargs)
+    if name.startswith("adaptive_avg_pool"):  # a global average pool is a mean over space
+        nd = int(name[-2])
+        b = _bind(_d(name, "x", ["input", "output_size"]), args, kwargs)
+        out = b["output_size"]
+        outs = list(out) if isinstance(out, (list, tuple)) else [out]
+        shape = node_shape(b["input"]) if isinstance(b["input"], fx.Node) else None
+        if shape is None or len(shape) != nd + 2 or any(o != 1 for o in outs):
+            raise TypeError("adaptive pooling to a size other than 1")
+        return NOp("reduction", "mean", node, [b["input"]],
+                   {"dim": tuple(range(2, 2 + nd)), "keepdim": True})
     if name in NORMS:
         op = NORMS[name]
         b = _bind(op, args, kwargs)

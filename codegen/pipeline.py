@@ -36,6 +36,15 @@ def group_geometry(plan: FusionPlan, g: Group, n_inputs: int) -> dict:
         numel *= s
     if g.red is None:
         return {"numel": numel, "n_inputs": n_inputs}
+    if g.kind == "pool":
+        out = 1
+        for s in g.out_shape:
+            out *= s
+        return {"numel": out, "n_inputs": n_inputs}
+    if g.kind == "scan":
+        r = g.domain[g.rdims[0]]
+        return {"numel": numel, "n_inputs": n_inputs, "r": r, "inner": 1,
+                "nrows": max(1, numel // max(1, r)), "rows_variant": True}
     if g.kind == "norm":
         op = plan.nops[g.red]
         d = list(g.domain)

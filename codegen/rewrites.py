@@ -90,7 +90,52 @@ def norm_modules_to_functionals(gm: fx.GraphModule) -> bool:
     return changed
 
 
-CANONICAL = [norm_modules_to_functionals]
+def _flip_dims(n: fx.Node) -> list[int] | None:
+    if n.op == "call_method" and n.target == "flip":
+        dims = list(n.args[1:]) or list(n.kwargs.values())
+    elif n.op == "call_function" and getattr(n.target, "__name__", "") == "flip":
+        dims = list(n.args[1:]) or [n.kwargs.get("dims")]
+    else:
+        return None
+    if len(dims) == 1 and isinstance(dims[0], (list, tuple)):
+        dims = list(dims[0])
+    return dims if all(isinstance(d, int) for d in dims) else None
+
+
+def flipped_scans(gm: fx.GraphModule) -> bool:
+    """x.flip(d).cumsum(d).flip(d) -> a reverse scan (no flip copies)."""
+    from codegen import ops as O
+
+    graph = gm.graph
+    changed = False
+    for n in list(graph.nodes):
+        f1 = _flip_dims(n)
+        if f1 is None or len(f1) != 1 or len(n.users) != 1:
+            continue
+        scan = next(iter(n.users))
+        kind = scan.target if scan.op == "call_method" else getattr(scan.target, "__name__", "")
+        if kind not in ("cumsum", "cumprod") or len(scan.users) != 1:
+            continue
+        sdim = scan.args[1] if len(scan.args) > 1 else scan.kwargs.get("dim")
+        f2 = next(iter(scan.users))
+        shape = O.node_shape(n)
+        if shape is None or not isinstance(sdim, int) or _flip_dims(f2) is None:
+            continue
+        nd = len(shape)
+        if not (f1[0] % nd == sdim % nd == _flip_dims(f2)[0] % nd) or len(_flip_dims(f2)) != 1:
+            continue
+        fn = O.reverse_cumsum if kind == "cumsum" else O.reverse_cumprod
+        with graph.inserting_before(f2):
+            new = graph.call_function(fn, (n.args[0], sdim))
+        new.meta = dict(f2.meta)
+        f2.replace_all_uses_with(new)
+        for dead in (f2, scan, n):
+            graph.erase_node(dead)
+        changed = True
+    return changed
+
+
+CANONICAL = [norm_modules_to_functionals, flipped_scans]
 
 
 def canonicalize(gm: fx.GraphModule) -> None:

@@ -83,3 +83,12 @@ def norm_config(rows: int, r: int, sm_count: int = 132) -> dict:
     chunk = max(4 * block, math.ceil(r / want))
     chunk = math.ceil(chunk / block) * block
     return {"BLOCK_O": 1, "BLOCK": block, "num_warps": 8, "ONE_MAX": 4096, "SPLIT_CHUNK": chunk}
+
+
+def scan_config(rows: int, r: int, sm_count: int = 132) -> dict:
+    """One row per program, 1K-4K-element chunks; short rows pack several per program."""
+    block_r = min(next_pow2(r), 2048)
+    block_o = max(1, min(16, 2048 // block_r))
+    while block_o > 1 and math.ceil(rows / block_o) < 2 * sm_count:
+        block_o //= 2
+    return {"BLOCK_O": block_o, "BLOCK_R": block_r, "num_warps": 8 if block_r * block_o >= 2048 else 4}

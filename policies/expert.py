@@ -24,6 +24,8 @@ KIND_PRINCIPLES = {
     "pointwise": ["alg-fuse-pointwise-chain", "alg-fp32-accumulate"],
     "reduction": ["alg-reduction-prologue", "alg-reduction-epilogue", "alg-fp32-accumulate"],
     "softmax": ["alg-online-softmax", "alg-reduction-prologue", "alg-reduction-epilogue"],
+    "scan": ["alg-scan-carry", "alg-reduction-prologue", "alg-reduction-epilogue"],
+    "pool": ["alg-pool-direct", "alg-reduction-prologue", "alg-reduction-epilogue"],
     "norm": ["alg-norm-fusion", "alg-reduction-prologue", "alg-reduction-epilogue", "tile-split-rows"],
 }
 
@@ -57,12 +59,14 @@ def bytes_saved(plan: FusionPlan, g: Group) -> float:
 def group_config(plan: FusionPlan, g: Group, sm_count: int) -> dict:
     ins, _, _ = group_inputs(plan, g)
     geo = pipeline.group_geometry(plan, g, len(ins))
-    if g.kind == "pointwise":
+    if g.kind in ("pointwise", "pool"):
         return H.pointwise_config(geo["numel"], geo["n_inputs"], sm_count)
     if g.kind == "reduction":
         return H.reduction_config(geo["nrows"], geo["r"], geo["inner"], geo["rows_variant"], sm_count)
     if g.kind == "norm":
         return H.norm_config(geo["nrows"], geo["r"], sm_count)
+    if g.kind == "scan":
+        return H.scan_config(geo["nrows"], geo["r"], sm_count)
     return H.softmax_config(geo["nrows"], geo["r"], geo["inner"], geo["rows_variant"])
 
 

@@ -102,6 +102,6 @@ def stmt_lines(stmts: list[Stmt]) -> list[str]:
 
 
 def all_templates() -> dict[str, TemplateInfo]:
-    from knowledge.templates import norm, pointwise, reduction, softmax
+    from knowledge.templates import norm, pointwise, pool, reduction, scan, softmax
 
-    return {m.INFO.name: m.INFO for m in (pointwise, reduction, softmax, norm)}
+    return {m.INFO.name: m.INFO for m in (pointwise, reduction, softmax, norm, pool, scan)}

@@ -85,6 +85,15 @@ def _egg_reduction_layout(shape, rdims, tensors):
     return outer[0], red[0][0], inner[0][0], per
 
 
+def _egg_pool_out(i, k, s, p, d, ceil):
+    """Output length of a pooling window along one dim, as torch computes it."""
+    num = i + 2 * p - (d * (k - 1) + 1)
+    o = (-(-num // s) if ceil else num // s) + 1
+    if ceil and (o - 1) * s >= i + p:
+        o -= 1
+    return o
+
+
 @triton.jit
 def _egg_index4(offs, D1, D2, D3, S0, S1, S2, S3):
     """Offset of flat domain index offs in a tensor with strides S over dims (., D1, D2, D3)."""
@@ -129,3 +138,17 @@ def _egg_welford_combine(m1, s1, n1, m2, s2, n2):
     d = m2 - m1
     f = tl.where(n == 0.0, 0.0, n2 / tl.where(n == 0.0, 1.0, n))
     return m1 + d * f, s1 + s2 + d * d * n1 * f, n
+
+
+@triton.jit
+def _egg_mul(a, b):
+    return a * b
+
+
+def _egg_reverse_cumsum(x, dim):
+    """cumsum from the end along dim (what x.flip(dim).cumsum(dim).flip(dim) computes)."""
+    return x.flip(dim).cumsum(dim).flip(dim)
+
+
+def _egg_reverse_cumprod(x, dim):
+    return x.flip(dim).cumprod(dim).flip(dim)

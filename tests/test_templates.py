@@ -1,0 +1,67 @@
+"""Every kernel template against torch on irregular shapes, several seeds, in the interpreter.
+
+Each case is a small problem whose generated ModelNew must use the template under test; the
+configurations are forced where a template has several mappings (rows/cols, one-pass/split)."""
+import pytest
+
+from tests.helpers import generated_matches
+
+HEAD = "import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n"
+
+
+def problem(forward: str, inputs: str, init: str = "[]", members: str = "") -> str:
+    return (HEAD + "class Model(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+            + (members or "        pass\n") + f"    def forward(self, {forward}\n"
+            + f"def get_inputs():\n    return {inputs}\n" + f"def get_init_inputs():\n    return {init}\n")
+
+
+CASES = {
+    # template, problem source, forced configs (by group id) or None
+    "pointwise_1823x781": ("pointwise", problem(
+        "x, b):\n        return F.gelu(x * 0.7 + b) - torch.sigmoid(x).clamp(0.2, 0.8)\n",
+        "[torch.randn(1823, 781), torch.randn(781)]"), None),
+    "reduction_rows": ("reduction", problem(
+        "x):\n        return torch.sum(x * x, dim=1) * 0.5, torch.argmax(x, dim=-1)\n",
+        "[torch.randn(523, 781)]"), None),
+    "reduction_cols": ("reduction", problem(
+        "x):\n        return torch.mean(x, dim=0), torch.amin(x, dim=0), torch.argmin(x, dim=0)\n",
+        "[torch.randn(1823, 781)]"), None),
+    "reduction_split": ("reduction", problem(
+        "x, y):\n        return torch.mean((x - y) ** 2)\n",
+        "[torch.rand(1823, 781), torch.rand(1823, 781)]"), {"g0": {"SPLIT_CHUNK": 65536, "BLOCK_R": 1024}}),
+    "softmax_one_pass": ("softmax", problem(
+        "x):\n        return torch.softmax(x, dim=-1), torch.log_softmax(x, dim=1)\n",
+        "[torch.randn(223, 781)]"), None),
+    "softmax_two_pass": ("softmax", problem(
+        "x):\n        return torch.softmax(x * 3.0, dim=-1)\n", "[torch.randn(37, 9001)]"),
+        {"g0": {"ONE_PASS_MAX": 1024, "BLOCK_R": 1024}}),
+    "layer_norm_one": ("norm", problem(
+        "x):\n        return F.relu(self.ln(x))\n", "[torch.randn(223, 781) * 2 + 1]",
+        members="        self.ln = nn.LayerNorm(781)\n"), None),
+    "layer_norm_split": ("norm", problem(
+        "x):\n        return self.ln(x) * 2.0\n", "[torch.rand(2, 1823, 3) * 5 + 2]",
+        members="        self.ln = nn.LayerNorm((1823, 3))\n"), {"g0": {"ONE_MAX": 1024, "SPLIT_CHUNK": 4096}}),
+    "group_norm": ("norm", problem(
+        "x):\n        return self.gn(torch.tanh(x))\n", "[torch.randn(3, 12, 29, 31)]",
+        members="        self.gn = nn.GroupNorm(4, 12)\n"), None),
+    "instance_norm_rms": ("norm", problem(
+        "x):\n        return self.inorm(x) - 1.0, self.rms(x)\n", "[torch.randn(2, 5, 23, 37)]",
+        members="        self.inorm = nn.InstanceNorm2d(5, affine=True)\n        self.rms = nn.RMSNorm(37)\n"), None),
+    "pool_max_1d": ("pool", problem(
+        "x):\n        return self.p(x) * 2.0\n", "[torch.randn(4, 7, 1823)]",
+        members="        self.p = nn.MaxPool1d(8, stride=1, padding=4, dilation=3)\n"), None),
+    "pool_avg_2d_3d": ("pool", problem(
+        "x, y):\n        return F.avg_pool2d(x, 3, 2, 1), self.p(y)\n",
+        "[torch.randn(2, 3, 37, 29), torch.randn(2, 3, 9, 10, 11)]",
+        members="        self.p = nn.AvgPool3d(2, ceil_mode=True, count_include_pad=False)\n"), None),
+    "scan": ("scan", problem(
+        "x):\n        return torch.cumsum(x.flip(1), 1).flip(1), torch.cumsum(x, dim=-1)\n",
+        "[torch.rand(183, 781)]"), None),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_template_matches_torch(name, write_problem, tmp_path):
+    template, src, configs = CASES[name]
+    comp = generated_matches(write_problem(src, name), tmp_path, seeds=(0, 1), configs=configs)
+    assert template in {g.kind for g in comp.plan.groups}
