@@ -18,15 +18,18 @@ from torch import fx
 from codegen import ops as O
 from codegen.fusion import FusionPlan, Group, group_inputs, group_outputs
 from codegen.fusion import norm_pattern, pool_aux_pattern
-from knowledge.templates import (RUNTIME_SOURCE, PointwiseSpec, ReductionSpec, SoftmaxSpec, norm,
-                                 pointwise, pool, reduction, scan, softmax)
+from knowledge.templates import (RUNTIME_SOURCE, PointwiseSpec, ReductionSpec, SoftmaxSpec,
+                                 chanstats, norm, pointwise, pool, reduction, scan, softmax)
+from knowledge.templates.chanstats import ChanStatsSpec
 from knowledge.templates.scan import ScanSpec
 from knowledge.templates.norm import NormSpec
 from knowledge.templates.pool import PoolSpec
 
 TEMPLATES = {"pointwise": pointwise, "reduction": reduction, "softmax": softmax, "norm": norm,
-             "pool": pool, "scan": scan}
+             "pool": pool, "scan": scan, "chanstats": chanstats}
 MARK = "# ======== EGG generated below this line ========"
+#: functions of these modules are defined in every generated file under their own names
+RUNTIME_MODULES = ("egg_generated", "knowledge.templates._runtime")
 
 
 @dataclass
@@ -97,6 +100,9 @@ def build_spec(plan: FusionPlan, g: Group):
         outputs = [(f"v_{m.name}", _dt(m)) for m in outs]
         return PointwiseSpec(in_dtypes, stmts, outputs, compute), ins, outs
     red_op = plan.nops[g.red]
+    if g.kind == "chanstats":  # outputs in the wrapper's order: (mean, var)
+        outs = sorted(g.aliases, key=lambda a: g.aliases[a] != "mean")
+        return ChanStatsSpec(in_dtype=in_dtypes[0], compute=compute), ins, outs
     if g.kind == "norm":
         return _norm_spec(plan, g, red_op, ins, pro, epi, slots, outs, in_dtypes, compute)
     if g.kind == "pool":
@@ -279,7 +285,7 @@ def _forward_source(graph: fx.Graph, stubs: dict) -> tuple[list[str], str]:
     for name, obj in pc.globals.items():
         if isinstance(obj, str):  # a type annotation kept as text, e.g. 'torch.Tensor'
             src = re.sub(rf"\b{re.escape(name)}\b", obj, src)
-        elif getattr(obj, "__module__", None) == "egg_generated":
+        elif getattr(obj, "__module__", None) in RUNTIME_MODULES:
             src = re.sub(rf"\b{re.escape(name)}\b", obj.__name__, src)
         elif name in _BUILTIN_GLOBALS:
             imports.append(_BUILTIN_GLOBALS[name])

@@ -17,7 +17,7 @@ from codegen.ops import FLOAT_DTYPES, NOp, classify, node_dtype, node_shape
 FUSABLE_DTYPES = FLOAT_DTYPES | {torch.bool}
 
 
-@dataclass
+@dataclass(eq=False)
 class Group:
     id: str
     kind: str  # pointwise | reduction | softmax
@@ -127,6 +127,39 @@ def _norm_dims(dim, nd: int) -> list[int] | None:
     return sorted(d % nd for d in dims) if nd else []
 
 
+def _merge_pointwise(groups: list, where: dict, order: dict) -> None:
+    """Merge a pointwise group into a pointwise consumer group over the same domain when every
+    other user of its values runs after the consumer's kernel (so nothing needs them earlier)."""
+    changed = True
+    while changed:
+        changed = False
+        for b in groups:
+            if b.kind != "pointwise":
+                continue
+            last_b = max(order[m] for m in b.members)
+            feeders = []
+            for m in b.members:
+                for t in m.all_input_nodes:
+                    a = where.get(t)
+                    if a is not None and all(a is not f for f in feeders):
+                        feeders.append(a)
+            for a in feeders:
+                if a is None or a is b or a.kind != "pointwise" or a.domain != b.domain:
+                    continue
+                ok = all(u in a.members or u in b.members or order[u] > last_b
+                         for m in a.members for u in m.users)
+                if not ok:
+                    continue
+                b.members = sorted(a.members + b.members, key=lambda m: order[m])
+                for m in a.members:
+                    where[m] = b
+                groups.remove(a)
+                changed = True
+                break
+            if changed:
+                break
+
+
 def plan_fusion(gm: fx.GraphModule, disabled: set[str] | None = None) -> FusionPlan:
     """Group the graph's nodes into kernels. Groups whose id is in ``disabled`` are dropped
     (their nodes stay torch code), which is how a failing or slow group is backed out."""
@@ -217,6 +250,20 @@ def plan_fusion(gm: fx.GraphModule, disabled: set[str] | None = None) -> FusionP
                 g = new_group("pointwise", members=[n], domain=shape)
                 where[n] = g
             continue
+        if op.kind == "chanstats":
+            src = op.operands[0]
+            in_shape = node_shape(src)
+            items = [u for u in n.users]
+            if (in_shape is None or len(in_shape) < 2 or len(items) != 2
+                    or sorted(nops[u].operands[1] if nops[u].kind == "getitem" else -1 for u in items) != [0, 1]):
+                op.kind, op.why = "library", "channel statistics used other than as (mean, var)"
+                continue
+            g = new_group("chanstats", members=[n], domain=in_shape, red=n)
+            for u in items:
+                g.aliases[u] = "mean" if nops[u].operands[1] == 0 else "var"
+                where[u] = g
+            where[n] = g
+            continue
         if op.kind == "scan":
             src = op.operands[0]
             in_shape = node_shape(src)
@@ -305,6 +352,7 @@ def plan_fusion(gm: fx.GraphModule, disabled: set[str] | None = None) -> FusionP
             for m in prod:
                 where[m] = g
             continue
+    _merge_pointwise(groups, where, order)
     # a (values, indices) reduction whose tuple itself is used elsewhere stays torch code
     for g in list(groups):
         if g.red is not None and nops[g.red].name in ("max_dim", "min_dim"):

@@ -149,22 +149,17 @@ for _nd in (1, 2, 3):
         FUNCTIONS[getattr(torch, f"avg_pool{_nd}d")] = f"avg_pool{_nd}d"
     FUNCTIONS[getattr(F, f"adaptive_avg_pool{_nd}d")] = f"adaptive_avg_pool{_nd}d"
 
-def _egg_fn(name: str):
-    """Stand-ins for runtime helpers of generated files (codegen/emit renames them)."""
-    def fn(x, dim):
-        flip = x.flip(dim)
-        out = flip.cumsum(dim) if "cumsum" in name else flip.cumprod(dim)
-        return out.flip(dim)
+from knowledge.templates import _runtime as RT  # noqa: E402
 
-    fn.__name__ = fn.__qualname__ = name
-    fn.__module__ = "egg_generated"
-    return fn
-
-
-reverse_cumsum = _egg_fn("_egg_reverse_cumsum")
-reverse_cumprod = _egg_fn("_egg_reverse_cumprod")
+#: host helpers of the runtime prelude used as fx targets; every generated file defines them
+#: too, so the emitter writes their plain names (codegen.emit.RUNTIME_MODULES)
+chanstats = RT._egg_chanstats
+bn_update = RT._egg_bn_update
+reverse_cumsum = RT._egg_reverse_cumsum
+reverse_cumprod = RT._egg_reverse_cumprod
 FUNCTIONS.update({torch.cumsum: "cumsum", torch.cumprod: "cumprod", torch.flip: "flip",
-                  reverse_cumsum: "reverse_cumsum", reverse_cumprod: "reverse_cumprod"})
+                  reverse_cumsum: "reverse_cumsum", reverse_cumprod: "reverse_cumprod",
+                  chanstats: "chanstats"})
 
 POOLS: dict[str, OpDef] = {}
 for _nd in (1, 2, 3):
@@ -415,6 +410,10 @@ def _from_name(name: str, node: fx.Node, args: tuple, kwargs: dict, extra: dict 
         return NOp("pointwise", "fill", node, [b["input"]], {"value": value})
     if name == "flip":
         return NOp("view", "flip", node, list(args) + list(kwargs.values()))
+    if name == "chanstats":
+        if node_dtype(args[0]) not in FLOAT_DTYPES:
+            raise TypeError("channel statistics of a non-floating tensor")
+        return NOp("chanstats", "chanstats", node, [args[0]])
     if name in ("cumsum", "cumprod", "reverse_cumsum", "reverse_cumprod"):
         b = _bind(_d(name, "scan", ["input", "dim", ("dtype", None)]), args, kwargs)
         if b["dtype"] is not None or not isinstance(b["input"], fx.Node) or not isinstance(b["dim"], int):

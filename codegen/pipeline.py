@@ -75,7 +75,7 @@ def analyze(prob: LoadedProblem, disabled: set[str] | None = None, use_rewrites:
     cap = capture(prob)
     if cap.gm is None:
         return None, [], cap.error
-    RW.canonicalize(cap.gm)
+    RW.canonicalize(cap.gm, cap.inputs)
     applied = RW.apply_all(cap.gm) if use_rewrites else []
     return plan_fusion(cap.gm, disabled), applied, None
 

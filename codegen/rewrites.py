@@ -126,7 +126,7 @@ def flipped_scans(gm: fx.GraphModule) -> bool:
             continue
         fn = O.reverse_cumsum if kind == "cumsum" else O.reverse_cumprod
         with graph.inserting_before(f2):
-            new = graph.call_function(fn, (n.args[0], sdim))
+            new = graph.create_node("call_function", fn, (n.args[0], sdim), name=f"{kind}_reverse")
         new.meta = dict(f2.meta)
         f2.replace_all_uses_with(new)
         for dead in (f2, scan, n):
@@ -135,10 +135,75 @@ def flipped_scans(gm: fx.GraphModule) -> bool:
     return changed
 
 
-CANONICAL = [norm_modules_to_functionals, flipped_scans]
+def batchnorm_decompose(gm: fx.GraphModule) -> bool:
+    """nn.BatchNorm{1,2,3}d as primitives (alg-batchnorm-decompose): channel statistics (one
+    kernel), the module's running-statistics bookkeeping (torch, on C values), and elementwise
+    normalization that the pointwise fusion merges with its neighbours. Eval mode (or
+    track_running_stats with training off) normalizes with the running statistics."""
+    import operator
+
+    import torch
+    import torch.nn as nn
+
+    from codegen import ops as O
+
+    graph = gm.graph
+    changed = False
+    for n in list(graph.nodes):
+        if n.op != "call_module" or len(n.args) != 1 or n.kwargs:
+            continue
+        mod = gm.get_submodule(n.target)
+        if not isinstance(mod, (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)):
+            continue
+        x = n.args[0]
+        shape = O.node_shape(x)
+        if shape is None or len(shape) < 2:
+            continue
+        C = shape[1]
+        view = [1, C] + [1] * (len(shape) - 2)
+        use_batch = mod.training or mod.running_mean is None
+        with graph.inserting_before(n):
+            if use_batch:
+                st = graph.create_node("call_function", O.chanstats, (x,), name="chan_stats")
+                mean = graph.call_function(operator.getitem, (st, 0))
+                var = graph.call_function(operator.getitem, (st, 1))
+                if mod.training and mod.track_running_stats:
+                    rm = _attr_node(gm, graph, f"{n.target}.running_mean")
+                    rv = _attr_node(gm, graph, f"{n.target}.running_var")
+                    nbt = _attr_node(gm, graph, f"{n.target}.num_batches_tracked")
+                    mean = graph.create_node("call_function", O.bn_update,
+                                             (mean, var, x, rm, rv, nbt, mod.momentum), name="bn_mean")
+            else:
+                mean = graph.call_method("view", (_attr_node(gm, graph, f"{n.target}.running_mean"), *view))
+                var = graph.call_method("view", (_attr_node(gm, graph, f"{n.target}.running_var"), *view))
+            y = graph.call_function(operator.sub, (x, mean))
+            y = graph.call_function(operator.mul, (y, graph.call_function(
+                torch.rsqrt, (graph.call_function(operator.add, (var, mod.eps)),))))
+            if mod.weight is not None:
+                w = graph.call_method("view", (_attr_node(gm, graph, f"{n.target}.weight"), *view))
+                y = graph.call_function(operator.mul, (y, w))
+            if mod.bias is not None:
+                b = graph.call_method("view", (_attr_node(gm, graph, f"{n.target}.bias"), *view))
+                y = graph.call_function(operator.add, (y, b))
+        n.replace_all_uses_with(y)
+        graph.erase_node(n)
+        changed = True
+    return changed
 
 
-def canonicalize(gm: fx.GraphModule) -> None:
+CANONICAL = [norm_modules_to_functionals, flipped_scans, batchnorm_decompose]
+
+
+def canonicalize(gm: fx.GraphModule, inputs: list | None = None) -> None:
+    """Apply the canonical forms; re-propagate shapes (on meta inputs) if anything changed."""
+    changed = False
     for fn in CANONICAL:
-        fn(gm)
+        changed |= bool(fn(gm))
     gm.graph.lint()
+    if changed and inputs is not None:
+        import torch
+        from torch.fx.passes.shape_prop import ShapeProp
+
+        gm.recompile()
+        with torch.no_grad():
+            ShapeProp(gm).propagate(*inputs)

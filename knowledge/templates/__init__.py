@@ -14,6 +14,7 @@ from knowledge.schema import TemplateInfo
 
 RUNTIME_SOURCE = (pathlib.Path(__file__).with_name("_runtime.py")).read_text()
 
+
 Stmt = tuple[str, str]  # (variable, Triton expression)
 
 
@@ -102,6 +103,6 @@ def stmt_lines(stmts: list[Stmt]) -> list[str]:
 
 
 def all_templates() -> dict[str, TemplateInfo]:
-    from knowledge.templates import norm, pointwise, pool, reduction, scan, softmax
+    from knowledge.templates import chanstats, norm, pointwise, pool, reduction, scan, softmax
 
-    return {m.INFO.name: m.INFO for m in (pointwise, reduction, softmax, norm, pool, scan)}
+    return {m.INFO.name: m.INFO for m in (pointwise, reduction, softmax, norm, pool, scan, chanstats)}

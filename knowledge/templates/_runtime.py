@@ -152,3 +152,23 @@ def _egg_reverse_cumsum(x, dim):
 
 def _egg_reverse_cumprod(x, dim):
     return x.flip(dim).cumprod(dim).flip(dim)
+
+
+def _egg_chanstats(x):
+    """Per-channel mean and biased variance over every dim but 1 (batch-norm statistics)."""
+    dims = [0] + list(range(2, x.dim()))
+    return x.mean(dims, keepdim=True), x.var(dims, unbiased=False, keepdim=True)
+
+
+def _egg_bn_update(mean, var, x, running_mean, running_var, num_batches_tracked, momentum):
+    """nn.BatchNorm's training-mode bookkeeping: count the batch, update running statistics
+    (unbiased variance), exactly as the module does; returns mean unchanged."""
+    with torch.no_grad():
+        count = x.numel() // max(1, x.shape[1])
+        if num_batches_tracked is not None:
+            num_batches_tracked.add_(1)
+        m = momentum if momentum is not None else 1.0 / float(num_batches_tracked)
+        if running_mean is not None:
+            running_mean.mul_(1.0 - m).add_(mean.reshape(-1), alpha=m)
+            running_var.mul_(1.0 - m).add_(var.reshape(-1) * (count / max(count - 1, 1)), alpha=m)
+    return mean
