@@ -197,7 +197,7 @@ def run(problem: str = typer.Argument(None, help="a KernelBench-format problem f
     if rep.get("llm"):
         tot = rep["llm"]["total"]
         per = ", ".join(f"{k} {u['prompt_tokens'] + u['completion_tokens']}"
-                        for k, u in sorted(rep.get("llm_usage", {}).items()))
+                        for k, u in sorted(rep.get("llm_usage", {}).items()) if k != "total")
         out.print(f"LLM: {tot['calls']} call(s), {tot['prompt_tokens'] + tot['completion_tokens']} tokens "
                   f"({per})" + (f", ${tot['cost_usd']:.4f}" if rep["llm"].get("priced") else ""),
                   highlight=False)

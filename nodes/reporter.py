@@ -67,7 +67,8 @@ def _llm_summary(state: EggState, settings: Settings) -> dict | None:
     """Who the model was and what the run spent, per role and in total (LLM policies only)."""
     if settings.policy == "expert" and not state.llm_usage:
         return None
-    total = {k: sum(getattr(u, k) for u in state.llm_usage.values())
+    roles = {k: u for k, u in state.llm_usage.items() if k != "total"}  # "total": the whole run
+    total = {k: sum(getattr(u, k) for u in roles.values())
              for k in ("calls", "prompt_tokens", "completion_tokens", "cost_usd")}
     total["cost_usd"] = round(total["cost_usd"], 6)
     priced = bool(settings.llm_price_per_1k_prompt or settings.llm_price_per_1k_completion)
@@ -112,7 +113,8 @@ def report_markdown(rep: dict) -> str:
                   + (f"; token budget {llm['token_budget']}" if llm.get("token_budget") else ""), "",
                   "| role | calls | prompt tokens | completion tokens | total tokens | cost USD |",
                   "|---|---|---|---|---|---|"]
-        rows = sorted(rep.get("llm_usage", {}).items()) + [("total", llm["total"])]
+        rows = sorted((k, u) for k, u in rep.get("llm_usage", {}).items() if k != "total")
+        rows.append(("total", llm["total"]))
         for role, u in rows:
             cost = f"{u['cost_usd']:.4f}" if llm.get("priced") else "-"
             lines.append(f"| {role} | {u['calls']} | {u['prompt_tokens']} | {u['completion_tokens']} "

@@ -109,8 +109,19 @@ def estimate_tokens(text: str) -> int:
     return (len(text) + 3) // 4
 
 
+#: the key of state.llm_usage that holds the whole run's usage (the other keys are roles)
+TOTAL = "total"
+
+
 def total_tokens(usage: dict[str, LLMUsage]) -> int:
-    return sum(u.prompt_tokens + u.completion_tokens for u in usage.values())
+    return sum(u.prompt_tokens + u.completion_tokens for k, u in usage.items() if k != TOTAL)
+
+
+def _add(a: LLMUsage | None, b: LLMUsage) -> LLMUsage:
+    a = a or LLMUsage()
+    return LLMUsage(calls=a.calls + b.calls, prompt_tokens=a.prompt_tokens + b.prompt_tokens,
+                    completion_tokens=a.completion_tokens + b.completion_tokens,
+                    cost_usd=round(a.cost_usd + b.cost_usd, 6))
 
 
 # ------------------------------------------------------------------------------ models
@@ -158,9 +169,12 @@ def _describe_error(e: Exception, settings: Settings) -> str:
     if isinstance(e, openai.APITimeoutError):
         return f"LLM endpoint {where} timed out ({settings.llm_timeout_s:g} s per request, {tries})"
     if isinstance(e, openai.APIConnectionError):
-        cause = e.__cause__ or e.__context__
-        why = f": {str(cause).splitlines()[0][:160]}" if cause else ""
-        return f"cannot reach the LLM endpoint {where} after {tries}{why}"
+        root, seen = e, set()
+        while (nxt := root.__cause__ or root.__context__) is not None and id(nxt) not in seen:
+            seen.add(id(nxt))
+            root = nxt  # the innermost cause: the socket's own words
+        why = str(root).strip().splitlines()[0][:160] if str(root).strip() else type(root).__name__
+        return f"cannot reach the LLM endpoint {where} after {tries}: {why}"
     if isinstance(e, openai.RateLimitError):
         return f"LLM endpoint {where} is rate limiting (HTTP 429) after {tries}: {e.message[:200]}"
     if isinstance(e, openai.AuthenticationError):
@@ -191,8 +205,8 @@ class LLMClient:
 
     def __init__(self, settings: Settings, state: EggState):
         self.settings = settings
-        self.state_usage = {k: v.model_copy() for k, v in state.llm_usage.items()}
-        self.start_index = sum(u.calls for u in state.llm_usage.values())
+        self.state_usage = {k: v.model_copy() for k, v in state.llm_usage.items() if k != TOTAL}
+        self.start_index = sum(u.calls for u in self.state_usage.values())
         self.calls = 0
         self.delta: dict[str, LLMUsage] = {}
         self.dir = exchanges_dir(settings, state)
@@ -203,13 +217,15 @@ class LLMClient:
 
     # -- accounting
     def usage(self) -> dict[str, LLMUsage]:
-        """The roles' totals (state + this step) for the roles this step used."""
-        out = {}
-        for role, d in self.delta.items():
-            base = self.state_usage.get(role) or LLMUsage()
-            out[role] = LLMUsage(calls=base.calls + d.calls, prompt_tokens=base.prompt_tokens + d.prompt_tokens,
-                                 completion_tokens=base.completion_tokens + d.completion_tokens,
-                                 cost_usd=round(base.cost_usd + d.cost_usd, 6))
+        """Run totals (state + this step) of the roles this step used, and of the run
+        (key ``total``); empty when this step made no call."""
+        if not self.delta:
+            return {}
+        out = {role: _add(self.state_usage.get(role), d) for role, d in self.delta.items()}
+        run = LLMUsage()
+        for u in [*self.state_usage.values(), *self.delta.values()]:
+            run = _add(run, u)
+        out[TOTAL] = run
         return out
 
     def tokens_used(self) -> int:

@@ -234,6 +234,7 @@ def test_cost_and_token_budget(problem, tmp_path):
     u = pol.take_usage()
     assert "planner" not in u  # only roles this step used; the state keeps the others
     assert u["algorithm_designer"].cost_usd == pytest.approx(0.5 + 1.0)
+    assert (u["total"].calls, u["total"].prompt_tokens, u["total"].completion_tokens) == (2, 1100, 510)
     # a spent budget: the role declines with the reason, without any request
     spent = planned_state(problem, llm_usage={"planner": LLMUsage(calls=3, prompt_tokens=900, completion_tokens=200)})
     with FakeOpenAI([]) as srv:

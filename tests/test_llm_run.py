@@ -73,6 +73,8 @@ def test_llm_run_repairs_a_failed_kernel(recorded):
     assert u["planner"]["calls"] == 1 and u["algorithm_designer"]["calls"] == 2
     assert u["algorithm_designer"]["prompt_tokens"] > u["planner"]["prompt_tokens"] > 0
     assert rep["llm"]["total"]["calls"] == 3 and rep["llm"]["model"] == "fake-model"
+    assert u["total"]["calls"] == 3 and u["total"]["prompt_tokens"] == (
+        u["planner"]["prompt_tokens"] + u["algorithm_designer"]["prompt_tokens"])
     md = (run / "report.md").read_text()
     assert "## LLM usage" in md and "| algorithm_designer | 2 |" in md and "| total | 3 |" in md
     assert "LLM: 3 call(s)" in res.output
@@ -121,3 +123,21 @@ def test_dead_endpoint_exits_3_and_the_run_resumes(workdir):
     rep = json.loads((run / "report.json").read_text())
     assert rep["best_id"] == "c1" and rep["kernels"] == ["_egg_k_g0"]
     assert json.loads((run / "settings.json").read_text())["llm_base_url"] == url
+
+
+def test_hybrid_run_expert_fills_in_for_unusable_code(workdir, monkeypatch):
+    """--policy hybrid: the model plans; its stage-1 replies hold no usable code, so the expert's
+    draft is used, verified and kept."""
+    monkeypatch.setenv("EGG_LLM_RETRIES", "1")
+    junk = {"content": "Here is my idea: fuse everything. (no code)"}
+    with FakeOpenAI([{"tool_args": PLAN}, junk, junk]) as srv:
+        res = egg("run", str(workdir / "relu_scale.py"), "--device", "cpu", "--policy", "hybrid",
+                  "--model", "fake-model", "--base-url", srv.base_url, "--runs-dir", str(workdir / "runs"),
+                  "--run-id", "hybrid", "--trials", "1")
+        assert len(srv.requests) == 3
+    assert res.exit_code == 0, res.output
+    rep = json.loads((workdir / "runs" / "hybrid" / "report.json").read_text())
+    assert rep["policy"] == "hybrid" and rep["best_id"] == "c1" and not rep["fallback"]
+    assert rep["plan"]["groups"][0]["reason"] == "one pass over x"  # the model's plan
+    assert "expert fills in" in rep["stages"]["algorithm"]["decisions"][0]
+    assert rep["llm_usage"]["algorithm_designer"]["calls"] == 2
