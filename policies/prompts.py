@@ -259,7 +259,7 @@ def analysis_items(state: EggState) -> list[str]:
     a = state.analysis
     if a is None:
         return []
-    floor = f"{a.floor_ms:.4f} ms" if a.floor_ms is not None else "unknown"
+    floor = f"{a.floor_ms:.4g} ms" if a.floor_ms is not None else "unknown"
     out = [f"capture: {a.capture}" + (f" ({a.capture_error})" if a.capture_error else ""),
            f"FLOPs {a.flops:.3g}, compulsory bytes {a.bytes:.3g}, roofline floor {floor} ({a.bound}-bound)"]
     return out
@@ -451,6 +451,7 @@ def tile_messages(state: EggState, settings: Settings, schema: type[BaseModel],
     kinds = op_kinds(state)
     _last, evidence = last_attempt(state, "tiling")
     parts = [
+        _problem_part(state),  # the shapes the kernels run on
         Part("Target hardware", [hardware_text(state)]),
         Part("Plan", analysis_items(state) + plan_items(state), rank=5, keep=2),
         Part("Principles (stage 2, tiling)", principle_items("tiling", kinds), rank=2, keep=2),

@@ -13,7 +13,9 @@ Serves ``POST /v1/chat/completions`` as JSON, or as server-sent events when the 
 - ``"no_usage": true``: report no usage at all
 
 When the script is exhausted the server answers 400 "script exhausted", so a test that makes
-more calls than it planned fails loudly. ``requests`` holds every request body received.
+more calls than it planned fails loudly. The script may instead be a function of the request body
+returning an item (replies chosen by role, e.g. for scripts/gpu_llm_smoke.py). ``requests`` holds
+every request body received.
 """
 from __future__ import annotations
 
@@ -24,8 +26,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
 class FakeOpenAI:
-    def __init__(self, script: list[dict] | None = None, model: str = "fake-model"):
-        self.script = list(script or [])
+    def __init__(self, script=None, model: str = "fake-model"):
+        self.script = script if callable(script) else list(script or [])
         self.model = model
         self.requests: list[dict] = []
         self.headers: list[dict] = []
@@ -58,7 +60,10 @@ class FakeOpenAI:
                 with server._lock:
                     server.requests.append(body)
                     server.headers.append({k.lower(): v for k, v in self.headers.items()})
-                    item = server.script.pop(0) if server.script else None
+                    if callable(server.script):
+                        item = server.script(body)
+                    else:
+                        item = server.script.pop(0) if server.script else None
                 if item is None:
                     self._json(400, {"error": {"message": "script exhausted", "type": "invalid_request_error"}})
                     return
