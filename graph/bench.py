@@ -61,6 +61,7 @@ def _done(results: pathlib.Path) -> set[str]:
 def run_one(path: pathlib.Path, name: str, out_dir: pathlib.Path, settings: Settings) -> dict:
     from graph import runs as R
     from harness.problem import ProblemError, describe_problem
+    from policies.llm_io import LLMError
 
     t0 = time.time()
     rec = {"name": name, "verified": False, "correct": False, "fallback": True, "kernels": [],
@@ -101,6 +102,8 @@ def run_one(path: pathlib.Path, name: str, out_dir: pathlib.Path, settings: Sett
                     rec["speedup_eager"] = 1.0
     except ProblemError as e:
         rec["failure"] = str(e)
+    except LLMError:
+        raise  # the endpoint is down for every problem: stop the suite (bench --resume goes on)
     except Exception as e:  # noqa: BLE001 - one bad problem never stops the suite
         rec["failure"] = f"{type(e).__name__}: {e} | {traceback.format_exc().splitlines()[-3:]}"[:600]
     rec["wall_s"] = round(time.time() - t0, 1)

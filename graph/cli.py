@@ -1,7 +1,10 @@
 """The ``egg`` command line.
 
 Exit codes: 0 success; 1 a verification rejected the candidate (egg verify); 2 a problem,
-candidate, run or checkpoint that cannot be used (one line on stderr, never a traceback).
+candidate, run or checkpoint that cannot be used (one line on stderr, never a traceback);
+3 the LLM endpoint (policy llm or hybrid) could not be reached or kept failing after the retries
+(unreachable, HTTP errors, timeouts, rate limits, a missing API key, a replay that ran out): one
+line on stderr; the run folder stays intact and ``egg run --resume RUN`` continues it.
 """
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ from typing import List, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -26,7 +30,7 @@ RunsDirOpt = typer.Option(None, "--runs-dir", help="folder of runs (default ./ru
 
 
 def _fail(msg: str, code: int = 2) -> None:
-    err.print(f"[red]egg:[/red] {msg}", highlight=False, soft_wrap=True)
+    err.print(f"[red]egg:[/red] {escape(msg)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -47,12 +51,12 @@ def _prepare_device(device: str) -> str:
 def _step_line(node: str, upd: dict, t0: float) -> str:
     bits = []
     if upd.get("error"):
-        bits.append(f"[red]{upd['error']}[/red]")
+        bits.append(f"[red]{escape(upd['error'])}[/red]")
     for c in upd.get("candidates", []) or []:
         bits.append(f"candidate {c.id} ({len(c.kernels)} kernel(s))")
     for v in upd.get("verifications", []) or []:
         bits.append(f"{v.candidate_id} [green]verified[/green] ({v.trials} trials)" if v.passed
-                    else f"{v.candidate_id} [red]rejected[/red] [{v.category}] {v.reason[:140]}")
+                    else f"{v.candidate_id} [red]rejected[/red] {escape(f'[{v.category}] {v.reason[:140]}')}")
     for t in upd.get("timings", []) or []:
         if t.candidate_id == "c0":
             continue
@@ -65,7 +69,7 @@ def _step_line(node: str, upd: dict, t0: float) -> str:
             bits.append(f"{t.candidate_id}: {t.note}")
     for stage, ctx in (upd.get("stage_context") or {}).items():
         if node in ("tiler", "memory_optimizer", "algorithm_designer") and ctx.finished and not upd.get("candidates"):
-            bits.append(f"{stage} stage done: {ctx.finish_reason}")
+            bits.append(f"{stage} stage done: {escape(ctx.finish_reason)}")
     if node == "planner" and upd.get("plan") is not None:
         p = upd["plan"]
         bits.append(f"{sum(g.kind != 'library' for g in p.groups)} fused group(s), "
@@ -93,12 +97,43 @@ def _final_table(rep: dict) -> Table:
 
 def _drive(run, inp, config=None) -> dict:
     from graph import runs as R
+    from policies.llm_io import EXIT_LLM, LLMError
 
     t0 = time.time()
-    for node, upd in R.stream(run, inp, config):
-        out.print(_step_line(node, upd, t0), highlight=False)
+    try:
+        for node, upd in R.stream(run, inp, config):
+            out.print(_step_line(node, upd, t0), highlight=False)
+    except LLMError as e:
+        _fail(f"{e}\nthe run folder {run.dir} is intact: continue with "
+              f"egg run --resume {run.id} (optionally with --base-url/--model)", EXIT_LLM)
     st = R.final_state(run)
     return st.report
+
+
+def _replay_dir(path: str, runs_dir) -> str:
+    """--replay-llm: a run folder (or its llm/ folder), or a run id in the runs folder."""
+    from graph import runs as R
+
+    p = pathlib.Path(path)
+    if not p.exists():
+        p = (runs_dir or R.default_runs_dir()) / path
+    if not (p / "llm").is_dir() and p.name != "llm":
+        _fail(f"--replay-llm {path}: no recorded LLM exchanges there (expected RUN_DIR/llm/)")
+    return str(p.resolve())
+
+
+def _recorded_settings(replay_dir: str) -> dict:
+    """Policy and model of the recorded run (a replay runs as that run did)."""
+    p = pathlib.Path(replay_dir)
+    for d in (p, p.parent):
+        f = d / "settings.json"
+        if f.is_file():
+            try:
+                rec = json.loads(f.read_text())
+            except (OSError, json.JSONDecodeError):
+                return {}
+            return {"policy": rec.get("policy"), "llm_model": rec.get("llm_model")}
+    return {}
 
 
 def _settings(**kw):
@@ -116,17 +151,32 @@ def run(problem: str = typer.Argument(None, help="a KernelBench-format problem f
         run_id: Optional[str] = typer.Option(None, "--run-id"),
         policy: Optional[str] = typer.Option(None, "--policy", help="expert | llm | hybrid"),
         model: Optional[str] = typer.Option(None, "--model", help="LLM model name"),
-        base_url: Optional[str] = typer.Option(None, "--base-url", help="OpenAI-compatible URL"),
+        base_url: Optional[str] = typer.Option(None, "--base-url", help="OpenAI-compatible URL, e.g. http://localhost:8000/v1"),
+        api_key_env: Optional[str] = typer.Option(None, "--api-key-env", help="environment variable holding the API key (default OPENAI_API_KEY)"),
+        token_budget: Optional[int] = typer.Option(None, "--token-budget", help="LLM tokens the run may spend (0: no limit)"),
+        replay_llm: Optional[str] = typer.Option(None, "--replay-llm", metavar="RUN_DIR",
+                                                 help="serve the LLM replies recorded in RUN_DIR/llm/ instead of calling a model (offline)"),
         trials: Optional[int] = typer.Option(None, "--trials"),
         review: bool = typer.Option(False, "--review", help="pause after the planner to edit the plan"),
         resume: Optional[str] = typer.Option(None, "--resume", help="continue run RUN from its last checkpoint")):
-    """Optimize one problem: plan, kernels, verification, timing, tuning; writes runs/<id>/."""
+    """Optimize one problem: plan, kernels, verification, timing, tuning; writes runs/<id>/.
+
+    With --policy llm or hybrid, every exchange with the model is saved in runs/<id>/llm/; exit
+    code 3 when the endpoint cannot be reached or keeps failing (then --resume the run)."""
     from graph import runs as R
     from harness.problem import ProblemError, describe_problem
 
+    llm = {"llm_model": model, "llm_base_url": base_url, "llm_api_key_env": api_key_env,
+           "llm_token_budget": token_budget}
+    if replay_llm:
+        llm["llm_replay_dir"] = _replay_dir(replay_llm, runs_dir)
+        rec = _recorded_settings(llm["llm_replay_dir"])
+        policy = policy or rec.get("policy")
+        llm["llm_model"] = model or rec.get("llm_model")
     try:
         if resume:
             r = R.open_run(resume, runs_dir)
+            R.override_settings(r, {k: v for k, v in llm.items() if v is not None})
             _prepare_device(r.settings.device)
             out.print(f"resuming run [bold]{r.id}[/bold] from its last checkpoint")
             rep = _drive(r, None)
@@ -135,8 +185,7 @@ def run(problem: str = typer.Argument(None, help="a KernelBench-format problem f
                 _fail("give a problem file (or --resume RUN)")
             dev = _prepare_device(device)
             describe_problem(problem)  # one-line error and exit 2 before any run folder exists
-            settings = _settings(device=dev, policy=policy, llm_model=model, llm_base_url=base_url,
-                                 trials=trials, review=review or None)
+            settings = _settings(device=dev, policy=policy, trials=trials, review=review or None, **llm)
             r = R.create_run(problem, settings, runs_dir, run_id)
             out.print(f"run [bold]{r.id}[/bold] in {r.dir}")
             rep = _drive(r, {"problem_path": str(pathlib.Path(problem).resolve())})
@@ -145,6 +194,13 @@ def run(problem: str = typer.Argument(None, help="a KernelBench-format problem f
     if rep.get("status") == "error":
         _fail(rep.get("error", "run failed"))
     out.print(_final_table(rep))
+    if rep.get("llm"):
+        tot = rep["llm"]["total"]
+        per = ", ".join(f"{k} {u['prompt_tokens'] + u['completion_tokens']}"
+                        for k, u in sorted(rep.get("llm_usage", {}).items()) if k != "total")
+        out.print(f"LLM: {tot['calls']} call(s), {tot['prompt_tokens'] + tot['completion_tokens']} tokens "
+                  f"({per})" + (f", ${tot['cost_usd']:.4f}" if rep["llm"].get("priced") else ""),
+                  highlight=False)
     out.print(f"best: {r.dir / 'best.py'} ({'reference, no kernel' if rep['fallback'] else ', '.join(rep['kernels'])})")
 
 
@@ -314,17 +370,24 @@ def bench(folder: pathlib.Path, out_dir: pathlib.Path = typer.Option(pathlib.Pat
           list_file: Optional[pathlib.Path] = typer.Option(None, "--list", help="file of relative paths"),
           resume: bool = typer.Option(False, "--resume", help="skip problems already in results.jsonl"),
           policy: Optional[str] = typer.Option(None, "--policy"),
+          model: Optional[str] = typer.Option(None, "--model", help="LLM model name"),
+          base_url: Optional[str] = typer.Option(None, "--base-url", help="OpenAI-compatible URL"),
           trials: Optional[int] = typer.Option(None, "--trials")):
     """Run every problem under FOLDER through the graph; results.jsonl, report.json/.md, plot."""
     from graph import bench as B
+    from policies.llm_io import EXIT_LLM, LLMError
 
     dev = _prepare_device(device)
     try:
         problems = B.select(folder, filter_, list_file)
     except B.BenchError as e:
         _fail(str(e))
-    settings = _settings(device=dev, policy=policy, trials=trials)
-    rep = B.run_bench(problems, folder, out_dir, settings, resume, console=out)
+    settings = _settings(device=dev, policy=policy, trials=trials, llm_model=model, llm_base_url=base_url)
+    try:
+        rep = B.run_bench(problems, folder, out_dir, settings, resume, console=out)
+    except LLMError as e:
+        _fail(f"{e}\nbench stopped; the problems done so far are in {out_dir / 'results.jsonl'}: "
+              "continue with egg bench ... --resume", EXIT_LLM)
     out.print(B.summary_table(rep))
     out.print(f"wrote {out_dir / 'results.jsonl'}, {out_dir / 'report.json'}, {out_dir / 'report.md'}")
 

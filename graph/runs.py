@@ -73,6 +73,18 @@ def open_run(run_id: str, runs_dir: pathlib.Path | None = None) -> Run:
     return Run(run_id, d, settings)
 
 
+def override_settings(run: Run, updates: dict) -> Run:
+    """Change some settings of an existing run (e.g. a new --base-url on resume) and save them."""
+    if not updates:
+        return run
+    try:
+        run.settings = Settings(**{**run.settings.model_dump(), **updates})
+    except Exception as e:  # noqa: BLE001 - pydantic's message, one line
+        raise RunError(f"bad settings: {str(e).splitlines()[0]}") from None
+    (run.dir / "settings.json").write_text(run.settings.model_dump_json(indent=2))
+    return run
+
+
 def stream(run: Run, inp: Any, config: dict | None = None, graph=None) -> Iterator[tuple[str, dict]]:
     """(node, update) pairs as the graph runs; ``inp`` None continues from the checkpoint."""
     g = graph or run.graph()

@@ -59,7 +59,22 @@ def build_report(state: EggState, settings: Settings) -> dict:
         "stages": {s: state.context(s).model_dump() for s in STAGES},
         "candidates": cands,
         "llm_usage": {k: v.model_dump() for k, v in state.llm_usage.items()},
+        "llm": _llm_summary(state, settings),
     }
+
+
+def _llm_summary(state: EggState, settings: Settings) -> dict | None:
+    """Who the model was and what the run spent, per role and in total (LLM policies only)."""
+    if settings.policy == "expert" and not state.llm_usage:
+        return None
+    roles = {k: u for k, u in state.llm_usage.items() if k != "total"}  # "total": the whole run
+    total = {k: sum(getattr(u, k) for u in roles.values())
+             for k in ("calls", "prompt_tokens", "completion_tokens", "cost_usd")}
+    total["cost_usd"] = round(total["cost_usd"], 6)
+    priced = bool(settings.llm_price_per_1k_prompt or settings.llm_price_per_1k_completion)
+    return {"model": settings.llm_model, "base_url": settings.llm_base_url or "(client default)",
+            "replayed_from": settings.llm_replay_dir or None, "total": total, "priced": priced,
+            "token_budget": settings.llm_token_budget}
 
 
 def report_markdown(rep: dict) -> str:
@@ -90,6 +105,20 @@ def report_markdown(rep: dict) -> str:
     for s, ctx in rep["stages"].items():
         lines.append(f"- {s}: {ctx.get('finish_reason') or 'done'}; "
                      + "; ".join(d for d in ctx.get("decisions", [])[:4]))
+    llm = rep.get("llm")
+    if llm:
+        lines += ["", "## LLM usage", "",
+                  f"model {llm['model']} at {llm['base_url']}"
+                  + (f", replayed from {llm['replayed_from']}" if llm.get("replayed_from") else "")
+                  + (f"; token budget {llm['token_budget']}" if llm.get("token_budget") else ""), "",
+                  "| role | calls | prompt tokens | completion tokens | total tokens | cost USD |",
+                  "|---|---|---|---|---|---|"]
+        rows = sorted((k, u) for k, u in rep.get("llm_usage", {}).items() if k != "total")
+        rows.append(("total", llm["total"]))
+        for role, u in rows:
+            cost = f"{u['cost_usd']:.4f}" if llm.get("priced") else "-"
+            lines.append(f"| {role} | {u['calls']} | {u['prompt_tokens']} | {u['completion_tokens']} "
+                         f"| {u['prompt_tokens'] + u['completion_tokens']} | {cost} |")
     return "\n".join(lines) + "\n"
 
 

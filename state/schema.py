@@ -58,7 +58,7 @@ class EggState(BaseModel):
     # -- pointers into the history
     current_id: str | None = None
     best_id: str | None = None
-    # -- budget and accounting
+    # -- budget and accounting (LLM usage per role, and for the whole run under "total")
     llm_usage: Annotated[dict[str, r.LLMUsage], merge_dicts] = Field(default_factory=dict)
     # -- outcome
     error: str | None = None

@@ -53,6 +53,16 @@ class Settings(BaseModel):
     llm_price_per_1k_prompt: float = Field(0.0, description="price per 1k prompt tokens (USD)")
     llm_price_per_1k_completion: float = Field(0.0, description="price per 1k completion tokens")
     llm_replay_dir: str = Field("", description="folder of recorded exchanges to replay offline")
+    llm_structured_method: Literal["function_calling", "json_schema", "json_mode"] = Field(
+        "function_calling",
+        description="how structured decisions are asked for: a tool call (the widest support among "
+                    "OpenAI-compatible servers), a json_schema response format, or json mode")
+    llm_streaming: bool = Field(
+        False, description="stream replies (server-sent events): the timeout then bounds the gaps "
+                           "between chunks, not the whole reply of a slow local model")
+    llm_context_tokens: int = Field(
+        12000, description="prompt size cap, estimated as characters / 4: the oldest and least "
+                           "relevant context is trimmed first", ge=1000)
 
     @model_validator(mode="before")
     @classmethod
