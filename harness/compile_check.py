@@ -86,46 +86,114 @@ def target_of(hw) -> dict:
             "smem_limit": int(getattr(hw, "smem_per_block", 0) or SM90_SMEM)}
 
 
-def check_file(path: str | os.PathLike, *, arch: int = 90, warp_size: int = 32,
-               smem_limit: int = SM90_SMEM, reject_spills: bool = False, inputs: str = "meta",
-               args_file: str | None = None, call: str | None = None, timeout_s: float = 300.0,
-               cache_dir: str | None = None) -> FileCheck:
-    """Compile every kernel a candidate file launches, for ``sm_<arch>``, in a child process.
+def check_file(path: str | os.PathLike, *, args_file: str | None = None, call: str | None = None,
+               **kw) -> FileCheck:
+    """Compile every kernel a candidate file launches, in a child process, without a GPU.
 
-    ``inputs``: ``meta`` (the problem's get_inputs() on the meta device; falls back to real CPU
-    tensors when the forward cannot run on meta), or ``cpu``. ``args_file``: a ``torch.save``d
-    list of example arguments, passed to ``call`` (a wrapper name such as ``_egg_g0``) or, when
-    ``call`` is None, to ``ModelNew.forward``.
+    Options (also of :func:`check_files`): ``arch`` (90: sm_90), ``warp_size``, ``smem_limit``
+    (bytes per block), ``reject_spills``, ``inputs`` (``meta``: the problem's get_inputs() on
+    the meta device, falling back to real CPU tensors when the forward cannot run on meta;
+    ``cpu``), ``timeout_s`` (per file), ``cache_dir`` (TRITON_CACHE_DIR). ``args_file``: a
+    ``torch.save``d list of example arguments, passed to ``call`` (a wrapper such as
+    ``_egg_g0``) or, when ``call`` is None, to ``ModelNew.forward``.
     """
+    return _run_batch([{"path": str(path), "args_file": args_file, "call": call}], **kw)[0]
+
+
+def check_files(paths, jobs: int | None = None, **kw) -> list[FileCheck]:
+    """check_file for many candidates, results in order: ``jobs`` child processes at a time,
+    each compiling a share of the files one after another (torch and Triton are imported once
+    per process, not once per file)."""
+    items = [{"path": str(p), "args_file": None, "call": None} for p in paths]
+    if not items:
+        return []
+    n = max(1, min(jobs or default_jobs(), len(items)))
+    shares = [list(range(i, len(items), n)) for i in range(n)]
+    out: list[FileCheck | None] = [None] * len(items)
+    with ThreadPoolExecutor(max_workers=n) as ex:
+        runs = ex.map(lambda sh: _run_batch([items[i] for i in sh], **kw), shares)
+        for share, res in zip(shares, runs):
+            for i, r in zip(share, res):
+                out[i] = r
+    return out  # type: ignore[return-value]
+
+
+def _run_batch(items: list[dict], *, arch: int = 90, warp_size: int = 32,
+               smem_limit: int = SM90_SMEM, reject_spills: bool = False, inputs: str = "meta",
+               timeout_s: float = 300.0, cache_dir: str | None = None) -> list[FileCheck]:
+    """One child process compiles the files in turn, printing one JSON line per file; a file
+    that hangs or kills the process is reported as such and the rest go to a new process."""
     from harness.runner import child_env
 
-    req = {"path": str(path), "arch": arch, "warp_size": warp_size, "smem_limit": smem_limit,
-           "reject_spills": reject_spills, "inputs": inputs, "args_file": args_file, "call": call}
     env = child_env("cuda")  # no TRITON_INTERPRET: real JITFunctions
     if cache_dir:
         env["TRITON_CACHE_DIR"] = cache_dir
-    t0 = time.time()
-    with tempfile.TemporaryFile("w+") as errf:
-        proc = subprocess.Popen([sys.executable, "-m", "harness.compile_check", json.dumps(req)],
-                                stdout=subprocess.PIPE, stderr=errf, env=env, text=True,
-                                start_new_session=True)
+    opts = {"arch": arch, "warp_size": warp_size, "smem_limit": smem_limit,
+            "reject_spills": reject_spills, "inputs": inputs}
+    results: list[FileCheck] = []
+    todo = list(items)
+    while todo:
+        req = {**opts, "files": todo}
+        t0 = time.time()
+        with tempfile.TemporaryFile("w+") as errf:
+            proc = subprocess.Popen([sys.executable, "-m", "harness.compile_check", json.dumps(req)],
+                                    stdout=subprocess.PIPE, stderr=errf, env=env, text=True,
+                                    start_new_session=True)
+            got = _read_results(proc, len(todo), timeout_s)
+            errf.seek(0)
+            err = errf.read()
+        for d in got:
+            fc = FileCheck.from_dict(d)
+            results.append(fc)
+        todo = todo[len(got):]
+        if todo:  # the process died or hung on todo[0]
+            timed_out = proc.returncode is None or proc.returncode == -signal.SIGKILL
+            tail = " | ".join(err.strip().splitlines()[-4:])
+            fc = FileCheck(todo[0]["path"], False, category="timeout" if timed_out else "crash",
+                           reason=(f"compiling took more than {timeout_s:.0f} s" if timed_out else
+                                   f"compile-check process exited with {proc.returncode}: {tail}")[:600],
+                           wall_s=time.time() - t0)
+            results.append(fc)
+            todo = todo[1:]
+    return results
+
+
+def _read_results(proc: subprocess.Popen, n: int, timeout_s: float) -> list[dict]:
+    """JSON lines from a batch child, each within ``timeout_s`` of the previous one."""
+    import selectors
+
+    got: list[dict] = []
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    deadline = time.time() + timeout_s + 30  # + the child's imports
+    while len(got) < n:
+        left = deadline - time.time()
+        if left <= 0:
+            _kill(proc)
+            proc.returncode = None
+            return got
+        if not sel.select(timeout=min(1.0, left)):
+            if proc.poll() is not None:
+                break
+            continue
+        line = proc.stdout.readline()
+        if not line:
+            break
+        if line.startswith("{"):
+            got.append(json.loads(line))
+            deadline = time.time() + timeout_s
+    if len(got) == n:
         try:
-            out, _ = proc.communicate(timeout=timeout_s)
+            proc.wait(30)
         except subprocess.TimeoutExpired:
             _kill(proc)
-            return FileCheck(str(path), False, category="timeout",
-                             reason=f"compiling took more than {timeout_s:.0f} s", wall_s=time.time() - t0)
-        errf.seek(0)
-        err = errf.read()
-    line = next((ln for ln in reversed(out.splitlines()) if ln.startswith("{")), None)
-    if proc.returncode != 0 or line is None:
-        tail = " | ".join(ln for ln in err.strip().splitlines()[-4:])
-        return FileCheck(str(path), False, category="crash",
-                         reason=f"compile-check process exited with {proc.returncode}: {tail}"[:600],
-                         wall_s=time.time() - t0)
-    fc = FileCheck.from_dict(json.loads(line))
-    fc.wall_s = time.time() - t0
-    return fc
+    else:
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            _kill(proc)
+            proc.returncode = None
+    return got
 
 
 def _kill(proc: subprocess.Popen) -> None:
@@ -143,15 +211,6 @@ def default_jobs() -> int:
     except AttributeError:  # not Linux
         n = os.cpu_count() or 1
     return max(1, min(16, n))
-
-
-def check_files(paths, jobs: int | None = None, **kw) -> list[FileCheck]:
-    """check_file for many candidates, ``jobs`` child processes at a time, results in order."""
-    paths = list(paths)
-    if not paths:
-        return []
-    with ThreadPoolExecutor(max_workers=max(1, min(jobs or default_jobs(), len(paths)))) as ex:
-        return list(ex.map(lambda p: check_file(p, **kw), paths))
 
 
 # ----------------------------------------------------------------------------- child side
@@ -339,9 +398,12 @@ def main() -> int:
     req = json.loads(sys.argv[1])
     chan = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # the candidate's prints (and Triton's) go to stderr
-    res = child_main(req)
-    chan.write(json.dumps(res, default=str) + "\n")
-    chan.flush()
+    for item in req.get("files", []):
+        t0 = time.time()
+        res = child_main({**req, **item})
+        res["wall_s"] = time.time() - t0
+        chan.write(json.dumps(res, default=str) + "\n")
+        chan.flush()
     return 0
 
 
