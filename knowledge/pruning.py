@@ -20,9 +20,13 @@ from knowledge.schema import ConfigSpace
 #: registers one thread may hold on sm_70 and later (CUDA C Programming Guide, "Compute
 #: Capabilities" table: maximum number of 32-bit registers per thread = 255).
 MAX_REGS_PER_THREAD = 255
-#: registers a kernel uses besides its tile: program id, pointers, strides, loop counters
-#: (ptxas reports 20-40 for the templates' kernels with small tiles: scripts/gpu_stage2.sh).
-BASE_REGS = 24
+#: registers a kernel uses besides its tile (program id, pointers, strides, loop counters), and
+#: registers per live value per element: ptxas reuses registers across the unrolled elements.
+#: Fit to sm_90 cubins of the templates' kernels (scripts/stage2_measure.py on workloads/small,
+#: 2026-11-29: 14-40 registers measured for small tiles; with 16 and 0.75 the estimate stays
+#: above the measurement, by ~1.3x at the median, so the rules err on the side of measuring).
+BASE_REGS = 16
+REGS_PER_LIVE_VALUE = 0.75
 #: more than half of a tile's lanes masked off wastes more than a larger tile gains.
 MIN_MASK_EFFICIENCY = 0.5
 #: bytes in flight per SM that saturate HBM: Little's law with ~0.7 us DRAM latency under load
@@ -211,12 +215,12 @@ def resources(kind: str, cfg: dict, geo: dict, itemsize: int = 4) -> Resources:
     smem = 0
     if m == "pointwise":
         live = n_in + 2  # the inputs, an offset, the result
-        regs = BASE_REGS + ept * live * wide
+        regs = BASE_REGS + REGS_PER_LIVE_VALUE * ept * live * wide
         step = tile * itemsize * n_in
     elif m in ("rows", "cols"):
         acc = 2 if kind in ("softmax",) or geo.get("op") in ("argmax", "argmin", "logsumexp") else 1
         live = acc + n_in + 1  # accumulator(s), the loaded inputs, an index
-        regs = BASE_REGS + ept * live * wide
+        regs = BASE_REGS + REGS_PER_LIVE_VALUE * ept * live * wide
         step = tile * itemsize * n_in
         r = int(geo.get("r", 1) or 1)
         loops = math.ceil(r / max(1, min(int(cfg.get("BLOCK_R", 1)), next_pow2(r))))
