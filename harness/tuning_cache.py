@@ -99,6 +99,13 @@ class TuningCache:
         e = self._read().get(key)
         return e if isinstance(e, dict) and isinstance(e.get("config"), dict) else None
 
+    def drop(self, keys) -> None:
+        """Remove entries (e.g. a cached config whose candidate failed verification)."""
+        keys = set(keys)
+        if self.path is None or not keys:
+            return
+        self._update(lambda entries: [entries.pop(k, None) for k in keys])
+
     def put(self, key: str, config: dict, **info: Any) -> None:
         self.put_many({key: {"config": config, **info}})
 
@@ -106,11 +113,14 @@ class TuningCache:
         """Merge entries into the file under the lock, replacing it atomically."""
         if self.path is None or not items:
             return
+        now = time.strftime("%Y-%m-%dT%H:%M:%S")
+        self._update(lambda entries: entries.update({k: {**v, "when": now} for k, v in items.items()}))
+
+    def _update(self, change) -> None:
+        """Read, change and atomically replace the file, all under the lock."""
         with _locked(self.path):
             entries = self._read()
-            now = time.strftime("%Y-%m-%dT%H:%M:%S")
-            for k, v in items.items():
-                entries[k] = {**v, "when": now}
+            change(entries)
             data = json.dumps({"version": VERSION, "entries": entries}, indent=1, sort_keys=True,
                               default=str)
             fd, tmp = tempfile.mkstemp(prefix=".tuning-", suffix=".json", dir=str(self.path.parent))

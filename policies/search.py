@@ -139,9 +139,18 @@ def tile_search(policy, state, settings, base, session=None, checker=None,
         key = make_key(template, shapes_of(g, geo), dtype_key(dtype), gpu_model(hw), kernel_code(fplan, g))
         facts.append({"g": g, "geo": geo, "dtype": dtype, "itemsize": itemsize, "template": template,
                       "key": key})
+    tried = _tried_configs(state)
+    failed = [cfgs for cfgs, how in tried if how == "failed verification"]
     pending = []
     for f in facts:
         hit = cache.get(f["key"]) if cache.enabled else None
+        gid = f["g"].id
+        if hit is not None and any(cf.get(gid) == {**current[gid], **hit["config"]} != current[gid]
+                                   for cf in failed):
+            cache.drop([f["key"]])
+            decisions.append(f"{gid}: cached {_fmt(hit['config'])} failed verification here; "
+                             "dropped from the tuning cache, stage-1 configuration kept")
+            continue
         if hit is not None:
             cfg = {**current[f["g"].id], **hit["config"]}
             stats["cache_hits"] += 1
@@ -152,7 +161,6 @@ def tile_search(policy, state, settings, base, session=None, checker=None,
         else:
             pending.append(f)
     base_cfgs = {c.group_id: dict(c.params) for c in base.configs}
-    tried = _tried_configs(state)
 
     if not pending:
         return _finish(prob, disabled, current, base_cfgs, tried, decisions, stats, state,

@@ -172,3 +172,23 @@ def test_tiler_node_records_tuning_stats_in_the_stage_context_and_the_reports(se
     agg = aggregate([rec])
     assert agg["tuning_cache_hits"] == 2 and agg["tuning_searched"] == 1
     assert "2 hit / 1 searched" in report_markdown(agg, [rec])
+
+
+def test_a_cached_config_that_failed_verification_is_dropped(setup, tmp_path):
+    from state.records import KernelConfig, VerificationRecord
+
+    pol, st, settings, c1 = setup()
+    cache = TuningCache(tmp_path / "tuning.json")
+    d = search.tile_search(pol, st, settings, c1, session=FakeSession(faster_with_bigger_blocks),
+                           checker=reject(set()), cache=cache)
+    assert len(cache.entries()) == 1
+    c2 = Candidate(id="c2", stage="tiling", author="tiler", source=d.source, configs=d.configs,
+                   kernels=d.kernels, parent_id="c1")
+    st2 = st.model_copy(update={"candidates": [c1, c2], "verifications": [
+        VerificationRecord(candidate_id="c2", passed=False, reason="mismatch", category="mismatch")]})
+    sess = FakeSession(faster_with_bigger_blocks)
+    d2 = search.tile_search(pol, st2, settings, c1, session=sess, checker=reject(set()), cache=cache)
+    assert type(d2).__name__ == "Decline" and sess.calls == []
+    assert "failed verification" in " ".join(d2.decisions)
+    assert cache.entries() == {}
+    assert isinstance(d.configs[0], KernelConfig)
