@@ -66,7 +66,8 @@ def run_one(path: pathlib.Path, name: str, out_dir: pathlib.Path, settings: Sett
     t0 = time.time()
     rec = {"name": name, "verified": False, "correct": False, "fallback": True, "kernels": [],
            "eager_ms": None, "compile_ms": None, "egg_ms": None, "speedup_eager": None,
-           "speedup_compile": None, "roofline_pct": None, "stage1_ms": None, "failure": None}
+           "speedup_compile": None, "roofline_pct": None, "stage1_ms": None, "failure": None,
+           "tuning": None}
     try:
         describe_problem(path)
         run_id = name.replace("/", "__").removesuffix(".py")
@@ -93,7 +94,8 @@ def run_one(path: pathlib.Path, name: str, out_dir: pathlib.Path, settings: Sett
                 floor_ms=(rep.get("analysis") or {}).get("floor_ms"),
                 templates=sorted({g["template"] for g in (rep.get("plan") or {}).get("groups", [])
                                   if g.get("template")}),
-                rewrites=(rep.get("plan") or {}).get("rewrites", []))
+                rewrites=(rep.get("plan") or {}).get("rewrites", []),
+                tuning=rep.get("tuning"))
             if rep["fallback"]:
                 fails = [c["failure"] for c in rep["candidates"] if c.get("failure")]
                 reasons = [s.get("finish_reason") for s in rep["stages"].values() if s.get("finish_reason")]
@@ -169,6 +171,8 @@ def aggregate(recs: list[dict]) -> dict:
         "geomean_compile_vs_eager": _geo(comp_vs_eager),
         "median_roofline_pct": statistics.median(roof) if roof else None,
         "median_wall_s": statistics.median([r["wall_s"] for r in recs]) if recs else None,
+        "tuning_cache_hits": sum((r.get("tuning") or {}).get("cache_hits", 0) for r in recs),
+        "tuning_searched": sum((r.get("tuning") or {}).get("searched", 0) for r in recs),
     }
     if rep["interpreter"]:
         rep["note"] = "CPU interpreter run: correctness only; timings are not GPU timings"
@@ -195,17 +199,26 @@ def report_markdown(rep: dict, recs: list[dict]) -> str:
                   f"mean {_f(rep['mean_speedup_compile'], '{:.2f}x')}",
                   f"- torch.compile vs eager (same runs): geomean {_f(rep['geomean_compile_vs_eager'], '{:.2f}x')}",
                   f"- median roofline: {_f(rep['median_roofline_pct'], '{:.1f}%')}"]
-    lines += [f"- median wall time per problem: {_f(rep['median_wall_s'], '{:.1f} s')}", "",
-              "| problem | eager ms | compile ms | EGG ms | vs eager | vs compile | stage-1 ms | roofline % | kernels | note |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+    lines += [f"- median wall time per problem: {_f(rep['median_wall_s'], '{:.1f} s')}",
+              f"- tiler: {rep.get('tuning_cache_hits', 0)} kernel(s) from the tuning cache, "
+              f"{rep.get('tuning_searched', 0)} searched", "",
+              "| problem | eager ms | compile ms | EGG ms | vs eager | vs compile | stage-1 ms | roofline % | kernels | tuning | note |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in recs:
         note = "" if r["verified"] else (r.get("failure") or "")
         lines.append(
             f"| {r['name']} | {_f(r['eager_ms'])} | {_f(r['compile_ms'])} | {_f(r['egg_ms'])} "
             f"| {_f(r['speedup_eager'], '{:.2f}x')} | {_f(r['speedup_compile'], '{:.2f}x')} "
             f"| {_f(r.get('stage1_ms'))} | {_f(r['roofline_pct'], '{:.1f}')} | {len(r['kernels'])} "
-            f"| {note.replace('|', '/')[:140]} |")
+            f"| {_tuning_cell(r.get('tuning'))} | {note.replace('|', '/')[:140]} |")
     return "\n".join(lines) + "\n"
+
+
+def _tuning_cell(t: dict | None) -> str:
+    """Cache hits and searched kernels of one problem's tiler, e.g. '2 hit / 1 searched'."""
+    if not t:
+        return "-"
+    return f"{t.get('cache_hits', 0)} hit / {t.get('searched', 0)} searched"
 
 
 def plot(recs: list[dict], path: pathlib.Path) -> None:

@@ -105,20 +105,43 @@ def match_hardware(device_name: str) -> HardwareProfile | None:
 
 
 @functools.lru_cache(maxsize=None)
-def config_spaces() -> dict[tuple[str, str], ConfigSpace]:
-    out = {}
+def config_spaces() -> dict[tuple[str, str, str], ConfigSpace]:
+    """Every tuning space of knowledge/tuning/*.yaml by (template, arch, dtype).
+
+    A file may give ``arch`` (and ``source``) once at its top; each entry of ``spaces`` inherits
+    them unless it names its own.
+    """
+    out: dict[tuple[str, str, str], ConfigSpace] = {}
     for path in sorted((ROOT / "tuning").glob("*.yaml")):
-        doc = yaml.safe_load(path.read_text())
-        for entry in doc.get("spaces", []):
+        try:
+            doc = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise KnowledgeError(f"{path.name}: not valid YAML: {e}") from None
+        for i, entry in enumerate(doc.get("spaces", [])):
+            entry = {**{k: doc[k] for k in ("arch", "source") if k in doc}, **entry}
             try:
                 cs = ConfigSpace(**entry)
             except Exception as e:
-                raise KnowledgeError(f"{path.name}: {e}") from None
-            out[(cs.template, cs.arch)] = cs
+                raise KnowledgeError(f"{path.name}: space {i} ({entry.get('template')}): {e}") from None
+            key = (cs.template, cs.arch, cs.dtype)
+            if key in out:
+                raise KnowledgeError(f"{path.name}: a second space for {key}")
+            out[key] = cs
     return out
 
 
-def config_space(template: str, arch: str) -> ConfigSpace | None:
-    """The tuning space of a template on an architecture, or its generic ('any') space."""
+def config_space(template: str, arch: str, dtype: str | None = None) -> ConfigSpace | None:
+    """The tuning space of a template on an architecture for an element type.
+
+    Most specific first: (arch, dtype), (arch, any), (any, dtype), (any, any); None when the
+    template has no table.
+    """
+    from knowledge.schema import dtype_key
+
     spaces = config_spaces()
-    return spaces.get((template, arch)) or spaces.get((template, "any"))
+    d = dtype_key(dtype)
+    for key in ((template, arch, d), (template, arch, "any"), (template, "any", d),
+                (template, "any", "any")):
+        if key in spaces:
+            return spaces[key]
+    return None

@@ -53,6 +53,7 @@ def author_step(state: EggState, runtime: Runtime, stage: str, ask) -> dict:
         return {**base, "stage_context": {stage: ctx}}
     policy = get_policy(settings.policy)
     res = ask(policy)(state, settings)
+    _add_stats(ctx, getattr(res, "stats", None))
     if isinstance(res, Decline):
         ctx.finished, ctx.finish_reason = True, res.reason
         ctx.decisions += res.decisions
@@ -69,6 +70,12 @@ def author_step(state: EggState, runtime: Runtime, stage: str, ask) -> dict:
     ctx.decisions += res.decisions
     return {**base, "candidates": [cand], "current_id": cid, "attempts": {stage: n + 1},
             "stage_context": {stage: ctx}, **_usage(policy)}
+
+
+def _add_stats(ctx, stats: dict | None) -> None:
+    """Sum a policy step's counts into the stage context."""
+    for k, v in (stats or {}).items():
+        ctx.stats[k] = ctx.stats.get(k, 0) + v
 
 
 def _usage(policy) -> dict:

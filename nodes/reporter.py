@@ -58,6 +58,7 @@ def build_report(state: EggState, settings: Settings) -> dict:
                  "rewrites": state.plan.rewrites} if state.plan else None,
         "stages": {s: state.context(s).model_dump() for s in STAGES},
         "candidates": cands,
+        "tuning": tuning_summary(state),
         "llm_usage": {k: v.model_dump() for k, v in state.llm_usage.items()},
         "llm": _llm_summary(state, settings),
     }
@@ -75,6 +76,15 @@ def _llm_summary(state: EggState, settings: Settings) -> dict | None:
     return {"model": settings.llm_model, "base_url": settings.llm_base_url or "(client default)",
             "replayed_from": settings.llm_replay_dir or None, "total": total, "priced": priced,
             "token_budget": settings.llm_token_budget}
+
+
+def tuning_summary(state: EggState) -> dict:
+    """What the tiler's search cost: kernels served by the tuning cache, kernels searched, and
+    the variants pruned, compiled and timed (from the tiling stage context's stats)."""
+    st = state.context("tiling").stats
+    out = {k: int(st.get(k, 0)) for k in ("cache_hits", "searched", "pruned", "compiled",
+                                           "compile_rejected", "timed")}
+    return out
 
 
 def report_markdown(rep: dict) -> str:
@@ -101,6 +111,12 @@ def report_markdown(rep: dict) -> str:
     for c in rep["candidates"]:
         lines.append(f"| {c['id']} | {c['stage']} | {c['verified']} | {fmt(c['ms'])} | {c['verdict'] or '-'} "
                      f"| {(c['failure'] or '').replace('|', '/')[:120]} |")
+    tu = rep.get("tuning") or {}
+    if any(tu.values()):
+        lines += ["", f"Tuning: {tu.get('cache_hits', 0)} kernel(s) from the tuning cache, "
+                  f"{tu.get('searched', 0)} searched ({tu.get('pruned', 0)} configs pruned by rules, "
+                  f"{tu.get('compiled', 0)} compile-checked, {tu.get('compile_rejected', 0)} rejected, "
+                  f"{tu.get('timed', 0)} timings)."]
     lines += ["", "## Stages", ""]
     for s, ctx in rep["stages"].items():
         lines.append(f"- {s}: {ctx.get('finish_reason') or 'done'}; "

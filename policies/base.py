@@ -19,6 +19,8 @@ class Draft:
     rationale: str = ""
     principle_ids: list[str] = field(default_factory=list)
     decisions: list[str] = field(default_factory=list)
+    #: counts the stage context accumulates (e.g. the tiler's cache_hits, searched, timed)
+    stats: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -27,6 +29,7 @@ class Decline:
 
     reason: str
     decisions: list[str] = field(default_factory=list)
+    stats: dict[str, float] = field(default_factory=dict)
 
 
 class Policy(Protocol):

@@ -1,143 +1,326 @@
 """Measured search of launch configurations (stage 2, tiler) on the GPU.
 
-Per kernel, a shortlist around the heuristic configuration (principle tile-prune-rules): the
-primary block size halved and doubled, the warps halved and doubled, pruned by rules that need
-no GPU (blocks beyond the dimension they tile, grids that leave most SMs idle, tiles that exceed
-the register budget). Kernels are tuned one after another (coordinate descent), each variant
-timed as a whole candidate in the run's profiling process; a variant replaces the incumbent only
-when it is faster beyond the measured noise.
+Per kernel (coordinate descent over the fusion groups, one kernel at a time):
+
+1. the tuning cache (harness.tuning_cache): a kernel already tuned for this template, geometry,
+   dtype and GPU model takes its config from there and is not searched again;
+2. the candidate space is the tuning table of knowledge/tuning for (template, arch, dtype);
+3. rules prune it without any GPU time: registers and shared memory estimates, occupancy,
+   masking waste, grids that leave SMs idle (knowledge.pruning, principle tile-prune-rules);
+4. a cost model ranks what is left and a diverse shortlist is taken (knowledge.pruning);
+5. the shortlist is compiled for the device in parallel processes without a GPU
+   (harness.compile_check): compile errors, shared memory beyond the device's limit and
+   register spills drop out before any timing;
+6. successive halving times the survivors as whole candidates in the run's profiling process:
+   every round times all remaining variants once more and keeps the faster half; the winner
+   replaces the incumbent only when it is faster beyond the measured noise.
+
+Every decision is recorded (Draft/Decline.decisions) with the principle ids behind it, and the
+counts (cache hits, kernels searched, variants pruned, compiled, rejected, timed) go to the
+stage context's ``stats``.
 """
 from __future__ import annotations
 
-import math
+import functools
+import hashlib
 import pathlib
+import re
 import tempfile
 
+import knowledge
 from codegen import pipeline
 from codegen.emit import emit_model
 from codegen.fusion import group_inputs
+from codegen.ops import node_dtype, node_shape
 from harness import profile as P
 from harness.problem import load_problem
 from harness.timing import noise_verdict
-from knowledge import heuristics as H
+from harness.tuning_cache import TuningCache, make_key
+from knowledge import pruning as R
+from knowledge.schema import dtype_key
 from policies.base import Decline, Draft
 from state import KernelConfig
 
-#: registers per thread are ~255 max; a tile of more than 64 fp32 values per thread per input
-#: spills (Hopper: 65536 registers per SM, one program of 4 warps = 128 threads).
-MAX_ELEMS_PER_THREAD = 64
+PRINCIPLES = ["tile-block-size", "tile-prune-rules", "tile-grid-mapping"]
+#: shortlisted variants compile-checked per kernel, as a multiple of the timed width: the
+#: compile check is cheap (about a second per kernel on 16 cores) next to a timing.
+COMPILE_FACTOR = 2
 
 
-def _primary(kind: str, rows_variant: bool) -> str:
-    if kind == "pointwise":
-        return "BLOCK"
-    return "BLOCK_R" if rows_variant else "BLOCK_I"
+# ----------------------------------------------------------------------------- per kernel facts
+def group_dtype(g, ins) -> tuple[str, int]:
+    """(dtype name, itemsize) of the floating tensor the kernel streams most of."""
+    best, best_n = None, -1
+    for t in ins:
+        dt = node_dtype(t)
+        n = 1
+        for s in node_shape(t) or ():
+            n *= int(s)
+        if dt is not None and dt.is_floating_point and n > best_n:
+            best, best_n = dt, n
+    if best is None:
+        return "float32", 4
+    return str(best).replace("torch.", ""), best.itemsize
 
 
-def shortlist(kind: str, cfg: dict, geo: dict, sm_count: int, n_inputs: int) -> list[dict]:
-    rows_v = geo.get("rows_variant", True)
-    key = _primary(kind, rows_v)
-    out = [dict(cfg)]
-    for f in (0.5, 2.0):
-        c = dict(cfg)
-        c[key] = int(cfg[key] * f)
-        out.append(c)
-    for f in (0.5, 2.0):
-        c = dict(cfg)
-        c["num_warps"] = int(cfg["num_warps"] * f)
-        out.append(c)
-    if kind != "pointwise" and rows_v:
-        for f in (0.5, 2.0):
-            c = dict(cfg)
-            c["BLOCK_O"] = max(1, int(cfg.get("BLOCK_O", 1) * f))
-            out.append(c)
-    seen, keep = set(), []
-    for c in out:
-        k = tuple(sorted(c.items()))
-        if k in seen or not _plausible(kind, c, geo, sm_count, n_inputs):
-            continue
-        seen.add(k)
-        keep.append(c)
-    return keep
+def kernel_code(fplan, g) -> str:
+    """The kernel's source at its default config (launch parameters are constexprs, not code),
+    for the cache key; op names when the group's template cannot render here."""
+    try:
+        from codegen.emit import TEMPLATES, build_spec
+
+        spec, _ins, _outs = build_spec(fplan, g)
+        src = TEMPLATES[g.kind].render(spec, {}, "_egg_k", "_egg_w").kernel
+        return re.sub(r"_egg_k_g\d+", "_egg_k", src)
+    except Exception:  # noqa: BLE001 - templates the lead adds may not render this way
+        return ",".join(fplan.nops[m].name for m in g.members)
 
 
-def _plausible(kind: str, c: dict, geo: dict, sm_count: int, n_inputs: int) -> bool:
-    w = c.get("num_warps", 4)
-    if w < 1 or w > 16 or w & (w - 1):
-        return False
-    threads = 32 * w
-    if kind == "pointwise":
-        b = c["BLOCK"]
-        if b < 128 or b > 16384 or b < threads:
-            return False
-        if math.ceil(geo["numel"] / b) < sm_count and b > 256:  # leaves SMs idle
-            return False
-        return b * max(1, n_inputs) / threads <= MAX_ELEMS_PER_THREAD * 2
-    tile = c.get("BLOCK_R", 1) * (c.get("BLOCK_O", 1) if geo.get("rows_variant") else c.get("BLOCK_I", 1))
-    if c.get("BLOCK_R", 1) > 2 * H.next_pow2(geo.get("r", 1)) and c.get("BLOCK_R", 1) > 16:
-        return False  # all masked beyond the row
-    if not geo.get("rows_variant") and c.get("BLOCK_I", 1) > 2 * H.next_pow2(geo.get("inner", 1)):
-        return False
-    if tile < threads // 2:
-        return False
-    return tile / threads <= MAX_ELEMS_PER_THREAD
+def shapes_of(g, geo: dict) -> dict:
+    return {"domain": [int(s) for s in g.domain], **{k: v for k, v in geo.items()}}
 
 
-def tile_search(policy, state, settings, base) -> Draft | Decline:
+def gpu_model(hw) -> str:
+    return f"{hw.name} ({hw.arch})"
+
+
+class _Timings:
+    """Aggregated timings of one variant over successive-halving rounds."""
+
+    def __init__(self):
+        self.samples: list[dict] = []
+
+    def add(self, t: dict) -> None:
+        self.samples.append(t)
+
+    @property
+    def median_ms(self) -> float:
+        xs = sorted(s["median_ms"] for s in self.samples)
+        return xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
+
+    def as_bench(self) -> dict:
+        return {"median_ms": self.median_ms, "p20_ms": min(s.get("p20_ms", s["median_ms"]) for s in self.samples),
+                "p80_ms": max(s.get("p80_ms", s["median_ms"]) for s in self.samples)}
+
+
+def _fmt(c: dict) -> str:
+    return "{" + ", ".join(f"{k}={v}" for k, v in c.items()) + "}"
+
+
+# ----------------------------------------------------------------------------- the search
+def tile_search(policy, state, settings, base, session=None, checker=None,
+                cache: TuningCache | None = None) -> Draft | Decline:
+    """Tune every kernel of ``base`` (see the module doc). ``session`` (an object with
+    ``time_candidate(path) -> {median_ms, p20_ms, p80_ms}``), ``checker`` (paths ->
+    list[FileCheck]) and ``cache`` default to the run's profiling session, the parallel compile
+    check for the run's GPU and the cache file of the settings."""
     prob = load_problem(state.problem.path)
     disabled = set(base.disabled_groups)
     fplan, _rw, err = pipeline.analyze(prob, disabled)
     if fplan is None or not fplan.groups:
         return Decline(f"nothing to tile ({err or 'no groups'})")
-    sm = state.hardware.sm_count or 132
+    hw = state.hardware
+    cache = cache if cache is not None else TuningCache.from_settings(settings)
     current = {c.group_id: dict(c.params) for c in base.configs}
-    sess = P.session(P.session_key(settings.run_dir, state.problem.sha256, "cuda"),
-                     state.problem.path, "cuda", settings.timing_rep_ms, settings.profile_timeout_s)
-    work = pathlib.Path(settings.run_dir or tempfile.mkdtemp(prefix="egg-search-")) / "search"
-    work.mkdir(parents=True, exist_ok=True)
+    templates = {c.group_id: c.template for c in base.configs}
     decisions: list[str] = []
-    n_variant = 0
+    stats = {"cache_hits": 0, "searched": 0, "pruned": 0, "compiled": 0, "compile_rejected": 0,
+             "timed": 0}
 
-    def timed(configs: dict) -> dict | None:
-        nonlocal n_variant
-        p2, _, _ = pipeline.analyze(prob, disabled)
-        em = emit_model(prob.source, p2, configs, "# tiling variant")
-        path = work / f"{state.new_candidate_id()}_v{n_variant}.py"
-        n_variant += 1
-        path.write_text(em.source)
-        try:
-            return sess.time_candidate(str(path))
-        except P.ProfileError as e:
-            decisions.append(f"variant failed to run: {str(e)[:120]}")
-            return None
-
-    best_t = timed(current)
-    if best_t is None:
-        return Decline("the stage-1 kernels could not be re-timed for tiling")
-    changed = False
+    # 1) facts per kernel and the cache
+    facts = []
     for g in fplan.groups:
+        if g.id not in current:
+            continue
         ins, _, _ = group_inputs(fplan, g)
         geo = pipeline.group_geometry(fplan, g, len(ins))
-        base_cfg = current.get(g.id)
-        if base_cfg is None:
+        dtype, itemsize = group_dtype(g, ins)
+        template = templates.get(g.id) or g.template
+        key = make_key(template, shapes_of(g, geo), dtype_key(dtype), gpu_model(hw), kernel_code(fplan, g))
+        facts.append({"g": g, "geo": geo, "dtype": dtype, "itemsize": itemsize, "template": template,
+                      "key": key})
+    tried = _tried_configs(state)
+    failed = [cfgs for cfgs, how in tried if how == "failed verification"]
+    pending = []
+    for f in facts:
+        hit = cache.get(f["key"]) if cache.enabled else None
+        gid = f["g"].id
+        if hit is not None and any(cf.get(gid) == {**current[gid], **hit["config"]} != current[gid]
+                                   for cf in failed):
+            cache.drop([f["key"]])
+            decisions.append(f"{gid}: cached {_fmt(hit['config'])} failed verification here; "
+                             "dropped from the tuning cache, stage-1 configuration kept")
             continue
-        for cand in shortlist(g.kind, base_cfg, geo, sm, len(ins))[1: 1 + settings.search_width]:
-            trial = dict(current)
-            trial[g.id] = cand
-            t = timed(trial)
-            if t is None:
-                continue
-            if noise_verdict(t, best_t) == "improved":
-                decisions.append(f"{g.id}: {cand} beats {current[g.id]} "
-                                 f"({t['median_ms']:.4f} vs {best_t['median_ms']:.4f} ms)")
-                current, best_t, changed = trial, t, True
-    if not changed:
-        return Decline(f"measured {n_variant} variants: the stage-1 configurations are best within noise")
-    em = emit_model(prob.source, pipeline.analyze(prob, disabled)[0], current,
+        if hit is not None:
+            cfg = {**current[f["g"].id], **hit["config"]}
+            stats["cache_hits"] += 1
+            decisions.append(f"{f['g'].id}: tuning cache hit, {_fmt(cfg)}"
+                             + (f" (measured {hit['ms']:.4f} ms)" if hit.get("ms") else "")
+                             + " [tile-block-size]")
+            current[f["g"].id] = cfg
+        else:
+            pending.append(f)
+    base_cfgs = {c.group_id: dict(c.params) for c in base.configs}
+
+    if not pending:
+        return _finish(prob, disabled, current, base_cfgs, tried, decisions, stats, state,
+                       why_same="the tuning cache holds the stage-1 configurations")
+
+    # 2) measured search of the kernels the cache does not know
+    sess = session
+    if sess is None:
+        sess = P.session(P.session_key(settings.run_dir, state.problem.sha256, hw.device),
+                         state.problem.path, hw.device, settings.timing_rep_ms, settings.profile_timeout_s)
+    if checker is None and getattr(settings, "search_compile_check", True):
+        from harness import compile_check as CC
+
+        checker = functools.partial(CC.check_files, jobs=getattr(settings, "compile_jobs", 0) or None,
+                                    reject_spills=True, timeout_s=getattr(settings, "compile_timeout_s", 300.0),
+                                    **CC.target_of(hw))
+    work = pathlib.Path(settings.run_dir or tempfile.mkdtemp(prefix="egg-search-")) / "search"
+    work.mkdir(parents=True, exist_ok=True)
+    counter = [0]
+
+    def emit(configs: dict) -> pathlib.Path:
+        p2, _, _ = pipeline.analyze(prob, disabled)  # emit_model rewrites the plan's graph
+        em = emit_model(prob.source, p2, configs, "# tiling variant")
+        tag = hashlib.sha256(repr(sorted((k, sorted(v.items())) for k, v in configs.items())).encode()).hexdigest()[:8]
+        path = work / f"{state.new_candidate_id()}_v{counter[0]}_{tag}.py"
+        counter[0] += 1
+        path.write_text(em.source)
+        return path
+
+    def timed(path: pathlib.Path) -> dict | None:
+        try:
+            t = sess.time_candidate(str(path))
+        except P.ProfileError as e:
+            decisions.append(f"variant {path.name} failed to run: {str(e)[:160]}")
+            return None
+        stats["timed"] += 1
+        return t
+
+    inc = _Timings()
+    t0 = timed(emit(current))
+    if t0 is None:
+        return Decline("the stage-1 kernels could not be re-timed for tiling", decisions, stats=stats)
+    inc.add(t0)
+    width = max(2, int(settings.search_width))
+    to_cache: dict[str, dict] = {}
+    for f in pending:
+        g, geo = f["g"], f["geo"]
+        gid = g.id
+        space = knowledge.config_space(f["template"], hw.arch, f["dtype"])
+        if space is None:
+            decisions.append(f"{gid}: no tuning table for template {f['template']} on {hw.arch}; "
+                             "stage-1 configuration kept")
+            continue
+        stats["searched"] += 1
+        dev = R.device_of(hw, dtype_key(f["dtype"]))
+        incumbent = R.canonical(g.kind, current[gid], geo)
+        kept, pruned = R.rank_space(space, incumbent, g.kind, geo, dev, f["itemsize"])
+        stats["pruned"] += len(pruned)
+        short = R.shortlist(kept, incumbent, width * COMPILE_FACTOR, g.kind, geo)
+        why = _top_reasons(pruned)
+        decisions.append(f"{gid}: space {f['template']}/{space.arch}/{space.dtype} has "
+                         f"{len(kept) + len(pruned)} distinct configs; rules pruned {len(pruned)}"
+                         f"{' (' + why + ')' if why else ''}; cost model shortlisted {len(short)} "
+                         "[tile-prune-rules]")
+        variants = [(c, emit({**current, gid: c})) for c in short[1:]]
+        if checker is not None and variants:
+            results = checker([str(p) for _c, p in variants])
+            stats["compiled"] += len(variants)
+            ok = []
+            for (c, p), res in zip(variants, results):
+                kres = [k for k in res.kernels if k.kernel == f"_egg_k_{gid}"]
+                good = res.ok if not kres else all(k.ok for k in kres)
+                good = good and res.category not in ("run", "crash", "timeout")
+                if good:
+                    ok.append((c, p))
+                else:
+                    stats["compile_rejected"] += 1
+                    decisions.append(f"{gid}: {_fmt(c)} rejected by the compile check: {res.summary()[:200]}")
+            variants = ok
+        variants = variants[: width - 1]
+        if not variants:
+            decisions.append(f"{gid}: no variant left to time; stage-1 configuration kept")
+            to_cache[f["key"]] = {"config": current[gid], "ms": inc.median_ms, "searched": 0,
+                                  "gpu": gpu_model(hw), "template": f["template"]}
+            continue
+        pool = {i: (c, p, _Timings()) for i, (c, p) in enumerate(variants)}
+        rounds = 0
+        while pool:
+            rounds += 1
+            for i, (c, p, tm) in list(pool.items()):
+                t = timed(p)
+                if t is None:
+                    del pool[i]
+                else:
+                    tm.add(t)
+            if rounds > 1:
+                t = timed(emit(current))
+                if t is not None:
+                    inc.add(t)
+            if len(pool) <= 1:
+                break
+            order = sorted(pool, key=lambda i: pool[i][2].median_ms)
+            pool = {i: pool[i] for i in order[: max(1, len(order) // 2)]}
+        if not pool:
+            decisions.append(f"{gid}: every variant failed to run; stage-1 configuration kept")
+            continue
+        c, p, tm = next(iter(pool.values()))
+        verdict = noise_verdict(tm.as_bench(), inc.as_bench())
+        line = (f"{gid}: successive halving over {len(variants)} variants in {rounds} rounds: "
+                f"best {_fmt(c)} {tm.median_ms:.4f} ms vs incumbent {_fmt(current[gid])} "
+                f"{inc.median_ms:.4f} ms: {verdict} [tile-block-size]")
+        decisions.append(line)
+        if verdict == "improved":
+            current[gid] = c
+            inc = tm
+        to_cache[f["key"]] = {"config": current[gid], "ms": inc.median_ms, "searched": len(variants),
+                              "gpu": gpu_model(hw), "template": f["template"]}
+    if to_cache:
+        cache.put_many(to_cache)
+    return _finish(prob, disabled, current, base_cfgs, tried, decisions, stats, state,
+                   why_same=f"measured {stats['timed']} timings: the stage-1 configurations are "
+                            "best within noise")
+
+
+def _top_reasons(pruned, n: int = 3) -> str:
+    from collections import Counter
+
+    def short(reason: str) -> str:
+        for key in ("spills", "shared memory", "masked", "idle", "launches more", "no program", "num_warps"):
+            if key in reason:
+                return key
+        return reason[:30]
+
+    return ", ".join(f"{k}: {v}" for k, v in Counter(short(r.pruned) for r in pruned).most_common(n))
+
+
+def _tried_configs(state) -> list[tuple[dict, str]]:
+    """Configs of earlier tiling candidates and how they ended (failed / regressed / ...)."""
+    out = []
+    for c in state.candidates:
+        if c.stage != "tiling":
+            continue
+        v, t = state.verification(c.id), state.timing(c.id)
+        how = "failed verification" if v is not None and not v.passed else (t.verdict if t else "pending")
+        out.append(({k.group_id: dict(k.params) for k in c.configs}, how))
+    return out
+
+
+def _finish(prob, disabled, current, base_cfgs, tried, decisions, stats, state, why_same) -> Draft | Decline:
+    if all(current.get(k) == v for k, v in base_cfgs.items()):
+        return Decline(why_same, decisions, stats=stats)
+    for cfgs, how in tried:
+        if all(cfgs.get(k) == v for k, v in current.items()):
+            return Decline(f"the tuned configurations were tried already ({how})", decisions, stats=stats)
+    fplan, _, _ = pipeline.analyze(prob, disabled)
+    em = emit_model(prob.source, fplan, current,
                     f"# candidate {state.new_candidate_id()} (stage tiling, expert policy)")
     return Draft(source=em.source,
                  configs=[KernelConfig(group_id=i["id"], template=i["template"], params=i["config"])
                           for i in em.groups],
                  disabled_groups=sorted(disabled), kernels=em.kernels,
-                 rationale="; ".join(decisions), principle_ids=["tile-block-size", "tile-prune-rules"],
-                 decisions=decisions)
+                 rationale="; ".join(decisions)[:2000], principle_ids=list(PRINCIPLES),
+                 decisions=decisions, stats=stats)

@@ -185,6 +185,9 @@ class StageContext(BaseModel):
     best_id: str | None = None
     finished: bool = False
     finish_reason: str = ""
+    stats: dict[str, float] = Field(
+        default_factory=dict, description="counts summed over the stage's steps, e.g. the "
+        "tiler's cache_hits / searched / pruned / compiled / timed")
 
 
 class LLMUsage(BaseModel):

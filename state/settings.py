@@ -36,7 +36,12 @@ class Settings(BaseModel):
     profile_timeout_s: float = Field(900.0, description="wall-clock limit of one profiling call")
     # -- stage 2 search
     search_width: int = Field(6, description="tile configs measured per kernel by the tiler")
-    tuning_cache: str = Field("", description="tuning cache file; empty: ~/.cache/egg/tuning.json")
+    tuning_cache: str = Field(
+        "", description="tuning cache file; empty: ~/.cache/egg/tuning.json; 'off': no cache")
+    search_compile_check: bool = Field(
+        True, description="compile the tiler's shortlist for the GPU (in parallel) before timing it")
+    compile_jobs: int = Field(0, description="parallel compile-check processes; 0: the cores, at most 16", ge=0)
+    compile_timeout_s: float = Field(300.0, description="wall-clock limit of one candidate's compile check")
     # -- optional review
     review: bool = Field(False, description="pause after the planner for a person to edit the plan")
     # -- LLM policy

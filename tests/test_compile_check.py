@@ -1,0 +1,146 @@
+"""harness.compile_check: kernels compiled for sm_90 on this CPU machine, nothing launched."""
+import time
+
+import pytest
+
+from codegen import pipeline
+from harness.compile_check import SM90_SMEM, check_file, check_files, target_of
+from harness.problem import load_problem
+from state.records import HardwareInfo
+
+PROBLEM = '''
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, x, b):
+        y = torch.relu(x + b) * 0.5
+        return torch.softmax(y, dim=-1), y.sum(dim=-1)
+
+
+def get_inputs():
+    return [torch.randn(1823, 781), torch.randn(781)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+MATMUL = '''
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, a, b):
+        return a @ b
+
+
+def get_inputs():
+    return [torch.randn(512, 512, dtype=torch.float16), torch.randn(512, 512, dtype=torch.float16)]
+
+
+def get_init_inputs():
+    return []
+
+
+# ======== EGG generated below this line ========
+import triton
+import triton.language as tl
+
+TILE, STAGES = {tile}, {stages}
+
+
+@triton.jit
+def _egg_k_g0(A, B, C, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    pm = tl.program_id(0)
+    pn = tl.program_id(1)
+    rm = pm * BM + tl.arange(0, BM)
+    rn = pn * BN + tl.arange(0, BN)
+    rk = tl.arange(0, BK)
+    acc = tl.zeros((BM, BN), tl.float32)
+    for k in range(0, K, BK):
+        a = tl.load(A + rm[:, None] * K + (k + rk)[None, :])
+        b = tl.load(B + (k + rk)[:, None] * N + rn[None, :])
+        acc += {dot}
+    tl.store(C + rm[:, None] * N + rn[None, :], acc.to(tl.float16))
+
+
+def _egg_g0(a, b):
+    M, K = a.shape
+    N = b.shape[1]
+    c = torch.empty((M, N), device=a.device, dtype=a.dtype)
+    BM, BN, BK = TILE
+    _egg_k_g0[(triton.cdiv(M, BM), triton.cdiv(N, BN))](a, b, c, M, N, K, BM=BM, BN=BN, BK=BK,
+                                                       num_warps=8, num_stages=STAGES)
+    return c
+
+
+class ModelNew(Model):
+    def forward(self, a, b):
+        return _egg_g0(a, b)
+'''
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("triton-cache"))
+
+
+def _matmul(tmp_path, name, tile=(64, 64, 32), stages=3, dot="tl.dot(a, b)"):
+    p = tmp_path / f"{name}.py"
+    p.write_text(MATMUL.format(tile=tile, stages=stages, dot=dot))
+    return p
+
+
+def test_catches_shared_memory_overuse_and_type_errors_and_passes_normal_kernels(
+        write_problem, tmp_path, cache_dir):
+    prob = load_problem(write_problem(PROBLEM))
+    comp = pipeline.compile_problem(prob)  # a candidate as codegen emits it
+    cand = tmp_path / "cand.py"
+    cand.write_text(comp.emitted.source)
+    ok = _matmul(tmp_path, "ok")
+    huge = _matmul(tmp_path, "huge", tile=(256, 256, 128), stages=4)
+    bad = _matmul(tmp_path, "bad", dot="tl.dot(a, b) << 2")
+    broken = tmp_path / "broken.py"
+    broken.write_text(MATMUL.format(tile=(64, 64, 32), stages=3, dot="tl.dot(a, b)")
+                      .replace("return _egg_g0(a, b)", "return _egg_g0(a)"))
+    files = [cand, ok, huge, bad, broken]
+    t0 = time.time()
+    res = check_files(files, jobs=2, cache_dir=cache_dir)
+    wall = time.time() - t0
+    assert [r.path for r in res] == [str(p) for p in files]
+    r_cand, r_ok, r_huge, r_bad, r_broken = res
+
+    assert r_cand.ok, r_cand.reason
+    assert r_cand.inputs == "meta"
+    names = sorted(k.kernel for k in r_cand.kernels)
+    assert names == sorted(comp.emitted.kernels) and len(names) >= 2
+    for k in r_cand.kernels:
+        assert k.shared is not None and k.shared < SM90_SMEM
+        assert k.n_regs is not None and 0 < k.n_regs <= 255
+        assert k.local_bytes == 0
+        assert k.num_warps in (1, 2, 4, 8, 16, 32)
+    assert r_ok.ok and r_ok.kernels[0].shared > 0, r_ok.reason
+    assert not r_huge.ok and r_huge.category == "shared_memory"
+    assert r_huge.kernels[0].shared > SM90_SMEM and "232448" in r_huge.reason
+    assert r_huge.kernels[0].shared > 4 * r_ok.kernels[0].shared
+    assert not r_bad.ok and r_bad.category == "compile" and "_egg_k_g0" in r_bad.reason
+    assert not r_broken.ok and r_broken.category == "run"
+    per = {k.kernel + "@" + r.path.rsplit("/", 1)[-1]: round(k.compile_s, 2) for r in res for k in r.kernels}
+    print(f"5 files on 2 processes: {wall:.1f} s wall; compile seconds per kernel: {per}")
+
+
+def test_target_from_hardware():
+    hw = HardwareInfo(device="cuda", name="NVIDIA A100", profile_id="a100", interpreter=False,
+                      smem_per_block=166912, arch="sm_80")
+    assert target_of(hw) == {"arch": 80, "smem_limit": 166912}
+
+
+def test_a_hanging_candidate_times_out(tmp_path, cache_dir):
+    p = tmp_path / "hang.py"
+    p.write_text(MATMUL.format(tile=(64, 64, 32), stages=3, dot="tl.dot(a, b)")
+                 .replace("class ModelNew(Model):", "import time\ntime.sleep(60)\n\n\nclass ModelNew(Model):"))
+    res = check_file(p, timeout_s=1, startup_s=4, cache_dir=cache_dir)
+    assert not res.ok and res.category == "timeout"

@@ -1,0 +1,58 @@
+"""The LLM workload suite (workloads/): honest small variants, references that run on the CPU,
+and two of them through the whole graph at small shapes."""
+import pathlib
+import re
+
+import pytest
+import torch
+
+from graph import runs as R
+from harness.problem import build_model, describe_problem, load_problem
+from state import Settings
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent / "workloads"
+LLM = sorted((ROOT / "llm").glob("*.py"))
+SMALL = sorted((ROOT / "small").glob("*.py"))
+SHAPES = re.compile(r"# --- shapes[^\n]*\n.*?# --- end shapes", re.S)
+
+
+def test_suite_has_the_llm_operators_in_both_sizes():
+    assert len(LLM) >= 8
+    assert [p.name for p in LLM] == [p.name for p in SMALL]
+    for big, small in zip(LLM, SMALL):
+        a, b = big.read_text(), small.read_text()
+        assert SHAPES.search(a) and SHAPES.search(b), big.name
+        assert SHAPES.sub("", a) == SHAPES.sub("", b), f"{big.name}: small variant differs beyond its shapes"
+        assert "bfloat16" in a, big.name
+
+
+@pytest.mark.parametrize("path", SMALL, ids=lambda p: p.stem)
+def test_small_reference_runs_on_cpu(path):
+    prob, spec = describe_problem(path)
+    torch.manual_seed(0)
+    model = build_model(prob, prob.init_inputs())
+    xs = prob.inputs()
+    with torch.no_grad():
+        out = model(*xs)
+    outs = out if isinstance(out, tuple) else (out,)
+    assert outs and all(isinstance(o, torch.Tensor) and torch.isfinite(o.float()).all() for o in outs)
+    assert any(isinstance(x, torch.Tensor) and x.dtype == torch.bfloat16 for x in xs)
+
+
+def test_large_variants_describe_without_allocating():
+    for path in LLM:
+        _prob, spec = describe_problem(path)  # meta tensors: shapes only
+        assert spec.inputs, path.name
+
+
+@pytest.mark.parametrize("name", ["04_swiglu.py", "05_vocab_softmax.py"])
+def test_egg_run_through_the_graph_at_small_shapes(name, tmp_path):
+    path = ROOT / "small" / name
+    run = R.create_run(str(path), Settings(device="cpu", trials=2, tuning_cache="off"), tmp_path)
+    for _ in R.stream(run, {"problem_path": str(path.resolve())}):
+        pass
+    rep = R.final_state(run).report
+    assert rep["status"] == "ok", rep.get("error")
+    assert (run.dir / "best.py").exists() and "class ModelNew" in (run.dir / "best.py").read_text()
+    assert rep["tuning"] == {k: 0 for k in rep["tuning"]}  # the interpreter does not tune
+    load_problem(run.dir / "best.py")  # the result is a loadable KernelBench file

@@ -1,0 +1,31 @@
+"""RMSNorm as in Llama: normalize in fp32, scale by a learned weight, back to bf16."""
+import torch
+import torch.nn as nn
+
+# --- shapes (workloads/small/ holds this file with tiny shapes; the rest is identical)
+BATCH, SEQ, HIDDEN = 4, 2048, 4096  # Llama-3-8B: 4 sequences of 2048 tokens
+# --- end shapes
+EPS = 1e-5
+
+
+class Model(nn.Module):
+    def __init__(self, hidden: int, eps: float):
+        super().__init__()
+        # Llama starts from ones; a perturbed weight lets verification see a kernel that drops it
+        self.weight = nn.Parameter(1.0 + 0.1 * torch.randn(hidden, dtype=torch.bfloat16))
+        self.eps = eps
+
+    def forward(self, x):
+        dtype = x.dtype
+        h = x.to(torch.float32)
+        variance = h.pow(2).mean(-1, keepdim=True)
+        h = h * torch.rsqrt(variance + self.eps)
+        return self.weight * h.to(dtype)
+
+
+def get_inputs():
+    return [torch.randn(BATCH, SEQ, HIDDEN, dtype=torch.bfloat16)]
+
+
+def get_init_inputs():
+    return [HIDDEN, EPS]

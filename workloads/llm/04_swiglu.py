@@ -1,0 +1,22 @@
+"""SwiGLU activation of Llama's MLP: silu(gate) * up on the fused gate/up projection output."""
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+# --- shapes (workloads/small/ holds this file with tiny shapes; the rest is identical)
+TOKENS, INTERMEDIATE = 8192, 14336  # Llama-3-8B: 4 x 2048 tokens, MLP width 14336
+# --- end shapes
+
+
+class Model(nn.Module):
+    def forward(self, gate_up):
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.silu(gate) * up
+
+
+def get_inputs():
+    return [torch.randn(TOKENS, 2 * INTERMEDIATE, dtype=torch.bfloat16)]
+
+
+def get_init_inputs():
+    return []

@@ -1,0 +1,23 @@
+"""Causal self-attention over a prompt (prefill) with grouped-query heads (Llama-3-8B)."""
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+# --- shapes (workloads/small/ holds this file with tiny shapes; the rest is identical)
+BATCH, Q_HEADS, KV_HEADS, HEAD_DIM, SEQ = 2, 32, 8, 128, 2048
+# --- end shapes
+
+
+class Model(nn.Module):
+    def forward(self, q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+
+def get_inputs():
+    return [torch.randn(BATCH, Q_HEADS, SEQ, HEAD_DIM, dtype=torch.bfloat16),
+            torch.randn(BATCH, KV_HEADS, SEQ, HEAD_DIM, dtype=torch.bfloat16),
+            torch.randn(BATCH, KV_HEADS, SEQ, HEAD_DIM, dtype=torch.bfloat16)]
+
+
+def get_init_inputs():
+    return []

@@ -1,0 +1,32 @@
+"""Residual add + RMSNorm as between Llama's decoder layers: returns the normalized hidden
+states and the updated residual stream."""
+import torch
+import torch.nn as nn
+
+# --- shapes (workloads/small/ holds this file with tiny shapes; the rest is identical)
+BATCH, SEQ, HIDDEN = 2, 8, 64  # tiny: CPU tests
+# --- end shapes
+EPS = 1e-5
+
+
+class Model(nn.Module):
+    def __init__(self, hidden: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(1.0 + 0.1 * torch.randn(hidden, dtype=torch.bfloat16))
+        self.eps = eps
+
+    def forward(self, x, residual):
+        residual = x + residual
+        h = residual.to(torch.float32)
+        variance = h.pow(2).mean(-1, keepdim=True)
+        h = h * torch.rsqrt(variance + self.eps)
+        return self.weight * h.to(residual.dtype), residual
+
+
+def get_inputs():
+    return [torch.randn(BATCH, SEQ, HIDDEN, dtype=torch.bfloat16),
+            torch.randn(BATCH, SEQ, HIDDEN, dtype=torch.bfloat16)]
+
+
+def get_init_inputs():
+    return [HIDDEN, EPS]

@@ -1,0 +1,38 @@
+"""Rotary position embedding (RoPE) applied to queries and keys, as in Llama (rotate-half
+form, cos/sin tables precomputed for the sequence length)."""
+import torch
+import torch.nn as nn
+
+# --- shapes (workloads/small/ holds this file with tiny shapes; the rest is identical)
+BATCH, SEQ, Q_HEADS, KV_HEADS, HEAD_DIM = 2, 8, 4, 2, 16  # tiny: CPU tests
+# --- end shapes
+THETA = 500000.0  # Llama-3 rope_theta
+
+
+def rotate_half(x):
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class Model(nn.Module):
+    def __init__(self, seq: int, head_dim: int, theta: float):
+        super().__init__()
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+        freqs = torch.outer(torch.arange(seq, dtype=torch.float32), inv_freq)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.register_buffer("cos", emb.cos().to(torch.bfloat16), persistent=False)
+        self.register_buffer("sin", emb.sin().to(torch.bfloat16), persistent=False)
+
+    def forward(self, q, k):
+        q_out = q * self.cos + rotate_half(q) * self.sin
+        k_out = k * self.cos + rotate_half(k) * self.sin
+        return q_out, k_out
+
+
+def get_inputs():
+    return [torch.randn(BATCH, Q_HEADS, SEQ, HEAD_DIM, dtype=torch.bfloat16),
+            torch.randn(BATCH, KV_HEADS, SEQ, HEAD_DIM, dtype=torch.bfloat16)]
+
+
+def get_init_inputs():
+    return [SEQ, HEAD_DIM, THETA]

@@ -1,0 +1,28 @@
+"""LM head + cross-entropy loss of a training step: logits over the vocabulary from the last
+hidden states, mean token loss in fp32."""
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+# --- shapes (workloads/small/ holds this file with tiny shapes; the rest is identical)
+TOKENS, HIDDEN, VOCAB = 16, 64, 500  # tiny: CPU tests
+# --- end shapes
+
+
+class Model(nn.Module):
+    def __init__(self, hidden: int, vocab: int):
+        super().__init__()
+        self.lm_head = nn.Linear(hidden, vocab, bias=False, dtype=torch.bfloat16)
+
+    def forward(self, hidden_states, targets):
+        logits = self.lm_head(hidden_states)
+        return F.cross_entropy(logits.float(), targets)
+
+
+def get_inputs():
+    return [torch.randn(TOKENS, HIDDEN, dtype=torch.bfloat16),
+            torch.randint(0, VOCAB, (TOKENS,))]
+
+
+def get_init_inputs():
+    return [HIDDEN, VOCAB]

@@ -1,0 +1,25 @@
+"""Small-batch decode GEMV: the MLP up projection for a handful of decoding sequences
+(memory-bound: the weight is read once per step)."""
+import torch
+import torch.nn as nn
+
+# --- shapes (workloads/small/ holds this file with tiny shapes; the rest is identical)
+BATCH, HIDDEN, INTERMEDIATE = 2, 64, 96  # tiny: CPU tests
+# --- end shapes
+
+
+class Model(nn.Module):
+    def __init__(self, hidden: int, out: int):
+        super().__init__()
+        self.up_proj = nn.Linear(hidden, out, bias=False, dtype=torch.bfloat16)
+
+    def forward(self, x):
+        return self.up_proj(x)
+
+
+def get_inputs():
+    return [torch.randn(BATCH, HIDDEN, dtype=torch.bfloat16)]
+
+
+def get_init_inputs():
+    return [HIDDEN, INTERMEDIATE]
