@@ -309,7 +309,7 @@ def profile(problem: str, candidate: Optional[str] = typer.Argument(None), devic
               "memory_ms": fl.memory_ms, "bound": fl.bound, "compile_s": comp.get("compile_s"),
               "compile_error": comp.get("error"), "timings": {}}
     for name, r in rows:
-        entry = {k: r.get(k) for k in ("median_ms", "p20_ms", "p80_ms", "n", "wall_ms", "flags")}
+        entry = {k: r.get(k) for k in ("median_ms", "p20_ms", "p80_ms", "n", "wall_ms", "lock_wait_s", "flags")}
         if not interp:
             entry["speedup_eager"] = eager / r["median_ms"]
             entry["speedup_compile"] = comp["median_ms"] / r["median_ms"] if "median_ms" in comp else None

@@ -70,6 +70,8 @@ class _Lock:
         if self.mode == "exclusive" or (self.mode == "shared" and mode == "shared"):
             self.frames.append((False, self.mode))  # already held strongly enough
             return
+        if self.mode == "shared":  # upgrade: let go first, or a writer waiting at the
+            fcntl.flock(self.main, fcntl.LOCK_UN)  # turnstile for our shared hold deadlocks with us
         t0 = time.perf_counter()
         fcntl.flock(self.turn, fcntl.LOCK_EX)  # writers first: a waiting writer holds this
         try:
@@ -83,7 +85,7 @@ class _Lock:
     def release(self) -> None:
         try:
             took, prev = self.frames.pop()
-            if took:
+            if took:  # exclusive -> shared (after an upgrade) is a downgrade: it never waits
                 fcntl.flock(self.main, fcntl.LOCK_UN if prev is None else fcntl.LOCK_SH)
                 self.mode = prev
         finally:

@@ -90,3 +90,17 @@ def test_lock_off_and_default_path(monkeypatch):
         pass
     monkeypatch.setenv("EGG_GPU_LOCK_VERIFY", "1")
     assert gpulock.verify_lock_enabled()
+
+
+def test_upgrade_does_not_deadlock_with_a_waiting_writer(lock_env):
+    """We hold shared; another process waits for exclusive (holding the turnstile); our upgrade
+    must not wait for the turnstile while still holding shared."""
+    with gpulock.hold("shared"):
+        writer = subprocess.Popen([sys.executable, "-c", HOLDER, "exclusive", "0.2"],
+                                  stdout=subprocess.PIPE, text=True, env=lock_env)
+        time.sleep(1.0)  # the writer is now waiting at the main lock, holding the turnstile
+        t0 = time.perf_counter()
+        with gpulock.hold("exclusive"):
+            pass
+        assert time.perf_counter() - t0 < 5
+    assert writer.wait(10) == 0

@@ -69,6 +69,12 @@ def test_device_properties_beat_the_profile_and_unknown_gpus(peaks_dir):
     assert hw.mem_bandwidth_gbs == 9000.0 and hw.peak_tflops == {"bf16": 2000.0}
 
 
+def test_bandwidth_is_the_better_of_copy_and_read():
+    pk, bw = peaks.as_profile({"copy_gbs": 4260.0, "read_gbs": 4550.0, "tf32_matmul_tflops": 360.0})
+    assert bw == 4550.0 and pk == {"tf32": 360.0}
+    assert peaks.as_profile({"copy_gbs": 4260.0})[1] == 4260.0
+
+
 def test_peaks_cache_ignores_garbage(peaks_dir):
     peaks.cache_path("X").write_text("not json")
     assert peaks.load("X") is None
