@@ -11,8 +11,9 @@ torch.compile warm-up with Inductor's autotuning) holds it *shared*. Verificatio
 it shared (``EGG_GPU_LOCK_VERIFY=1``, ``egg bench --verify-lock``); see docs/bench.md for the
 trade-off.
 
-The lock is ``fcntl.flock`` on a file in the system temp folder, one per visible GPU set
-(``CUDA_VISIBLE_DEVICES``), so it is machine-wide and released by the kernel when a process dies.
+The lock is ``fcntl.flock`` on a file in the system temp folder, one per user and visible GPU
+set (``CUDA_VISIBLE_DEVICES``), so it spans every EGG process of the machine and is released by
+the kernel when a process dies.
 ``EGG_GPU_LOCK`` names another file, or ``off`` disables the lock. Writers go first: a waiting
 timing section stops new shared holders (a turnstile lock), so a stream of verifications cannot
 starve it.
@@ -70,16 +71,25 @@ class _Lock:
         if self.mode == "exclusive" or (self.mode == "shared" and mode == "shared"):
             self.frames.append((False, self.mode))  # already held strongly enough
             return
-        if self.mode == "shared":  # upgrade: let go first, or a writer waiting at the
-            fcntl.flock(self.main, fcntl.LOCK_UN)  # turnstile for our shared hold deadlocks with us
-        t0 = time.perf_counter()
-        fcntl.flock(self.turn, fcntl.LOCK_EX)  # writers first: a waiting writer holds this
+        prev = self.mode
         try:
-            fcntl.flock(self.main, fcntl.LOCK_EX if mode == "exclusive" else fcntl.LOCK_SH)
-        finally:
-            fcntl.flock(self.turn, fcntl.LOCK_UN)
+            if prev == "shared":  # upgrade: let go first, or a writer waiting at the turnstile
+                fcntl.flock(self.main, fcntl.LOCK_UN)  # for our shared hold deadlocks with us
+                self.mode = None
+            t0 = time.perf_counter()
+            fcntl.flock(self.turn, fcntl.LOCK_EX)  # writers first: a waiting writer holds this
+            try:
+                fcntl.flock(self.main, fcntl.LOCK_EX if mode == "exclusive" else fcntl.LOCK_SH)
+            finally:
+                fcntl.flock(self.turn, fcntl.LOCK_UN)
+        except BaseException:
+            if prev == "shared" and self.mode is None:  # an interrupted upgrade: hold shared again
+                fcntl.flock(self.main, fcntl.LOCK_SH)
+                self.mode = prev
+            self.mutex.release()
+            raise
         self.waited_s += time.perf_counter() - t0
-        self.frames.append((True, self.mode))
+        self.frames.append((True, prev))
         self.mode = mode
 
     def release(self) -> None:

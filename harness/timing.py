@@ -29,8 +29,11 @@ FLUSH_BYTES = 256 * 1024 * 1024
 #: time per variant)
 MIN_REPS = 10
 MAX_REPS = 2000
-#: warm-up calls after the first call: as many as fit in warmup_ms, at least MIN_WARMUP
-MIN_WARMUP = 3
+#: warm-up calls after the first call and the 3 estimate calls (which warm up too): as many as
+#: fit in warmup_ms, at least MIN_WARMUP
+MIN_WARMUP = 1
+#: synchronized wall-clock calls after the timed repetitions (the side-stream check)
+WALL_CALLS = 3
 #: two timings differing by less than this fraction are noise, whatever the spread
 MIN_REL_DIFF = 0.02
 
@@ -110,7 +113,7 @@ def _bench_gpu(fn, dev: torch.device, rep_ms: float, warmup_ms: float) -> dict:
         torch.cuda.synchronize(dev)
         times = [s.elapsed_time(e) for s, e in zip(starts, ends)]
         walls = []
-        for _ in range(5):
+        for _ in range(WALL_CALLS):
             torch.cuda.synchronize()  # device-wide: every stream
             w0 = time.perf_counter()
             fn()

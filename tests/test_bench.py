@@ -182,18 +182,22 @@ def test_select_filter_and_list(tmp_path):
 
 
 def test_egg_profile_on_cpu_is_labelled(tmp_path):
+    from typer.testing import CliRunner
+
+    from graph.cli import app
+
     prob = tmp_path / "p.py"
     prob.write_text(ADD_RELU)
     cand = tmp_path / "cand.py"
     cand.write_text(ADD_RELU + "\n\nclass ModelNew(Model):\n    pass\n")
-    r = subprocess.run([sys.executable, "-m", "graph.cli", "profile", str(prob), str(cand), "--device", "cpu",
-                        "--json"], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr
+    r = CliRunner().invoke(app, ["profile", str(prob), str(cand), "--device", "cpu", "--json"])
+    assert r.exit_code == 0, r.output
     res = json.loads(r.stdout)
     assert res["interpreter"] and res["bound"] == "unknown" and res["floor_ms"] is None
     assert set(res["timings"]) == {"eager", "candidate"}  # torch.compile is not timed on the CPU
     assert all("speedup_eager" not in t for t in res["timings"].values())
     assert res["flops_estimated"] == 3 * 8 * 33 and res["bytes"] == 4 * 3 * 8 * 33
-    r = subprocess.run([sys.executable, "-m", "graph.cli", "profile", str(prob), "--device", "cpu"],
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0 and "not GPU timings" in r.stdout
+    r = CliRunner().invoke(app, ["profile", str(prob), "--device", "cpu"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0 and "not GPU timings" in r.stdout
+    r = CliRunner().invoke(app, ["profile", str(tmp_path / "missing.py"), "--device", "cpu"])
+    assert r.exit_code == 2

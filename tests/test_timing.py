@@ -99,7 +99,7 @@ def test_gpu_bench_structure_with_a_fake_clock(fake_cuda):
     assert r["median_ms"] == pytest.approx(1.0) and r["p80_ms"] == pytest.approx(1.0)
     # estimate 3 calls of 1.1 ms (call + flush): 50 / 1.1 -> 45 repetitions; warm-up 5 / 1.1 -> 4
     assert r["n"] == 45 and r["warmup"] == 4
-    assert len(log) == 1 + 3 + 4 + 45 + 5  # first call, estimate, warm-up, timed, wall check
+    assert len(log) == 1 + 3 + 4 + 45 + timing.WALL_CALLS  # first, estimate, warm-up, timed, wall check
     assert not any(g for g, _, _ in log)  # no_grad throughout
     assert log[0][1] == "shared" and log[0][2] == 0  # first call: untimed, shared lock, no flush
     assert all(mode == "exclusive" for _, mode, _ in log[1:])
