@@ -1,16 +1,29 @@
 """``egg bench``: every problem of a folder through the graph, one record per problem.
 
+Each problem runs in its own process (``python -m graph.bench one SPEC``) with a wall-clock
+limit, so a problem that hangs or crashes (a signal in the interpreter, an out-of-memory kill)
+becomes a failure record and never stops the suite. ``--jobs N`` runs N problems at once; their
+timing sections never overlap (harness.gpulock, docs/bench.md).
+
 results.jsonl is appended after each problem (so ``--resume`` continues a suite across short GPU
-sessions); report.json / report.md / speedups.png aggregate it. One bad problem never stops the
-suite: its record says why it failed.
+sessions); report.json / report.md / bench.png aggregate it. Record fields: name, device,
+interpreter, verified (a verified Triton candidate is the answer), correct (the answer passed
+verification, or is the reference itself), fallback, kernels, eager_ms, compile_ms, compile_s,
+egg_ms, speedup_eager, speedup_compile, roofline_pct, floor_ms, bound, stage1_ms, wall_s,
+failure (why the problem failed, or why no kernel was kept), run_id.
 """
 from __future__ import annotations
 
+import collections
 import fnmatch
 import json
 import math
+import os
 import pathlib
+import signal
 import statistics
+import subprocess
+import sys
 import time
 import traceback
 
@@ -20,6 +33,8 @@ from rich.table import Table
 from state import Settings
 
 FAST_P = (0.0, 1.0, 1.5, 2.0)
+#: default wall-clock limit of one problem (graph run, verification, tuning, timing), seconds
+PROBLEM_TIMEOUT_S = 900.0
 
 
 class BenchError(Exception):
@@ -46,136 +61,363 @@ def select(folder: pathlib.Path, pattern: str | None, list_file: pathlib.Path | 
     return probs
 
 
-def _done(results: pathlib.Path) -> set[str]:
+def read_results(results: pathlib.Path) -> list[dict]:
+    """The records of a results.jsonl (unreadable lines skipped, e.g. one cut by a kill)."""
     if not results.exists():
-        return set()
-    names = set()
+        return []
+    recs = []
     for ln in results.read_text().splitlines():
         try:
-            names.add(json.loads(ln)["name"])
-        except (json.JSONDecodeError, KeyError):
+            r = json.loads(ln)
+        except json.JSONDecodeError:
             continue
-    return names
+        if isinstance(r, dict) and "name" in r:
+            recs.append(r)
+    return recs
 
 
+def run_id_of(name: str) -> str:
+    return name.replace("/", "__").removesuffix(".py")
+
+
+def empty_record(name: str, device: str) -> dict:
+    return {"name": name, "run_id": run_id_of(name), "device": device, "interpreter": device == "cpu",
+            "verified": False, "correct": False, "fallback": True, "kernels": [],
+            "eager_ms": None, "compile_ms": None, "compile_s": None, "egg_ms": None,
+            "speedup_eager": None, "speedup_compile": None, "roofline_pct": None,
+            "floor_ms": None, "bound": None, "stage1_ms": None, "failure": None, "wall_s": None,
+            "tuning": None}
+
+
+# ----------------------------------------------------------------------------- one problem
 def run_one(path: pathlib.Path, name: str, out_dir: pathlib.Path, settings: Settings) -> dict:
+    """One problem through the graph, in this process; never raises."""
     from graph import runs as R
     from harness.problem import ProblemError, describe_problem
     from policies.llm_io import LLMError
 
     t0 = time.time()
-    rec = {"name": name, "verified": False, "correct": False, "fallback": True, "kernels": [],
-           "eager_ms": None, "compile_ms": None, "egg_ms": None, "speedup_eager": None,
-           "speedup_compile": None, "roofline_pct": None, "stage1_ms": None, "failure": None,
-           "tuning": None}
+    device = settings.resolved_device()
+    rec = empty_record(name, device)
     try:
         describe_problem(path)
-        run_id = name.replace("/", "__").removesuffix(".py")
+        run_id = rec["run_id"]
         runs_dir = out_dir / "runs"
         if (runs_dir / run_id).exists():
             import shutil
 
             shutil.rmtree(runs_dir / run_id)
-        run = R.create_run(str(path), settings, runs_dir, run_id)
+        run = R.create_run(str(path), settings.model_copy(update={"device": device}), runs_dir, run_id)
         for _ in R.stream(run, {"problem_path": str(path.resolve())}):
             pass
         rep = R.final_state(run).report
         if rep.get("status") != "ok":
             rec["failure"] = rep.get("error", "run failed")
         else:
-            t = rep["timing"]
-            rec.update(
-                fallback=rep["fallback"], kernels=rep["kernels"], correct=True,
-                verified=not rep["fallback"], eager_ms=t.get("eager_ms"), compile_ms=t.get("compile_ms"),
-                egg_ms=t.get("best_ms"), speedup_eager=t.get("speedup_eager"),
-                speedup_compile=t.get("speedup_compile"), roofline_pct=t.get("roofline_pct"),
-                stage1_ms=rep.get("stage1_best_ms"), interpreter=t.get("interpreter", False),
-                bound=(rep.get("analysis") or {}).get("bound"),
-                floor_ms=(rep.get("analysis") or {}).get("floor_ms"),
-                templates=sorted({g["template"] for g in (rep.get("plan") or {}).get("groups", [])
-                                  if g.get("template")}),
-                rewrites=(rep.get("plan") or {}).get("rewrites", []),
-                tuning=rep.get("tuning"))
-            if rep["fallback"]:
-                fails = [c["failure"] for c in rep["candidates"] if c.get("failure")]
-                reasons = [s.get("finish_reason") for s in rep["stages"].values() if s.get("finish_reason")]
-                rec["failure"] = (fails[0] if fails else (reasons[0] if reasons else "no kernel"))[:400]
-                if rec["speedup_eager"] is None and not rec.get("interpreter"):
-                    rec["speedup_eager"] = 1.0
+            _fill(rec, rep)
+            if not rec["interpreter"] and rec["eager_ms"] is None:
+                _baselines_only(rec, run.dir, settings)
     except ProblemError as e:
         rec["failure"] = str(e)
     except LLMError:
-        raise  # the endpoint is down for every problem: stop the suite (bench --resume goes on)
+        raise  # the endpoint is down for every problem: the suite stops (bench --resume goes on)
     except Exception as e:  # noqa: BLE001 - one bad problem never stops the suite
-        rec["failure"] = f"{type(e).__name__}: {e} | {traceback.format_exc().splitlines()[-3:]}"[:600]
+        tb = " | ".join(traceback.format_exc().strip().splitlines()[-3:])
+        rec["failure"] = f"{type(e).__name__}: {e} | {tb}"[:600]
     rec["wall_s"] = round(time.time() - t0, 1)
     return rec
 
 
+def _fill(rec: dict, rep: dict) -> None:
+    t = rep["timing"]
+    a = rep.get("analysis") or {}
+    rec.update(
+        fallback=rep["fallback"], kernels=rep["kernels"], correct=True, verified=not rep["fallback"],
+        eager_ms=t.get("eager_ms"), compile_ms=t.get("compile_ms"), compile_s=t.get("compile_s"),
+        egg_ms=t.get("best_ms"), speedup_eager=t.get("speedup_eager"),
+        speedup_compile=t.get("speedup_compile"), roofline_pct=t.get("roofline_pct"),
+        stage1_ms=rep.get("stage1_best_ms"), interpreter=bool(t.get("interpreter")),
+        bound=a.get("bound"), floor_ms=a.get("floor_ms"), hardware=rep.get("hardware"),
+        compile_error=t.get("compile_error"),
+        templates=sorted({g["template"] for g in (rep.get("plan") or {}).get("groups", [])
+                          if g.get("template")}),
+        rewrites=(rep.get("plan") or {}).get("rewrites", []), tuning=rep.get("tuning"))
+    if rep["fallback"]:
+        fails = [c["failure"] for c in rep["candidates"] if c.get("failure")]
+        reasons = [s.get("finish_reason") for s in rep["stages"].values() if s.get("finish_reason")]
+        rec["failure"] = (fails[0] if fails else (reasons[0] if reasons else "no kernel"))[:400]
+        if not rec["interpreter"]:
+            rec["speedup_eager"] = 1.0  # the answer is the reference itself
+            if rec["eager_ms"] and rec["compile_ms"]:
+                rec["speedup_compile"] = rec["compile_ms"] / rec["eager_ms"]
+
+
+def _baselines_only(rec: dict, run_dir: pathlib.Path, settings: Settings) -> None:
+    """A GPU run that timed nothing (no candidate verified, e.g. nothing to fuse): time eager and
+    torch.compile anyway, so every problem of the suite has both baselines."""
+    from harness import profile as P
+    from harness import roofline
+
+    try:
+        problem = (run_dir / "problem.txt").read_text().strip()
+        s = P.ProfileSession(problem, "cuda", settings.timing_rep_ms, settings.profile_timeout_s,
+                             str(run_dir / "logs"))
+        try:
+            base = s.baselines()
+        finally:
+            s.close()
+    except P.ProfileError as e:
+        rec["failure"] = (rec["failure"] or "") + f"; baselines: {e}"[:300]
+        return
+    e_ms = base["eager"]["median_ms"]
+    c = base.get("compile") or {}
+    rec.update(eager_ms=e_ms, egg_ms=e_ms, compile_ms=c.get("median_ms"), compile_s=c.get("compile_s"),
+               compile_error=c.get("error"), speedup_eager=1.0,
+               speedup_compile=(c["median_ms"] / e_ms) if c.get("median_ms") else None,
+               roofline_pct=roofline.percent(rec.get("floor_ms"), e_ms))
+
+
+# ----------------------------------------------------------------------------- the suite
+JOB_ENV = "EGG_BENCH_JOB"
+
+
+def _job_pids(token: str) -> list[int]:
+    """Processes whose environment carries this job's marker (Linux /proc): the problem's
+    process and everything it started, orphans and new sessions included."""
+    marker = f"{JOB_ENV}={token}".encode() + b"\0"
+    me = os.getpid()
+    out = []
+    for d in pathlib.Path("/proc").glob("[0-9]*"):
+        try:
+            pid = int(d.name)
+            if pid != me and marker in (d / "environ").read_bytes():
+                out.append(pid)
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def kill_job(proc: subprocess.Popen, token: str) -> None:
+    """Kill a problem's process and everything it started. The judge and profiling processes
+    start their own sessions, so the process group alone would miss them; they are found by the
+    marker in their environment."""
+    for _ in range(3):
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        pids = _job_pids(token) if pathlib.Path("/proc").is_dir() else []
+        for p in pids:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            continue
+        if not pids:
+            break
+        time.sleep(0.1)
+
+
+class _Job:
+    def __init__(self, path: pathlib.Path, name: str, out_dir: pathlib.Path, settings: Settings,
+                 env: dict):
+        self.path, self.name = path, name
+        self.run_id = run_id_of(name)
+        self.record_file = out_dir / "records" / f"{self.run_id}.json"
+        self.record_file.parent.mkdir(parents=True, exist_ok=True)
+        self.record_file.unlink(missing_ok=True)
+        self.log = out_dir / "logs" / f"{self.run_id}.log"
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        spec = {"path": str(path.resolve()), "name": name, "out": str(out_dir.resolve()),
+                "record": str(self.record_file.resolve()), "settings": settings.model_dump()}
+        self.token = f"{self.run_id}-{os.getpid()}-{time.time_ns()}"
+        env = {**env, JOB_ENV: self.token}
+        with open(self.log, "w") as logf:
+            self.proc = subprocess.Popen([sys.executable, "-m", "graph.bench", "one", json.dumps(spec)],
+                                         stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         env=env, start_new_session=True)
+        self.t0 = time.time()
+
+    def result(self, device: str, timed_out_after: float | None) -> dict:
+        rec = None
+        if timed_out_after is None and self.record_file.exists():
+            try:
+                rec = json.loads(self.record_file.read_text())
+            except json.JSONDecodeError:
+                rec = None
+        if rec is None:
+            rec = empty_record(self.name, device)
+            if timed_out_after is not None:
+                rec["failure"] = f"timeout: the problem did not finish within {timed_out_after:g} s"
+            else:
+                from harness.runner import log_tail
+
+                code = self.proc.returncode
+                how = (f"killed by signal {signal.Signals(-code).name}" if code is not None and code < 0
+                       else f"exited with code {code}")
+                rec["failure"] = f"crash: the problem's process {how}: {log_tail(self.log, 4)}"[:600]
+        rec["wall_s"] = round(time.time() - self.t0, 1)
+        return rec
+
+
+def _child_env(device: str, verify_lock: bool) -> dict:
+    from harness.runner import child_env
+
+    env = child_env(device)
+    env["PYTHONUNBUFFERED"] = "1"
+    if verify_lock:
+        env["EGG_GPU_LOCK_VERIFY"] = "1"
+    return env
+
+
+def ensure_peaks(env: dict, log: pathlib.Path) -> str:
+    """Measure (or read) this GPU's peaks once, before any problem, in a separate process: every
+    problem's roofline then uses the same measured numbers."""
+    try:
+        with open(log, "w") as f:
+            r = subprocess.run([sys.executable, "-m", "harness.peaks"], stdout=f, stderr=subprocess.STDOUT,
+                               env=env, timeout=600)
+        return "measured peaks ready" if r.returncode == 0 else f"peaks not measured (exit {r.returncode}, see {log})"
+    except subprocess.TimeoutExpired:
+        return f"peaks not measured (timed out, see {log})"
+
+
 def run_bench(problems: list[pathlib.Path], folder: pathlib.Path, out_dir: pathlib.Path,
-              settings: Settings, resume: bool, console=None) -> dict:
+              settings: Settings, resume: bool, console=None, jobs: int = 1,
+              problem_timeout_s: float = PROBLEM_TIMEOUT_S, verify_lock: bool = False) -> dict:
+    from policies.llm_io import EXIT_LLM, LLMError
+
     out_dir.mkdir(parents=True, exist_ok=True)
     results = out_dir / "results.jsonl"
     if not resume and results.exists():
         results.unlink()
-    done = _done(results)
+    done = {r["name"] for r in read_results(results)}
     todo = [p for p in problems if str(p.relative_to(folder)) not in done]
+    device = settings.resolved_device()
+    env = _child_env(device, verify_lock)
+    t_start = time.time()
+    if device == "cuda" and todo:
+        (out_dir / "logs").mkdir(parents=True, exist_ok=True)
+        msg = ensure_peaks(env, out_dir / "logs" / "peaks.log")
+        if console is not None:
+            console.print(msg, highlight=False)
+    pending = collections.deque(todo)
+    running: list[_Job] = []
+    jobs = max(1, int(jobs))
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=console, transient=False) as prog:
         task = prog.add_task("bench", total=len(todo))
-        for p in todo:
-            name = str(p.relative_to(folder))
-            prog.update(task, description=f"{name[:50]:50s}")
-            rec = run_one(p, name, out_dir, settings)
-            with results.open("a") as f:
-                f.write(json.dumps(rec) + "\n")
-            prog.advance(task)
-    recs = [json.loads(ln) for ln in results.read_text().splitlines() if ln.strip()]
-    names = {str(p.relative_to(folder)) for p in problems}
-    recs = [r for r in recs if r["name"] in names]
+        try:
+            while pending or running:
+                while pending and len(running) < jobs:
+                    p = pending.popleft()
+                    running.append(_Job(p, str(p.relative_to(folder)), out_dir, settings, env))
+                for job in list(running):
+                    timed_out = None
+                    if job.proc.poll() is None:
+                        if time.time() - job.t0 <= problem_timeout_s:
+                            continue
+                        kill_job(job.proc, job.token)
+                        timed_out = problem_timeout_s
+                    else:
+                        kill_job(job.proc, job.token)  # anything it left behind
+                    if timed_out is None and job.proc.returncode == EXIT_LLM:
+                        from harness.runner import log_tail
+
+                        raise LLMError(log_tail(job.log, 2))
+                    rec = job.result(device, timed_out)
+                    with results.open("a") as f:
+                        f.write(json.dumps(rec) + "\n")
+                    running.remove(job)
+                    prog.advance(task)
+                    state = ("ok" if rec["verified"] else "fallback") if rec["correct"] else "FAILED"
+                    prog.console.print(f"{rec['name']}: {state}" + _short(rec), highlight=False)
+                prog.update(task, description=f"bench ({len(running)} running)")
+                if running:
+                    time.sleep(0.2)
+        except BaseException:
+            for job in running:
+                kill_job(job.proc, job.token)
+            raise
+    recs = read_results(results)
+    order = {str(p.relative_to(folder)): i for i, p in enumerate(problems)}
+    recs = sorted((r for r in recs if r["name"] in order), key=lambda r: order[r["name"]])
     rep = aggregate(recs)
+    rep.update(device=device, jobs=jobs, elapsed_s=round(time.time() - t_start, 1),
+               problem_timeout_s=problem_timeout_s, resumed=bool(done))
     (out_dir / "report.json").write_text(json.dumps(rep, indent=2))
     (out_dir / "report.md").write_text(report_markdown(rep, recs))
     try:
-        plot(recs, out_dir / "speedups.png")
+        plot(recs, out_dir / "bench.png")
     except Exception:  # noqa: BLE001 - the plot is a convenience; the tables are the record
         pass
     return rep
 
 
+def _short(rec: dict) -> str:
+    if rec.get("failure") and not rec["correct"]:
+        return f" ({rec['failure'][:120]})"
+    if rec.get("interpreter"):
+        return " (CPU interpreter: not timed for speed)"
+    if rec.get("speedup_eager"):
+        return (f" ({rec['speedup_eager']:.2f}x eager"
+                + (f", {rec['speedup_compile']:.2f}x compile" if rec.get("speedup_compile") else "") + ")")
+    return ""
+
+
+# ----------------------------------------------------------------------------- aggregation
 def _geo(xs: list[float]) -> float | None:
     xs = [x for x in xs if x and x > 0]
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
 
 
+def _fast(recs: list[dict], key: str, p: float, n: int) -> float | None:
+    return sum(1 for r in recs if r["correct"] and (r.get(key) or 0) > p) / n if n else None
+
+
 def aggregate(recs: list[dict]) -> dict:
+    """fast_p: the fraction of all problems whose answer is correct and more than p times faster
+    than eager (fast_0: the fraction correct). Means are over the correct problems' speedups."""
     n = len(recs)
+    interp = bool(recs) and all(r.get("interpreter") for r in recs)
     gpu = [r for r in recs if not r.get("interpreter")]
-    sp = [r["speedup_eager"] for r in gpu if r["correct"] and r.get("speedup_eager")]
-    spc = [r["speedup_compile"] for r in gpu if r["correct"] and r.get("speedup_compile")]
+    ok = [r for r in gpu if r["correct"]]
+    sp = [r["speedup_eager"] for r in ok if r.get("speedup_eager")]
+    spc = [r["speedup_compile"] for r in ok if r.get("speedup_compile")]
     comp_vs_eager = [r["eager_ms"] / r["compile_ms"] for r in gpu if r.get("compile_ms") and r.get("eager_ms")]
-    roof = [r["roofline_pct"] for r in gpu if r.get("roofline_pct") is not None]
+    roof = [r["roofline_pct"] for r in ok if r.get("roofline_pct") is not None]
+    walls = [r["wall_s"] for r in recs if r.get("wall_s") is not None]
+    correct = sum(bool(r["correct"]) for r in recs)
     rep = {
         "problems": n,
-        "correct": sum(r["correct"] for r in recs),
-        "verified_kernels": sum(r["verified"] for r in recs),
-        "fallbacks": sum(r["correct"] and r["fallback"] for r in recs),
-        "failed": sum(not r["correct"] for r in recs),
-        "interpreter": bool(recs) and all(r.get("interpreter") for r in recs),
-        "fast_p": {str(p): (sum(1 for r in gpu if r["correct"] and (r.get("speedup_eager") or 0) > p) / n
-                            if n and gpu else None) for p in FAST_P},
+        "correct": correct,
+        "verified_kernels": sum(bool(r["verified"]) for r in recs),
+        "fallbacks": sum(bool(r["correct"] and r["fallback"]) for r in recs),
+        "failed": n - correct,
+        "timeouts": sum(1 for r in recs if (r.get("failure") or "").startswith("timeout")),
+        "interpreter": interp,
+        "fast_p": {str(p): (correct / n if n else None) if p == 0 else
+                   (None if interp else _fast(gpu, "speedup_eager", p, n)) for p in FAST_P},
+        "fast_p_compile": {str(p): (correct / n if n else None) if p == 0 else
+                           (None if interp else _fast(gpu, "speedup_compile", p, n)) for p in FAST_P},
         "geomean_speedup_eager": _geo(sp),
         "mean_speedup_eager": statistics.mean(sp) if sp else None,
         "geomean_speedup_compile": _geo(spc),
         "mean_speedup_compile": statistics.mean(spc) if spc else None,
         "geomean_compile_vs_eager": _geo(comp_vs_eager),
         "median_roofline_pct": statistics.median(roof) if roof else None,
-        "median_wall_s": statistics.median([r["wall_s"] for r in recs]) if recs else None,
+        "median_wall_s": statistics.median(walls) if walls else None,
+        "sum_wall_s": round(sum(walls), 1) if walls else None,
         "tuning_cache_hits": sum((r.get("tuning") or {}).get("cache_hits", 0) for r in recs),
         "tuning_searched": sum((r.get("tuning") or {}).get("searched", 0) for r in recs),
     }
-    if rep["interpreter"]:
-        rep["note"] = "CPU interpreter run: correctness only; timings are not GPU timings"
+    if interp:
+        rep["note"] = ("CPU interpreter run: correctness only; timings are not GPU timings, "
+                       "no speedup is claimed (fast_p for p > 0 is not defined)")
     return rep
 
 
@@ -185,32 +427,38 @@ def _f(v, fmt="{:.3f}") -> str:
 
 def report_markdown(rep: dict, recs: list[dict]) -> str:
     lines = ["# EGG bench report", "",
+             f"- device: {rep.get('device', '-')}, jobs: {rep.get('jobs', 1)}, "
+             f"elapsed: {_f(rep.get('elapsed_s'), '{:.0f} s')}"
+             + (" (resumed: this invocation only)" if rep.get("resumed") else ""),
              f"- problems: {rep['problems']}, correct: {rep['correct']} "
              f"(verified kernels {rep['verified_kernels']}, reference fallbacks {rep['fallbacks']}), "
-             f"failed: {rep['failed']}"]
+             f"failed: {rep['failed']} (timeouts {rep.get('timeouts', 0)})"]
     if rep.get("note"):
         lines.append(f"- {rep['note']}")
     else:
         fp = ", ".join(f"fast_{p}={_f(v, '{:.2f}')}" for p, v in rep["fast_p"].items())
-        lines += [f"- {fp}",
+        fpc = ", ".join(f"fast_{p}={_f(v, '{:.2f}')}" for p, v in rep["fast_p_compile"].items())
+        lines += [f"- vs eager: {fp}",
+                  f"- vs torch.compile: {fpc}",
                   f"- speedup vs eager: geomean {_f(rep['geomean_speedup_eager'], '{:.2f}x')}, "
                   f"mean {_f(rep['mean_speedup_eager'], '{:.2f}x')}",
                   f"- speedup vs torch.compile: geomean {_f(rep['geomean_speedup_compile'], '{:.2f}x')}, "
                   f"mean {_f(rep['mean_speedup_compile'], '{:.2f}x')}",
                   f"- torch.compile vs eager (same runs): geomean {_f(rep['geomean_compile_vs_eager'], '{:.2f}x')}",
-                  f"- median roofline: {_f(rep['median_roofline_pct'], '{:.1f}%')}"]
+                  f"- median percent of roofline: {_f(rep['median_roofline_pct'], '{:.1f}%')}"]
     lines += [f"- median wall time per problem: {_f(rep['median_wall_s'], '{:.1f} s')}",
               f"- tiler: {rep.get('tuning_cache_hits', 0)} kernel(s) from the tuning cache, "
               f"{rep.get('tuning_searched', 0)} searched", "",
-              "| problem | eager ms | compile ms | EGG ms | vs eager | vs compile | stage-1 ms | roofline % | kernels | tuning | note |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
+              "| problem | eager ms | compile ms | EGG ms | vs eager | vs compile | stage-1 ms | roofline % | bound | kernels | tuning | wall s | note |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in recs:
         note = "" if r["verified"] else (r.get("failure") or "")
         lines.append(
             f"| {r['name']} | {_f(r['eager_ms'])} | {_f(r['compile_ms'])} | {_f(r['egg_ms'])} "
             f"| {_f(r['speedup_eager'], '{:.2f}x')} | {_f(r['speedup_compile'], '{:.2f}x')} "
-            f"| {_f(r.get('stage1_ms'))} | {_f(r['roofline_pct'], '{:.1f}')} | {len(r['kernels'])} "
-            f"| {_tuning_cell(r.get('tuning'))} | {note.replace('|', '/')[:140]} |")
+            f"| {_f(r.get('stage1_ms'))} | {_f(r['roofline_pct'], '{:.1f}')} | {r.get('bound') or '-'} "
+            f"| {len(r['kernels'])} | {_tuning_cell(r.get('tuning'))} | {_f(r.get('wall_s'), '{:.0f}')} "
+            f"| {note.replace('|', '/').replace(chr(10), ' ')[:140]} |")
     return "\n".join(lines) + "\n"
 
 
@@ -227,26 +475,30 @@ def plot(recs: list[dict], path: pathlib.Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rs = [r for r in recs if r.get("speedup_eager")]
+    rs = [r for r in recs if r.get("speedup_eager") and not r.get("interpreter")]
     fig, axes = plt.subplots(1, 2, figsize=(14, 5))
     names = [r["name"].split("/")[-1][:28] for r in rs]
-    axes[0].bar(range(len(rs)), [r["speedup_eager"] for r in rs], label="EGG vs eager")
-    axes[0].plot(range(len(rs)), [r["eager_ms"] / r["compile_ms"] if r.get("compile_ms") else float("nan")
-                                  for r in rs], "r.", label="torch.compile vs eager")
+    x = range(len(rs))
+    axes[0].bar(x, [r["speedup_eager"] for r in rs], label="EGG vs eager")
+    axes[0].plot(x, [r["eager_ms"] / r["compile_ms"] if r.get("compile_ms") and r.get("eager_ms")
+                     else float("nan") for r in rs], "r.", label="torch.compile vs eager")
     axes[0].axhline(1.0, color="k", lw=0.5)
     axes[0].set_yscale("log")
-    axes[0].set_xticks(range(len(rs)))
+    axes[0].set_xticks(list(x))
     axes[0].set_xticklabels(names, rotation=90, fontsize=6)
     axes[0].set_title("speedup per problem")
     axes[0].legend()
-    rr = [r for r in rs if r.get("roofline_pct") is not None and r.get("floor_ms")]
-    axes[1].scatter([r["floor_ms"] for r in rr], [r["egg_ms"] for r in rr], s=12)
-    lim = [min([r["floor_ms"] for r in rr] + [1e-3]), max([r["egg_ms"] for r in rr] + [1.0])]
-    axes[1].plot(lim, lim, "k--", lw=0.5, label="roofline floor")
+    rr = [r for r in rs if r.get("floor_ms") and r.get("egg_ms")]
+    axes[1].scatter([r["floor_ms"] for r in rr], [r["egg_ms"] for r in rr], s=12, label="EGG")
+    axes[1].scatter([r["floor_ms"] for r in rr if r.get("eager_ms")],
+                    [r["eager_ms"] for r in rr if r.get("eager_ms")], s=8, marker="x", label="eager")
+    lo = min([r["floor_ms"] for r in rr] + [1e-3])
+    hi = max([r["egg_ms"] for r in rr] + [r.get("eager_ms") or 0 for r in rr] + [1.0])
+    axes[1].plot([lo, hi], [lo, hi], "k--", lw=0.5, label="roofline floor (100%)")
     axes[1].set_xscale("log")
     axes[1].set_yscale("log")
     axes[1].set_xlabel("roofline floor ms")
-    axes[1].set_ylabel("EGG ms")
+    axes[1].set_ylabel("measured ms")
     axes[1].set_title("achieved vs roofline")
     axes[1].legend()
     fig.tight_layout()
@@ -258,9 +510,10 @@ def summary_table(rep: dict) -> Table:
     t = Table(title="EGG bench")
     t.add_column("metric")
     t.add_column("value")
-    for k in ("problems", "correct", "verified_kernels", "fallbacks", "failed"):
-        t.add_row(k, str(rep[k]))
+    for k in ("problems", "correct", "verified_kernels", "fallbacks", "failed", "timeouts"):
+        t.add_row(k, str(rep.get(k)))
     if rep.get("note"):
+        t.add_row("fast_0 (correct)", _f(rep["fast_p"]["0.0"], "{:.2f}"))
         t.add_row("note", rep["note"])
     else:
         for p, v in rep["fast_p"].items():
@@ -269,4 +522,39 @@ def summary_table(rep: dict) -> Table:
         t.add_row("geomean vs torch.compile", _f(rep["geomean_speedup_compile"], "{:.2f}x"))
         t.add_row("median roofline %", _f(rep["median_roofline_pct"], "{:.1f}"))
     t.add_row("median wall s", _f(rep["median_wall_s"], "{:.1f}"))
+    t.add_row("elapsed s", _f(rep.get("elapsed_s"), "{:.0f}"))
     return t
+
+
+# ----------------------------------------------------------------------------- child entry
+def _child(spec: dict) -> int:
+    """``python -m graph.bench one SPEC``: run one problem, write its record file."""
+    def _term(signum, frame):  # a kill from the suite: close profiling sessions on the way out
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, _term)
+    from policies.llm_io import EXIT_LLM, LLMError
+
+    settings = Settings(**spec["settings"])
+    try:
+        rec = run_one(pathlib.Path(spec["path"]), spec["name"], pathlib.Path(spec["out"]), settings)
+    except LLMError as e:
+        print(f"LLM endpoint error: {e}", file=sys.stderr)
+        return EXIT_LLM
+    out = pathlib.Path(spec["record"])
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(rec))
+    tmp.replace(out)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) == 2 and argv[0] == "one":
+        return _child(json.loads(argv[1]))
+    print("usage: python -m graph.bench one SPEC_JSON (internal; use `egg bench`)", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

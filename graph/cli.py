@@ -320,11 +320,15 @@ def verify(problem: str, candidate: str, device: str = DeviceOpt,
 
 @app.command()
 def profile(problem: str, candidate: Optional[str] = typer.Argument(None), device: str = DeviceOpt,
-            rep_ms: float = typer.Option(200.0, "--rep-ms")):
-    """Time eager, torch.compile (and a candidate) in one process; roofline and bound."""
+            rep_ms: float = typer.Option(200.0, "--rep-ms", help="time spent repeating each timed function"),
+            as_json: bool = typer.Option(False, "--json", help="print the numbers as JSON")):
+    """Time eager, torch.compile (and a candidate) in one process; speedups, roofline and bound.
+
+    On the CPU the timings are the Triton interpreter's and eager's CPU times: labelled, no
+    speedup claimed, torch.compile not timed."""
     from harness import profile as P
-    from harness.hardware import detect
     from harness import roofline
+    from harness.hardware import detect
     from harness.problem import ProblemError, describe_problem, load_module
 
     dev = _prepare_device(device)
@@ -334,34 +338,67 @@ def profile(problem: str, candidate: Optional[str] = typer.Argument(None), devic
             load_module(candidate, "candidate")
     except ProblemError as e:
         _fail(str(e))
-    hw = detect(dev)
-    flops, nbytes, dt = roofline.count(prob)
-    floor, bound = roofline.floor_ms(flops, nbytes, dt, hw.peak_tflops, hw.mem_bandwidth_gbs)
     try:
         s = P.ProfileSession(spec.path, dev, rep_ms)
-        base = s.baselines()
-        cand = s.time_candidate(str(pathlib.Path(candidate).resolve())) if candidate else None
-        s.close()
+        try:
+            base = s.baselines()
+            cand = s.time_candidate(str(pathlib.Path(candidate).resolve())) if candidate else None
+        finally:
+            s.close()
     except P.ProfileError as e:
         _fail(str(e), 1)
-    tab = Table(title=f"{spec.name} on {hw.name}" + (" (interpreter timings)" if hw.interpreter else ""))
-    for c in ("what", "median ms", "p20 ms", "p80 ms", "vs eager", "roofline %"):
-        tab.add_column(c)
+    hw = detect(dev)  # after the session: its process measured and cached this GPU's peaks
+    cnt = roofline.count(prob)
+    fl = roofline.floor(cnt, hw.peak_tflops, hw.mem_bandwidth_gbs)
+    interp = hw.interpreter
     eager = base["eager"]["median_ms"]
+    comp = base.get("compile") or {}
     rows = [("eager", base["eager"])]
-    if "compile" in base and "median_ms" in base["compile"]:
-        rows.append((f"torch.compile (compile {base['compile'].get('compile_s')} s)", base["compile"]))
-    elif "compile" in base:
-        out.print(base["compile"].get("error", ""))
+    if "median_ms" in comp:
+        rows.append(("torch.compile", comp))
     if cand:
         rows.append(("candidate", cand))
+    result = {"problem": spec.name, "device": dev, "hardware": hw.name, "interpreter": interp,
+              "peaks_source": hw.peaks_source, "flops": cnt.flops, "flops_counted": cnt.counted_flops,
+              "flops_estimated": cnt.estimated_flops, "flops_by_peak": cnt.flops_by_peak,
+              "bytes": cnt.nbytes, "floor_ms": fl.ms, "compute_ms": fl.compute_ms,
+              "memory_ms": fl.memory_ms, "bound": fl.bound, "compile_s": comp.get("compile_s"),
+              "compile_error": comp.get("error"), "timings": {}}
     for name, r in rows:
-        sp = "-" if hw.interpreter else f"{eager / r['median_ms']:.2f}x"
-        rf = "-" if floor is None or hw.interpreter else f"{100 * floor / r['median_ms']:.1f}"
-        tab.add_row(name, f"{r['median_ms']:.4f}", f"{r['p20_ms']:.4f}", f"{r['p80_ms']:.4f}", sp, rf)
+        entry = {k: r.get(k) for k in ("median_ms", "p20_ms", "p80_ms", "n", "wall_ms", "lock_wait_s", "flags")}
+        if not interp:
+            entry["speedup_eager"] = eager / r["median_ms"]
+            entry["speedup_compile"] = comp["median_ms"] / r["median_ms"] if "median_ms" in comp else None
+            entry["roofline_pct"] = roofline.percent(fl.ms, r["median_ms"])
+        result["timings"][name.replace("torch.compile", "compile")] = entry
+    if as_json:
+        print(json.dumps(result, indent=2))
+        return
+    title = f"{spec.name} on {hw.name}"
+    if interp:
+        title += " - CPU: interpreter/CPU timings, not GPU timings; no speedup claimed"
+    tab = Table(title=title)
+    for c in ("what", "median ms", "p20 ms", "p80 ms", "reps", "vs eager", "vs compile", "roofline %"):
+        tab.add_column(c)
+    fmt = lambda v, f="{:.4f}": "-" if v is None else f.format(v)  # noqa: E731
+    for name, r in rows:
+        e = result["timings"][name.replace("torch.compile", "compile")]
+        label = name + (f" (compile {comp.get('compile_s')} s, not timed)" if name == "torch.compile" else "")
+        tab.add_row(label, fmt(r["median_ms"]), fmt(r.get("p20_ms")), fmt(r.get("p80_ms")),
+                    str(r.get("n", "-")), fmt(e.get("speedup_eager"), "{:.2f}x"),
+                    fmt(e.get("speedup_compile"), "{:.2f}x"), fmt(e.get("roofline_pct"), "{:.1f}"))
     out.print(tab)
-    out.print(f"FLOPs {flops:.3g}, compulsory bytes {nbytes:.3g}, floor "
-              f"{'-' if floor is None else f'{floor:.4f} ms'} ({bound}-bound)")
+    if comp.get("error"):
+        out.print(f"torch.compile: {comp['error']}", highlight=False)
+    elif interp:
+        out.print("torch.compile: not timed on the CPU", highlight=False)
+    for name, r in rows:
+        for f in r.get("flags") or []:
+            out.print(f"flag ({name}): {f}", highlight=False)
+    out.print(f"FLOPs {cnt.flops:.3g} ({cnt.counted_flops:.3g} counted by flop_counter, "
+              f"{cnt.estimated_flops:.3g} estimated), compulsory bytes {cnt.nbytes:.3g}", highlight=False)
+    out.print(f"roofline floor {fmt(fl.ms)} ms = max(compute {fmt(fl.compute_ms)} ms, memory "
+              f"{fmt(fl.memory_ms)} ms): {fl.bound}-bound; peaks: {hw.peaks_source}", highlight=False)
 
 
 @app.command()
@@ -369,10 +406,17 @@ def bench(folder: pathlib.Path, out_dir: pathlib.Path = typer.Option(pathlib.Pat
           device: str = DeviceOpt, filter_: Optional[str] = typer.Option(None, "--filter", help="glob on relative paths"),
           list_file: Optional[pathlib.Path] = typer.Option(None, "--list", help="file of relative paths"),
           resume: bool = typer.Option(False, "--resume", help="skip problems already in results.jsonl"),
+          jobs: int = typer.Option(1, "--jobs", "-j", min=1,
+                                   help="problems at once (subprocesses); timings never overlap"),
+          problem_timeout: float = typer.Option(900.0, "--problem-timeout",
+                                                help="wall-clock limit of one problem, seconds"),
+          verify_lock: bool = typer.Option(False, "--verify-lock",
+                                           help="verification holds the GPU lock shared (docs/bench.md)"),
           policy: Optional[str] = typer.Option(None, "--policy"),
           model: Optional[str] = typer.Option(None, "--model", help="LLM model name"),
           base_url: Optional[str] = typer.Option(None, "--base-url", help="OpenAI-compatible URL"),
-          trials: Optional[int] = typer.Option(None, "--trials")):
+          trials: Optional[int] = typer.Option(None, "--trials"),
+          rep_ms: Optional[float] = typer.Option(None, "--rep-ms", help="time spent repeating each timed function")):
     """Run every problem under FOLDER through the graph; results.jsonl, report.json/.md, plot."""
     from graph import bench as B
     from policies.llm_io import EXIT_LLM, LLMError
@@ -382,14 +426,17 @@ def bench(folder: pathlib.Path, out_dir: pathlib.Path = typer.Option(pathlib.Pat
         problems = B.select(folder, filter_, list_file)
     except B.BenchError as e:
         _fail(str(e))
-    settings = _settings(device=dev, policy=policy, trials=trials, llm_model=model, llm_base_url=base_url)
+    settings = _settings(device=dev, policy=policy, trials=trials, llm_model=model, llm_base_url=base_url,
+                         timing_rep_ms=rep_ms)
     try:
-        rep = B.run_bench(problems, folder, out_dir, settings, resume, console=out)
+        rep = B.run_bench(problems, folder, out_dir, settings, resume, console=out, jobs=jobs,
+                          problem_timeout_s=problem_timeout, verify_lock=verify_lock)
     except LLMError as e:
         _fail(f"{e}\nbench stopped; the problems done so far are in {out_dir / 'results.jsonl'}: "
               "continue with egg bench ... --resume", EXIT_LLM)
     out.print(B.summary_table(rep))
-    out.print(f"wrote {out_dir / 'results.jsonl'}, {out_dir / 'report.json'}, {out_dir / 'report.md'}")
+    out.print(f"wrote {out_dir / 'results.jsonl'}, {out_dir / 'report.json'}, {out_dir / 'report.md'}, "
+              f"{out_dir / 'bench.png'}")
 
 
 def main() -> None:

@@ -2,7 +2,9 @@
 
 The process times eager and torch.compile once (compile time reported apart from run time) and
 then every candidate it is asked about, all on the same inputs in that one process, so every
-timing record's speedups compare numbers measured side by side.
+timing record's speedups compare numbers measured side by side. On a GPU it measures the
+machine's peaks at start-up when none are cached (harness.peaks), and every timing section holds
+the machine-wide GPU lock (harness.gpulock).
 """
 from __future__ import annotations
 
@@ -26,7 +28,13 @@ class ProfileSession:
         req = {"problem": str(problem_path), "device": device, "rep_ms": rep_ms}
         self.proc, self.log = start_child("profile", req, log_dir, stdin=subprocess.PIPE)
         self.baseline: dict | None = None
-        self._read(timeout_s)  # {"ready": true}
+        #: {"ready": true, "gpu": name, "peaks": measured peaks (harness.peaks) on a GPU}
+        self.ready = self._read(timeout_s)
+
+    @property
+    def peaks(self) -> dict | None:
+        """This machine's measured peaks (cached per GPU model), None on the CPU or on failure."""
+        return self.ready.get("peaks")
 
     def _read(self, timeout: float) -> dict:
         sel = selectors.DefaultSelector()

@@ -1,61 +1,269 @@
-"""Roofline floor of a problem: max(FLOPs / peak rate, compulsory bytes / bandwidth).
+"""Roofline floor of a problem: max(compute time at peak rates, compulsory bytes / bandwidth).
 
-FLOPs come from ``torch.utils.flop_counter`` run on meta tensors (matmuls, convolutions,
-attention). Ops it does not count (elementwise, reductions, norms) are estimated as one FLOP per
-output element per op: negligible next to their bytes, which is what bounds them. Compulsory
-bytes are the inputs, the parameters and buffers, and the outputs, each once.
+One forward call runs on meta tensors (no data, no device) under ``torch.utils.flop_counter``
+and an op census of our own:
+- FLOPs of the ops flop_counter counts (matmuls, convolutions, attention) are taken from it,
+  each charged to the peak rate its dtype runs at in eager PyTorch: fp32 matmuls at the fp32
+  (non-tensor-core) rate, since PyTorch leaves TF32 off for matmuls and the precision contract
+  forbids it; fp32 *convolutions* at the TF32 rate, since cuDNN uses TF32 by default
+  (``torch.backends.cudnn.allow_tf32``), so eager itself runs them there; fp16/bf16/fp64 at
+  their own rates.
+- FLOPs of every other op are estimated by the rules below (docs/roofline.md) and charged to
+  the fp32 CUDA-core rate. They are small next to the bytes such ops move: they rarely decide
+  the floor.
+Compulsory bytes are the inputs, the parameters and buffers, and the outputs, each once.
+
+The floor is ``max(sum_k flops_k / peak_k, bytes / bandwidth)``; the percent of roofline of a
+timing is ``100 * floor / time``.
 """
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass, field
+
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from harness.problem import LoadedProblem, meta_inputs, meta_model
+
+PEAK_KEY = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float64": "fp64"}
+
+#: ops flop_counter counts that run on cuDNN convolution kernels (TF32 for fp32 by default)
+CONV_OPS = {"convolution", "_convolution", "cudnn_convolution", "cudnn_convolution_transpose",
+            "convolution_overrideable", "_slow_conv2d_forward", "convolution_backward"}
+
+# ---- estimate rules for ops flop_counter does not count (FLOPs per element) -----------------
+#: data movement only: 0 FLOPs (their cost is bytes)
+MOVE_OPS = {"clone", "copy", "_to_copy", "contiguous", "cat", "stack", "constant_pad_nd", "pad",
+            "repeat", "index", "index_select", "gather", "scatter", "flip", "roll", "embedding",
+            "slice_scatter", "select_scatter", "fill", "zero", "zeros_like", "ones_like",
+            "empty_like", "full_like", "lift_fresh", "lift_fresh_copy", "detach", "_unsafe_view",
+            "alias", "masked_fill", "index_put", "narrow_copy", "tril", "triu", "unfold"}
+#: transcendental and special-function unit work: 4 FLOPs per output element
+TRANSCENDENTAL_OPS = {"exp", "exp2", "expm1", "log", "log1p", "log2", "log10", "tanh", "sigmoid",
+                      "erf", "erfc", "erfinv", "gelu", "silu", "mish", "softplus", "elu", "selu",
+                      "celu", "sin", "cos", "tan", "asin", "acos", "atan", "atan2", "sinh", "cosh",
+                      "pow", "sqrt", "rsqrt", "logit", "log_sigmoid_forward", "softshrink",
+                      "_log_softmax_backward_data"}
+#: reductions: FLOPs per element of the (largest) input
+REDUCTION_OPS = {"sum": 1, "mean": 1, "amax": 1, "amin": 1, "max": 1, "min": 1, "argmax": 1,
+                 "argmin": 1, "prod": 1, "any": 1, "all": 1, "cumsum": 1, "cumprod": 1,
+                 "nansum": 1, "count_nonzero": 1, "sort": 1, "topk": 1, "median": 1,
+                 "linalg_vector_norm": 2, "norm": 2, "var": 3, "std": 3, "var_mean": 3,
+                 "std_mean": 3, "logsumexp": 4, "logcumsumexp": 4, "mse_loss": 3,
+                 "l1_loss": 2, "smooth_l1_loss": 4, "huber_loss": 4, "nll_loss_forward": 1,
+                 "kl_div": 4, "binary_cross_entropy": 6, "_cdist_forward": 3}
+#: normalizations: FLOPs per input element (mean and variance: 3, normalize: 2, affine: 2, ...)
+NORM_OPS = {"native_layer_norm": 8, "native_group_norm": 8, "native_batch_norm": 8,
+            "_native_batch_norm_legit": 8, "_native_batch_norm_legit_no_training": 5,
+            "_native_batch_norm_legit_functional": 8, "_fused_rms_norm": 5, "rms_norm": 5}
+#: softmax family: max, subtract, exp (4), sum, divide: 8 per element
+SOFTMAX_OPS = {"_softmax": 8, "_log_softmax": 8, "_safe_softmax": 8, "softmax": 8,
+               "log_softmax": 8}
+#: pooling: one FLOP per window element per output element
+POOL_OPS = {"max_pool1d", "max_pool2d", "max_pool3d", "max_pool2d_with_indices",
+            "max_pool3d_with_indices", "avg_pool1d", "avg_pool2d", "avg_pool3d",
+            "max_pool1d_with_indices"}
+ADAPTIVE_POOL_OPS = {"_adaptive_avg_pool2d", "_adaptive_avg_pool3d", "adaptive_max_pool2d",
+                     "adaptive_max_pool3d", "adaptive_avg_pool1d", "adaptive_max_pool1d"}
+#: anything else that produces tensors (add, mul, relu, where, clamp, ...): 1 per output element
+
+
+@dataclass
+class Count:
+    """FLOPs and compulsory bytes of one forward call (iterates as (flops, bytes, dtype))."""
+
+    flops: float = 0.0
+    nbytes: float = 0.0
+    dtype: str = "float32"
+    flops_by_peak: dict[str, float] = field(default_factory=dict)
+    counted_flops: float = 0.0  # by torch.utils.flop_counter
+    estimated_flops: float = 0.0  # by the rules above
+    exact: bool = True  # False when the forward could not run on meta tensors
+    note: str = ""
+    ops: dict[str, float] = field(default_factory=dict)  # FLOPs per op name, for reports
+
+    def __iter__(self):  # backward compatible: flops, nbytes, dtype = count(...)
+        return iter((self.flops, self.nbytes, self.dtype))
+
+
+@dataclass
+class Floor:
+    ms: float | None
+    bound: str  # memory | compute | unknown
+    compute_ms: float | None = None
+    memory_ms: float | None = None
+
+
+def _numel(t) -> int:
+    return t.numel() if isinstance(t, torch.Tensor) else 0
+
+
+def _tensors(tree) -> list[torch.Tensor]:
+    flat, _ = torch.utils._pytree.tree_flatten(tree)
+    return [x for x in flat if isinstance(x, torch.Tensor)]
+
+
+def _window(arg, dims: int) -> int:
+    if isinstance(arg, int):
+        return arg ** dims
+    if isinstance(arg, (list, tuple)) and arg:
+        vals = list(arg) + [arg[-1]] * max(0, dims - len(arg))
+        return math.prod(int(v) for v in vals[:dims])
+    return 1
+
+
+def estimate_flops(name: str, args: tuple, out) -> float:
+    """FLOPs of an op flop_counter does not count (the rules of docs/roofline.md)."""
+    base = name[:-1] if name.endswith("_") and not name.endswith("__") else name  # relu_ -> relu
+    ins = _tensors(args)
+    outs = _tensors(out)
+    n_in = max((t.numel() for t in ins), default=0)
+    n_out = sum(t.numel() for t in outs[:1])  # the first output (indices etc. are extra)
+    if base in MOVE_OPS or not outs:
+        return 0.0
+    if base in REDUCTION_OPS:
+        return float(REDUCTION_OPS[base] * n_in)
+    if base in NORM_OPS:
+        return float(NORM_OPS[base] * n_in)
+    if base in SOFTMAX_OPS:
+        return float(SOFTMAX_OPS[base] * n_in)
+    if base in POOL_OPS:
+        dims = 3 if "3d" in base else (1 if "1d" in base else 2)
+        return float(n_out * _window(args[1] if len(args) > 1 else 1, dims))
+    if base in ADAPTIVE_POOL_OPS:
+        return float(max(n_in, n_out))
+    if base in TRANSCENDENTAL_OPS:
+        return float(4 * n_out)
+    return float(n_out)
+
+
+def _peak_key(name: str, args: tuple) -> str:
+    dts = [t.dtype for t in _tensors(args) if t.dtype.is_floating_point]
+    dt = str(dts[0]).replace("torch.", "") if dts else "float32"
+    key = PEAK_KEY.get(dt, "fp32")
+    if key == "fp32":
+        if name in CONV_OPS and torch.backends.cudnn.allow_tf32:
+            return "tf32"
+        if name not in CONV_OPS and torch.backends.cuda.matmul.allow_tf32:
+            return "tf32"
+    return key
+
+
+class _Census(TorchDispatchMode):
+    """Entered inside FlopCounterMode: sees every op first, and attributes flop_counter's delta
+    to it (charged by dtype), or estimates the op's FLOPs when flop_counter counted none."""
+
+    def __init__(self, fc: FlopCounterMode, cnt: Count):
+        super().__init__()
+        self.fc, self.cnt = fc, cnt
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        before = self.fc.get_total_flops()
+        out = func(*args, **kwargs)
+        delta = float(self.fc.get_total_flops() - before)
+        name = func.overloadpacket.__name__
+        rets = func._schema.returns
+        is_view = bool(rets) and rets[0].alias_info is not None and not rets[0].alias_info.is_write
+        if delta > 0:
+            key = _peak_key(name, args)
+            self.cnt.counted_flops += delta
+        elif is_view or not _tensors(args):
+            return out  # views and factories: no work
+        else:
+            delta = estimate_flops(name, args, out)
+            key = "fp32"
+            self.cnt.estimated_flops += delta
+        if delta:
+            self.cnt.flops_by_peak[key] = self.cnt.flops_by_peak.get(key, 0.0) + delta
+            self.cnt.ops[name] = self.cnt.ops.get(name, 0.0) + delta
+        return out
+
+
+def _run_counted(model, inputs, cnt: Count):
+    with FlopCounterMode(display=False) as fc, torch.no_grad():
+        with _Census(fc, cnt):
+            out = model(*inputs)
+    return out
 
 
 def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
-def count(prob: LoadedProblem, gm=None) -> tuple[float, float, str]:
-    """(FLOPs, compulsory bytes, dominant floating dtype) of one forward call."""
+#: real CPU tensors are used when meta tensors fail, up to this many input bytes
+CPU_FALLBACK_BYTES = 64 * 1024 * 1024
+
+
+def count(prob: LoadedProblem, gm=None) -> Count:
+    """FLOPs and compulsory bytes of one forward call of the problem's Model."""
     init = prob.init_inputs()
     inputs = meta_inputs(prob)
     model = meta_model(prob, init)
-    flops = 0.0
-    outs = []
+    cnt = Count()
+    outs: list = []
     try:
-        with FlopCounterMode(display=False) as fc, torch.no_grad():
-            out = model(*inputs)
-        flops = float(fc.get_total_flops())
-        outs = list(out) if isinstance(out, (list, tuple)) else [out]
-    except Exception:  # noqa: BLE001 - an op without a meta kernel: bytes only
-        outs = []
-    if flops == 0 and gm is not None:  # no matmul/conv: 1 FLOP per output element per op
-        for n in gm.graph.nodes:
-            tm = n.meta.get("tensor_meta")
-            if n.op in ("call_function", "call_method", "call_module") and hasattr(tm, "shape"):
-                numel = 1
-                for s in tm.shape:
-                    numel *= s
-                flops += numel
-    tensors = [x for x in inputs if isinstance(x, torch.Tensor)]
-    tensors += list(model.parameters()) + list(model.buffers())
-    tensors += [o for o in outs if isinstance(o, torch.Tensor)]
-    nbytes = float(sum(_nbytes(t) for t in tensors))
+        outs = _tensors(_run_counted(model, inputs, cnt))
+    except Exception as e:  # noqa: BLE001 - an op without a meta kernel
+        why = f"meta run failed ({type(e).__name__})"
+        cnt = Count(exact=False, note=why)
+        in_bytes = sum(_nbytes(x) for x in inputs if isinstance(x, torch.Tensor))
+        if in_bytes <= CPU_FALLBACK_BYTES:  # small enough to run for real on the CPU
+            try:
+                torch.manual_seed(0)
+                real = Count(note=f"{why}: counted on CPU tensors")
+                outs = [o.to("meta") for o in
+                        _tensors(_run_counted(prob.Model(*init), prob.inputs(), real))]
+                cnt = real
+            except Exception:  # noqa: BLE001
+                outs = []
+        if not cnt.exact and gm is not None:  # fx graph: 1 FLOP per output element per op
+            for n in gm.graph.nodes:
+                tm = n.meta.get("tensor_meta")
+                if n.op in ("call_function", "call_method", "call_module") and hasattr(tm, "shape"):
+                    cnt.estimated_flops += float(math.prod(tm.shape))
+            cnt.flops_by_peak = {"fp32": cnt.estimated_flops} if cnt.estimated_flops else {}
+    cnt.flops = cnt.counted_flops + cnt.estimated_flops
+    seen: set[int] = set()
+    tensors = []
+    for t in [x for x in inputs if isinstance(x, torch.Tensor)] + list(model.parameters()) \
+            + list(model.buffers()) + outs:
+        if id(t) not in seen:
+            seen.add(id(t))
+            tensors.append(t)
+    cnt.nbytes = float(sum(_nbytes(t) for t in tensors))
     dtypes = [t.dtype for t in tensors if t.dtype.is_floating_point]
     dt = max(set(dtypes), key=dtypes.count) if dtypes else torch.float32
-    return flops, nbytes, str(dt).replace("torch.", "")
+    cnt.dtype = str(dt).replace("torch.", "")
+    return cnt
 
 
-PEAK_KEY = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float64": "fp64"}
+def floor(cnt: Count, peak_tflops: dict, bw_gbs: float) -> Floor:
+    """Roofline floor of a count on a machine (peak TFLOP/s per key, bandwidth GB/s)."""
+    if not bw_gbs or not peak_tflops:
+        return Floor(None, "unknown")
+    t_mem = cnt.nbytes / (bw_gbs * 1e9) * 1e3
+    t_cmp = 0.0
+    for key, f in cnt.flops_by_peak.items():
+        peak = peak_tflops.get(key) or peak_tflops.get("fp32")
+        if not peak:
+            return Floor(None, "unknown", None, t_mem)
+        t_cmp += f / (peak * 1e12) * 1e3
+    return Floor(max(t_mem, t_cmp), "memory" if t_mem >= t_cmp else "compute", t_cmp, t_mem)
 
 
 def floor_ms(flops: float, nbytes: float, dtype: str, peak_tflops: dict, bw_gbs: float) -> tuple[float | None, str]:
-    """Roofline floor in ms and the bound ('memory' / 'compute'), or (None, 'unknown')."""
-    peak = peak_tflops.get(PEAK_KEY.get(dtype, "fp32"))
-    if not bw_gbs or not peak:
-        return None, "unknown"
-    t_mem = nbytes / (bw_gbs * 1e9) * 1e3
-    t_cmp = flops / (peak * 1e12) * 1e3
-    return max(t_mem, t_cmp), ("memory" if t_mem >= t_cmp else "compute")
+    """Roofline floor in ms and the bound, with every FLOP at the dtype's rate (older API)."""
+    cnt = Count(flops=flops, nbytes=nbytes, dtype=dtype,
+                flops_by_peak={PEAK_KEY.get(dtype, "fp32"): flops} if flops else {})
+    f = floor(cnt, peak_tflops, bw_gbs)
+    return f.ms, f.bound
+
+
+def percent(floor_ms_: float | None, ms: float | None) -> float | None:
+    """Percent of roofline of a timing: 100 * floor / time."""
+    if not floor_ms_ or not ms:
+        return None
+    return 100.0 * floor_ms_ / ms

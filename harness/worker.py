@@ -370,8 +370,16 @@ def _finite(x: float) -> float:
 
 
 # ----------------------------------------------------------------------------- profiling server
+#: candidate models kept built in the profiling process (the tiler times many variants; older
+#: ones are freed so that problems with large parameters still fit)
+PROFILE_CACHE = 2
+
+
 def profile_server(req: dict, chan, stdin) -> None:
     """Times eager, torch.compile and candidates on the same inputs, in this one process."""
+    from collections import OrderedDict
+
+    from harness import gpulock
     from harness.timing import bench
 
     dev = torch.device(req["device"])
@@ -379,15 +387,26 @@ def profile_server(req: dict, chan, stdin) -> None:
     prob = load_problem(req["problem"])
     init = prob.init_inputs()
     seed = secrets.randbits(62)
-    model = _build(prob, init, seed, dev)
-    inputs = _seeded_inputs(prob, secrets.randbits(62), dev)
-    cache: dict = {}
+    ready: dict = {"ready": True}
+    if dev.type == "cuda":
+        ready["gpu"] = torch.cuda.get_device_properties(dev).name
+        try:  # measured once per machine and cached (harness.peaks); seconds the first time
+            from harness import peaks
+
+            ready["peaks"] = peaks.ensure()
+        except Exception as e:  # noqa: BLE001 - the roofline falls back to the profile's numbers
+            ready["peaks_error"] = f"{type(e).__name__}: {e}"[:300]
+    with gpulock.hold("shared", dev.type == "cuda"):
+        model = _build(prob, init, seed, dev)
+        inputs = _seeded_inputs(prob, secrets.randbits(62), dev)
+        _sync(dev)
+    cache: OrderedDict = OrderedDict()
 
     def reply(obj: dict) -> None:
         chan.write(json.dumps(obj) + "\n")
         chan.flush()
 
-    reply({"ready": True})
+    reply(ready)
     for line in stdin:
         if not line.strip():
             continue
@@ -401,11 +420,16 @@ def profile_server(req: dict, chan, stdin) -> None:
                     out["compile"] = _time_compiled(model, inputs, dev, rep_ms)
                 reply({"ok": True, **out})
             elif r["op"] == "time":
-                m = cache.get(r["path"])
+                m = cache.pop(r["path"], None)
                 if m is None:
+                    while len(cache) >= PROFILE_CACHE:
+                        cache.popitem(last=False)
+                        if dev.type == "cuda":
+                            torch.cuda.empty_cache()
                     mod = load_module(r["path"], "candidate")
-                    m = _build(None, init, seed, dev, cls=mod.ModelNew)
-                    cache[r["path"]] = m
+                    with gpulock.hold("shared", dev.type == "cuda"):
+                        m = _build(None, init, seed, dev, cls=mod.ModelNew)
+                cache[r["path"]] = m
                 reply({"ok": True, "candidate": bench(lambda: m(*inputs), dev, rep_ms)})
             else:
                 reply({"ok": False, "error": f"unknown op {r['op']}"})
@@ -414,15 +438,18 @@ def profile_server(req: dict, chan, stdin) -> None:
 
 
 def _time_compiled(model, inputs, dev, rep_ms) -> dict:
+    """torch.compile (default mode): the first call (compilation and Inductor's autotuning) is
+    timed apart as compile_s, never inside the timing; then timed like eager. The compilation
+    holds no GPU lock: it is CPU work but for short autotuning bursts (docs/bench.md)."""
     from harness.timing import bench
 
     try:
         compiled = torch.compile(model)
-        t0 = time.perf_counter()
         with torch.no_grad():
+            t0 = time.perf_counter()
             compiled(*inputs)
-        _sync(dev)
-        compile_s = time.perf_counter() - t0
+            _sync(dev)
+            compile_s = time.perf_counter() - t0
         res = bench(lambda: compiled(*inputs), dev, rep_ms)
         res["compile_s"] = round(compile_s, 2)
         return res

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from langgraph.runtime import Runtime
 
+from harness import peaks as PK
 from harness import profile as P
+from harness import roofline
 from harness.timing import noise_verdict
 from nodes.common import candidate_path, mark_attempt, run_dir, settings_of
 from state import EggState, Settings, TimingRecord
@@ -26,8 +28,7 @@ def _record(cid: str, t: dict, base: dict, floor_ms: float | None, interpreter: 
         return rec
     rec.speedup_eager = rec.eager_ms / ms if rec.eager_ms and ms else None
     rec.speedup_compile = rec.compile_ms / ms if rec.compile_ms and ms else None
-    if floor_ms:
-        rec.roofline_pct = 100.0 * floor_ms / ms
+    rec.roofline_pct = roofline.percent(floor_ms, ms)
     if rec.speedup_eager and rec.speedup_eager > 10:
         rec.flags.append("speedup over 10x: flagged for a second look")
     return rec
@@ -38,6 +39,20 @@ def _as_bench(rec: TimingRecord) -> dict:
             "p80_ms": rec.p80_ms or rec.candidate_ms}
 
 
+def _floor(state: EggState, sess: P.ProfileSession) -> float | None:
+    """The planner's roofline floor; recomputed with this machine's measured peaks when the
+    profiling process measured them after the planner ran (the first run on a machine)."""
+    a, hw = state.analysis, state.hardware
+    if a is None:
+        return None
+    measured = sess.peaks
+    if not measured or hw.peaks_source.startswith("measured here") or (not a.flops_by_peak and not a.bytes):
+        return a.floor_ms
+    pk, bw = PK.as_profile(measured)
+    cnt = roofline.Count(flops=a.flops, nbytes=a.bytes, flops_by_peak=dict(a.flops_by_peak))
+    return roofline.floor(cnt, {**hw.peak_tflops, **pk}, bw or hw.mem_bandwidth_gbs).ms
+
+
 def profiler(state: EggState, runtime: Runtime[Settings]) -> dict:
     settings = settings_of(runtime)
     cand = state.candidate(state.current_id)
@@ -46,12 +61,12 @@ def profiler(state: EggState, runtime: Runtime[Settings]) -> dict:
     dev = state.hardware.device
     interp = state.hardware.interpreter
     key = P.session_key(settings.run_dir, state.problem.sha256, dev)
-    floor = state.analysis.floor_ms if state.analysis else None
     out: dict = {"timings": []}
     try:
         sess = P.session(key, state.problem.path, dev, settings.timing_rep_ms,
                          settings.profile_timeout_s, str(run_dir(settings, state) / "logs"))
         base = sess.baselines()
+        floor = _floor(state, sess)
         t = sess.time_candidate(str(candidate_path(settings, state, cand)))
     except P.ProfileError as e:
         rec = TimingRecord(candidate_id=cand.id, device=dev, interpreter=interp, verdict="failed",

@@ -78,10 +78,13 @@ class ExpertPolicy:
         prob = load_problem(state.problem.path)
         fplan, rewrites, err = pipeline.analyze(prob)
         hw = state.hardware
-        flops, nbytes, dt = roofline.count(prob, fplan.gm if fplan else None)
-        floor, bound = roofline.floor_ms(flops, nbytes, dt, hw.peak_tflops, hw.mem_bandwidth_gbs)
-        analysis = Analysis(capture="fx" if fplan else "none", capture_error=err, flops=flops,
-                            bytes=nbytes, floor_ms=floor, bound=bound)
+        cnt = roofline.count(prob, fplan.gm if fplan else None)
+        fl = roofline.floor(cnt, hw.peak_tflops, hw.mem_bandwidth_gbs)
+        floor, bound = fl.ms, fl.bound
+        analysis = Analysis(capture="fx" if fplan else "none", capture_error=err, flops=cnt.flops,
+                            bytes=cnt.nbytes, floor_ms=floor, bound=bound, compute_ms=fl.compute_ms,
+                            memory_ms=fl.memory_ms, flops_by_peak=cnt.flops_by_peak,
+                            flops_estimated=cnt.estimated_flops)
         plan = Plan(rewrites=rewrites)
         if fplan is None:
             plan.notes.append(f"no op graph ({err}): the reference is kept")

@@ -56,6 +56,7 @@ class HardwareInfo(BaseModel):
     smem_per_block: int = 0
     l2_bytes: int = 0
     arch: str = ""
+    peaks_source: str = Field("", description="where peak_tflops/mem_bandwidth_gbs come from")
 
 
 class OpRecord(BaseModel):
@@ -80,6 +81,11 @@ class Analysis(BaseModel):
     bytes: float = 0.0
     floor_ms: float | None = None
     bound: Literal["memory", "compute", "unknown"] = "unknown"
+    compute_ms: float | None = Field(None, description="FLOPs at their peak rates (harness.roofline)")
+    memory_ms: float | None = Field(None, description="compulsory bytes at the bandwidth")
+    flops_by_peak: dict[str, float] = Field(
+        default_factory=dict, description="FLOPs per peak-rate key (fp32, tf32, bf16, ...)")
+    flops_estimated: float = Field(0.0, description="part of flops estimated, not counted")
 
 
 class FusionGroup(BaseModel):

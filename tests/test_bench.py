@@ -1,0 +1,203 @@
+"""egg bench on the CPU: tiny problems in subprocesses, results.jsonl/report.json fields,
+--resume, a broken problem, a hang and a crash recorded as failures without stopping the suite;
+aggregation (fast_p, means) on injected GPU records; egg profile on the CPU."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from graph import bench as B
+from state import Settings
+
+HEADER = "import torch\nimport torch.nn as nn\n\n\n"
+ADD_RELU = HEADER + """class Model(nn.Module):
+    def forward(self, x, y):
+        return torch.relu(x + y) * 0.5
+
+
+def get_inputs():
+    return [torch.randn(8, 33), torch.randn(8, 33)]
+
+
+def get_init_inputs():
+    return []
+"""
+LIB_ONLY = HEADER + """class Model(nn.Module):
+    def forward(self, a, b):
+        return a @ b
+
+
+def get_inputs():
+    return [torch.randn(16, 24), torch.randn(24, 8)]
+
+
+def get_init_inputs():
+    return []
+"""
+BROKEN = HEADER + """class Model(nn.Module):
+    def forward(self, x):
+        return x
+
+
+def get_init_inputs():
+    return []
+"""
+HANG = "import time\n" + HEADER + """class Model(nn.Module):
+    def forward(self, x):
+        return x * 2
+
+
+def get_inputs():
+    time.sleep(300)
+    return [torch.randn(4)]
+
+
+def get_init_inputs():
+    return []
+"""
+CRASH = "import os, signal\n" + HEADER + """class Model(nn.Module):
+    def forward(self, x):
+        return x * 2
+
+
+def get_inputs():
+    os.kill(os.getpid(), signal.SIGKILL)
+    return [torch.randn(4)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+RECORD_FIELDS = {"name", "verified", "correct", "fallback", "kernels", "eager_ms", "compile_ms",
+                 "egg_ms", "speedup_eager", "speedup_compile", "roofline_pct", "wall_s", "failure",
+                 "interpreter", "device"}
+REPORT_FIELDS = {"problems", "correct", "fast_p", "fast_p_compile", "geomean_speedup_eager",
+                 "mean_speedup_eager", "geomean_speedup_compile", "mean_speedup_compile",
+                 "median_roofline_pct", "median_wall_s", "failed", "verified_kernels"}
+
+
+def _folder(tmp_path, files: dict):
+    root = tmp_path / "problems"
+    for rel, src in files.items():
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(src)
+    return root
+
+
+def _results(out):
+    return [json.loads(ln) for ln in (out / "results.jsonl").read_text().splitlines() if ln.strip()]
+
+
+def test_bench_cpu_suite_resume_and_broken_problem(tmp_path):
+    folder = _folder(tmp_path, {"add_relu.py": ADD_RELU, "sub/lib_only.py": LIB_ONLY, "broken.py": BROKEN})
+    out = tmp_path / "out"
+    settings = Settings(device="cpu", trials=1)
+    probs = B.select(folder, None, None)
+    rep = B.run_bench(probs, folder, out, settings, resume=False, jobs=2, problem_timeout_s=300)
+    recs = {r["name"]: r for r in _results(out)}
+    assert set(recs) == {"add_relu.py", "sub/lib_only.py", "broken.py"}
+    for r in recs.values():
+        assert RECORD_FIELDS <= set(r), RECORD_FIELDS - set(r)
+        assert r["interpreter"] is True and r["speedup_eager"] is None  # CPU: nothing claimed
+    ok, lib, bad = recs["add_relu.py"], recs["sub/lib_only.py"], recs["broken.py"]
+    assert ok["verified"] and ok["correct"] and not ok["fallback"] and ok["kernels"]
+    assert ok["eager_ms"] is not None and ok["egg_ms"] is not None  # labelled CPU/interpreter times
+    assert lib["correct"] and lib["fallback"] and not lib["verified"] and lib["failure"]
+    assert not bad["correct"] and "get_inputs" in bad["failure"]
+    saved = json.loads((out / "report.json").read_text())
+    assert REPORT_FIELDS <= set(saved) and saved == rep
+    assert rep["problems"] == 3 and rep["correct"] == 2 and rep["failed"] == 1
+    assert rep["interpreter"] and "not GPU timings" in rep["note"]
+    assert set(rep["fast_p"]) == {"0.0", "1.0", "1.5", "2.0"}
+    assert rep["fast_p"]["0.0"] == pytest.approx(2 / 3) and rep["fast_p"]["1.0"] is None
+    md = (out / "report.md").read_text()
+    assert "add_relu.py" in md and "not GPU timings" in md
+    assert (out / "runs" / "add_relu" / "report.json").exists()
+
+    # --resume: nothing left to do, nothing re-run
+    before = (out / "results.jsonl").read_text()
+    B.run_bench(probs, folder, out, settings, resume=True, jobs=2, problem_timeout_s=300)
+    assert (out / "results.jsonl").read_text() == before
+    # drop one record: --resume runs that problem alone
+    lines = [ln for ln in before.splitlines() if '"broken.py"' not in ln]
+    (out / "results.jsonl").write_text("\n".join(lines) + "\n")
+    rep = B.run_bench(probs, folder, out, settings, resume=True, jobs=2, problem_timeout_s=300)
+    names = [r["name"] for r in _results(out)]
+    assert sorted(names) == sorted(recs) and names[-1] == "broken.py"
+    assert rep["problems"] == 3 and rep["resumed"]
+
+
+def test_bench_hang_and_crash_are_failures(tmp_path):
+    folder = _folder(tmp_path, {"hang.py": HANG, "crash.py": CRASH, "sub/ok.py": BROKEN})
+    out = tmp_path / "out"
+    rep = B.run_bench(B.select(folder, "*.py", None), folder, out, Settings(device="cpu", trials=1),
+                      resume=False, jobs=3, problem_timeout_s=20)
+    recs = {r["name"]: r for r in _results(out)}
+    assert recs["hang.py"]["failure"].startswith("timeout") and not recs["hang.py"]["correct"]
+    assert recs["crash.py"]["failure"].startswith("crash") and "SIGKILL" in recs["crash.py"]["failure"]
+    assert "get_inputs" in recs["sub/ok.py"]["failure"]  # the suite went on
+    assert rep["timeouts"] == 1 and rep["failed"] == 3
+    leftovers = subprocess.run(["pgrep", "-f", "graph.bench one"], capture_output=True, text=True)
+    assert str(out) not in leftovers.stdout
+
+
+def _rec(name, correct=True, fallback=False, se=None, sc=None, roof=None, wall=10.0, eager=1.0, comp=None):
+    return {"name": name, "correct": correct, "verified": correct and not fallback, "fallback": fallback,
+            "interpreter": False, "speedup_eager": se, "speedup_compile": sc, "roofline_pct": roof,
+            "wall_s": wall, "eager_ms": eager, "compile_ms": comp, "egg_ms": eager / (se or 1.0),
+            "kernels": [], "failure": None}
+
+
+def test_aggregate_gpu_records():
+    recs = [_rec("a", se=2.5, sc=1.2, roof=40.0, comp=0.5), _rec("b", se=1.2, sc=0.8, roof=20.0, wall=30.0),
+            _rec("c", fallback=True, se=1.0, sc=0.5, roof=10.0, comp=2.0),
+            _rec("d", correct=False, wall=50.0)]
+    rep = B.aggregate(recs)
+    assert rep["problems"] == 4 and rep["correct"] == 3 and rep["failed"] == 1 and rep["fallbacks"] == 1
+    assert rep["fast_p"] == {"0.0": 0.75, "1.0": 0.5, "1.5": 0.25, "2.0": 0.25}
+    assert rep["fast_p_compile"] == {"0.0": 0.75, "1.0": 0.25, "1.5": 0.0, "2.0": 0.0}
+    assert rep["geomean_speedup_eager"] == pytest.approx((2.5 * 1.2 * 1.0) ** (1 / 3))
+    assert rep["mean_speedup_eager"] == pytest.approx((2.5 + 1.2 + 1.0) / 3)
+    assert rep["geomean_speedup_compile"] == pytest.approx((1.2 * 0.8 * 0.5) ** (1 / 3))
+    assert rep["geomean_compile_vs_eager"] == pytest.approx((2.0 * 0.5) ** 0.5)
+    assert rep["median_roofline_pct"] == 20.0 and rep["median_wall_s"] == 20.0
+    assert not rep["interpreter"] and "note" not in rep
+    md = B.report_markdown(rep, recs)
+    assert "fast_1.0=0.50" in md and "| a |" in md
+
+
+def test_select_filter_and_list(tmp_path):
+    folder = _folder(tmp_path, {"l1/a.py": BROKEN, "l1/b.py": BROKEN, "l2/c.py": BROKEN, "l2/_skip.py": BROKEN})
+    assert [p.name for p in B.select(folder, None, None)] == ["a.py", "b.py", "c.py"]
+    assert [p.name for p in B.select(folder, "l2/*", None)] == ["c.py"]
+    lst = tmp_path / "list.txt"
+    lst.write_text("# a comment\nl2/c.py\nl1/a.py\n")
+    assert [p.name for p in B.select(folder, None, lst)] == ["c.py", "a.py"]
+    lst.write_text("l3/x.py\n")
+    with pytest.raises(B.BenchError):
+        B.select(folder, None, lst)
+
+
+def test_egg_profile_on_cpu_is_labelled(tmp_path):
+    from typer.testing import CliRunner
+
+    from graph.cli import app
+
+    prob = tmp_path / "p.py"
+    prob.write_text(ADD_RELU)
+    cand = tmp_path / "cand.py"
+    cand.write_text(ADD_RELU + "\n\nclass ModelNew(Model):\n    pass\n")
+    r = CliRunner().invoke(app, ["profile", str(prob), str(cand), "--device", "cpu", "--json"])
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.stdout)
+    assert res["interpreter"] and res["bound"] == "unknown" and res["floor_ms"] is None
+    assert set(res["timings"]) == {"eager", "candidate"}  # torch.compile is not timed on the CPU
+    assert all("speedup_eager" not in t for t in res["timings"].values())
+    assert res["flops_estimated"] == 3 * 8 * 33 and res["bytes"] == 4 * 3 * 8 * 33
+    r = CliRunner().invoke(app, ["profile", str(prob), "--device", "cpu"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0 and "not GPU timings" in r.stdout
+    r = CliRunner().invoke(app, ["profile", str(tmp_path / "missing.py"), "--device", "cpu"])
+    assert r.exit_code == 2

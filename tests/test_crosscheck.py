@@ -1,0 +1,42 @@
+"""scripts/crosscheck_baselines.py: the comparison table (the GPU timing itself is replaced by
+canned child results here; the lead runs the real thing on the H200)."""
+import importlib.util
+import json
+import pathlib
+import subprocess
+from types import SimpleNamespace
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("crosscheck", ROOT / "scripts" / "crosscheck_baselines.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_crosscheck_table(tmp_path, monkeypatch):
+    xc = _load()
+    res = tmp_path / "results.jsonl"
+    res.write_text("\n".join(json.dumps(r) for r in [
+        {"name": "l1/a.py", "eager_ms": 1.05, "compile_ms": 0.50},
+        {"name": "l1/b.py", "eager_ms": 2.00, "compile_ms": None},
+        {"name": "l1/cpu.py", "eager_ms": None},  # no GPU timing: skipped
+    ]) + "\n")
+    canned = {"l1/a.py": {"gpu": "NVIDIA H200", "eager": {"median_ms": 1.0}, "compile": {"median_ms": 0.5}},
+              "l1/b.py": {"gpu": "NVIDIA H200", "eager": {"median_ms": 2.5}, "compile_error": "boom"}}
+
+    def fake_run(cmd, **kw):
+        name = str(pathlib.Path(cmd[-1]).relative_to(tmp_path / "probs"))
+        return SimpleNamespace(returncode=0, stdout=json.dumps(canned[name]) + "\n", stderr="")
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    out = tmp_path / "x.md"
+    assert xc.main([str(res), str(tmp_path / "probs"), "--out", str(out)]) == 0
+    md = out.read_text()
+    assert "NVIDIA H200" in md
+    assert "| l1/a.py | 1.050 | 1.000 | +5.0 | 0.500 | 0.500 | +0.0 |" in md
+    assert "| l1/b.py | 2.000 | 2.500 | -20.0 | - | - | - | boom |" in md
+    assert "cpu.py" not in md
+    assert "over 10%: eager 1" in md  # +5% is not over; -20% is

@@ -1,0 +1,93 @@
+"""nodes/profiler.py with a fake profiling session: timing records, verdicts, speedups,
+roofline percent, labelled CPU timings, failures."""
+import importlib
+from types import SimpleNamespace
+
+import pytest
+
+from harness.profile import ProfileError
+from state import (Analysis, Candidate, EggState, HardwareInfo, ProblemSpec, Settings)
+
+prof_mod = importlib.import_module("nodes.profiler")
+
+
+class FakeSession:
+    def __init__(self, eager=1.0, cand=0.5, spread=0.0, peaks=None, fail=False):
+        self.eager, self.cand, self.spread, self.peaks, self.fail = eager, cand, spread, peaks, fail
+
+    def _t(self, m):
+        return {"median_ms": m, "p20_ms": m * (1 - self.spread), "p80_ms": m * (1 + self.spread),
+                "n": 100, "flags": []}
+
+    def baselines(self):
+        return {"eager": self._t(self.eager), "compile": {**self._t(self.eager / 2), "compile_s": 12.5}}
+
+    def time_candidate(self, path):
+        if self.fail:
+            raise ProfileError("profiling process timed out")
+        return self._t(self.cand)
+
+
+def make_state(tmp_path, interpreter=False, peaks_source="datasheet (h200)", floor=0.25):
+    hw = (HardwareInfo(device="cpu", name="cpu", profile_id="cpu-interpreter", interpreter=True)
+          if interpreter else
+          HardwareInfo(device="cuda", name="NVIDIA H200", profile_id="h200", interpreter=False,
+                       mem_bandwidth_gbs=4000.0, peak_tflops={"fp32": 50.0}, peaks_source=peaks_source))
+    return EggState(
+        problem_path=str(tmp_path / "p.py"),
+        problem=ProblemSpec(path=str(tmp_path / "p.py"), name="p", source="", sha256="ab" * 32),
+        hardware=hw, analysis=Analysis(bytes=1e9, floor_ms=floor, flops_by_peak={"fp32": 1e6}),
+        candidates=[Candidate(id="c0", stage="plan", author="planner", source="# c0", fallback=True),
+                    Candidate(id="c1", stage="algorithm", author="algorithm_designer", source="# c1",
+                              kernels=["k"])],
+        stage="algorithm", best_id="c0", current_id="c1")
+
+
+def run(monkeypatch, tmp_path, st, sess):
+    monkeypatch.setattr(prof_mod.P, "session", lambda *a, **k: sess)
+    rt = SimpleNamespace(context=Settings(run_dir=str(tmp_path / "run"), device="cpu"))
+    return prof_mod.profiler(st, rt)
+
+
+def test_gpu_improvement(monkeypatch, tmp_path):
+    out = run(monkeypatch, tmp_path, make_state(tmp_path), FakeSession(eager=1.0, cand=0.5))
+    ref, rec = out["timings"]
+    assert ref.candidate_id == "c0" and ref.verdict == "baseline" and ref.candidate_ms == 1.0
+    assert rec.verdict == "improved" and rec.compared_to == "c0"
+    assert rec.speedup_eager == pytest.approx(2.0) and rec.speedup_compile == pytest.approx(1.0)
+    assert rec.compile_s == 12.5
+    assert rec.roofline_pct == pytest.approx(50.0)  # floor 0.25 ms / 0.5 ms
+    assert out["best_id"] == "c1"
+    assert out["stage_context"]["algorithm"].best_id == "c1"
+
+
+def test_gpu_regression_and_noise(monkeypatch, tmp_path):
+    out = run(monkeypatch, tmp_path, make_state(tmp_path), FakeSession(eager=1.0, cand=1.3))
+    assert out["timings"][-1].verdict == "regressed" and "best_id" not in out
+    out = run(monkeypatch, tmp_path, make_state(tmp_path), FakeSession(eager=1.0, cand=0.9, spread=0.2))
+    assert out["timings"][-1].verdict == "noise" and "best_id" not in out
+
+
+def test_gpu_measured_peaks_recompute_the_floor(monkeypatch, tmp_path):
+    measured = {"copy_gbs": 2000.0, "fp32_matmul_tflops": 50.0}
+    out = run(monkeypatch, tmp_path, make_state(tmp_path), FakeSession(cand=1.0, peaks=measured))
+    assert out["timings"][-1].roofline_pct == pytest.approx(50.0)  # 1e9 B at 2000 GB/s = 0.5 ms
+    st = make_state(tmp_path, peaks_source="measured here (harness.peaks)")
+    out = run(monkeypatch, tmp_path, st, FakeSession(cand=1.0, peaks=measured))
+    assert out["timings"][-1].roofline_pct == pytest.approx(25.0)  # the planner already used them
+
+
+def test_cpu_timings_are_labelled_and_claim_nothing(monkeypatch, tmp_path):
+    out = run(monkeypatch, tmp_path, make_state(tmp_path, interpreter=True), FakeSession(cand=500.0))
+    for rec in out["timings"]:
+        assert rec.interpreter and rec.speedup_eager is None and rec.roofline_pct is None
+        assert "not a GPU timing" in rec.note
+    assert out["timings"][-1].verdict == "unmeasured"
+    assert out["best_id"] == "c1"  # verified kernel replaces the reference; no speed claimed
+
+
+def test_profiling_failure_is_a_failed_record(monkeypatch, tmp_path):
+    out = run(monkeypatch, tmp_path, make_state(tmp_path), FakeSession(fail=True))
+    (rec,) = out["timings"]
+    assert rec.verdict == "failed" and "timed out" in rec.note
+    assert out["stage_context"]["algorithm"].failures

@@ -1,0 +1,75 @@
+"""graph/routers.py: every branch, driven by injected verification and timing records
+(EggState objects built directly; no GPU, no worker)."""
+import pytest
+
+from graph import routers as R
+from state import Candidate, EggState, TimingRecord, VerificationRecord
+
+AUTHOR = {"algorithm": "algorithm_designer", "tiling": "tiler", "memory": "memory_optimizer"}
+NEXT = {"algorithm": "tiler", "tiling": "memory_optimizer", "memory": "reporter"}
+AFTER_AUTHOR = {"algorithm": R.route_after_designer, "tiling": R.route_after_tiler,
+                "memory": R.route_after_memory}
+
+
+def state(stage="algorithm", attempts=1, cap=3, passed=None, verdict=None, **kw) -> EggState:
+    cands = [Candidate(id="c0", stage="plan", author="planner", source="", fallback=True),
+             Candidate(id="c1", stage=stage, author=AUTHOR[stage], source="")]
+    vers = [] if passed is None else [VerificationRecord(candidate_id="c1", passed=passed)]
+    tims = [TimingRecord(candidate_id="c0", device="cuda", interpreter=False, candidate_ms=1.0,
+                         verdict="baseline")]
+    if verdict is not None:
+        tims.append(TimingRecord(candidate_id="c1", device="cuda", interpreter=False,
+                                 candidate_ms=1.0, verdict=verdict))
+    fields = dict(stage=stage, candidates=cands, verifications=vers, timings=tims, current_id="c1",
+                  best_id="c0", attempts={stage: attempts}, caps={stage: cap})
+    return EggState(**{**fields, **kw})
+
+
+def test_after_planner():
+    assert R.route_after_planner(EggState()) == "algorithm_designer"
+    assert R.route_after_planner(EggState(error="no such file")) == "reporter"
+
+
+@pytest.mark.parametrize("stage", ["algorithm", "tiling", "memory"])
+def test_after_author(stage):
+    route = AFTER_AUTHOR[stage]
+    assert route(state(stage)) == "verifier"  # a new, unverified candidate
+    assert route(state(stage, current_id=None)) == NEXT[stage]  # the stage declined / ended
+    assert route(state(stage, passed=True)) == NEXT[stage]  # nothing new since the last verdict
+
+
+@pytest.mark.parametrize("stage", ["algorithm", "tiling", "memory"])
+def test_after_verifier(stage):
+    assert R.route_after_verifier(state(stage, passed=True)) == "profiler"
+    assert R.route_after_verifier(state(stage, passed=False, attempts=1, cap=3)) == AUTHOR[stage]
+    assert R.route_after_verifier(state(stage, passed=False, attempts=3, cap=3)) == NEXT[stage]
+
+
+@pytest.mark.parametrize("stage", ["algorithm", "tiling", "memory"])
+@pytest.mark.parametrize("verdict,under_cap,at_cap", [
+    ("regressed", "author", "next"),   # slower beyond noise: another variant while allowed
+    ("failed", "author", "next"),      # could not be timed: likewise
+    ("improved", "next", "next"),      # a win moves on
+    ("noise", "next", "next"),         # inside the measured spread: neither win nor loss
+    ("unmeasured", "next", "next"),    # the CPU interpreter: nothing to act on
+])
+def test_after_profiler(stage, verdict, under_cap, at_cap):
+    want = {"author": AUTHOR[stage], "next": NEXT[stage]}
+    assert R.route_after_profiler(state(stage, passed=True, verdict=verdict, attempts=1)) == want[under_cap]
+    assert R.route_after_profiler(state(stage, passed=True, verdict=verdict, attempts=3)) == want[at_cap]
+
+
+def test_regressions_loop_back_until_the_cap():
+    """tiler -> verifier -> profiler (regressed) -> tiler ... until the cap ends the loop."""
+    path = []
+    for attempt in range(1, 10):
+        s = state("tiling", attempts=attempt, cap=3, passed=True, verdict="regressed")
+        nxt = R.route_after_profiler(s)
+        path.append(nxt)
+        if nxt != "tiler":
+            break
+    assert path == ["tiler", "tiler", "memory_optimizer"]
+
+
+def test_no_timing_record_moves_on():
+    assert R.route_after_profiler(state("algorithm", passed=True)) == "tiler"

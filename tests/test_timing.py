@@ -1,0 +1,134 @@
+"""harness.timing: statistics, the noise verdict, the CPU path, and the GPU path's structure
+(first call untimed, L2 flush before every repetition, repetition bounds, no_grad, GPU lock)
+exercised with a fake CUDA clock."""
+import pytest
+import torch
+
+from harness import gpulock, timing
+from harness.timing import noise_verdict, quantile, summarize
+
+
+def test_quantile_and_summary_values():
+    xs = [5.0, 1.0, 3.0, 2.0, 4.0]
+    s = summarize(xs)
+    assert s["median_ms"] == 3.0 and s["n"] == 5 and s["min_ms"] == 1.0
+    assert s["p20_ms"] == pytest.approx(1.8) and s["p80_ms"] == pytest.approx(4.2)
+    assert quantile([7.0], 0.8) == 7.0
+
+
+def _t(med, p20=None, p80=None):
+    return {"median_ms": med, "p20_ms": med if p20 is None else p20, "p80_ms": med if p80 is None else p80}
+
+
+@pytest.mark.parametrize("new,best,verdict", [
+    (_t(0.90), _t(1.00), "improved"),             # 10% faster, no spread
+    (_t(1.10), _t(1.00), "regressed"),            # 10% slower
+    (_t(0.99), _t(1.00), "noise"),                # under the 2% floor
+    (_t(1.015), _t(1.00), "noise"),
+    (_t(0.90, 0.80, 1.00), _t(1.00), "noise"),    # inside the new timing's 22% spread
+    (_t(1.10), _t(1.00, 0.85, 1.15), "noise"),    # inside the best's 30% spread
+    (_t(0.60, 0.55, 0.65), _t(1.00, 0.95, 1.05), "improved"),
+])
+def test_noise_verdict(new, best, verdict):
+    assert noise_verdict(new, best) == verdict
+
+
+def test_noise_verdict_without_quantiles_uses_the_floor():
+    assert noise_verdict({"median_ms": 0.97}, {"median_ms": 1.0}) == "improved"
+    assert noise_verdict({"median_ms": 0.99, "p20_ms": None, "p80_ms": None}, {"median_ms": 1.0}) == "noise"
+
+
+def test_cpu_bench_is_labelled_and_runs_without_grad():
+    seen = []
+
+    def fn():
+        seen.append(torch.is_grad_enabled())
+        return torch.ones(3, requires_grad=True) * 2
+
+    r = timing.bench(fn, torch.device("cpu"))
+    assert r["interpreter"] is True and r["n"] == 3
+    assert r["p20_ms"] <= r["median_ms"] <= r["p80_ms"]
+    assert seen and not any(seen)  # warm-up included: everything under no_grad
+
+
+class _Clock:
+    now = 0.0
+
+
+class _Event:
+    def __init__(self, enable_timing=True):
+        self.t = None
+
+    def record(self):
+        self.t = _Clock.now
+
+    def elapsed_time(self, other):
+        return other.t - self.t
+
+
+class _Flush:
+    def __init__(self):
+        self.calls = 0
+
+    def zero_(self):
+        self.calls += 1
+        _Clock.now += 0.1  # the flush takes GPU time too, outside the timed events
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch, tmp_path):
+    _Clock.now = 0.0
+    flush = _Flush()
+    monkeypatch.setattr(torch.cuda, "Event", _Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    monkeypatch.setattr(timing, "_flush_buffer", lambda dev: flush)
+    monkeypatch.setenv("EGG_GPU_LOCK", str(tmp_path / "gpu.lock"))
+    return flush
+
+
+def test_gpu_bench_structure_with_a_fake_clock(fake_cuda):
+    log = []
+
+    def fn():
+        lk = gpulock._LOCKS[str(gpulock.lock_path())]
+        log.append((torch.is_grad_enabled(), lk.mode, fake_cuda.calls))
+        _Clock.now += 1.0  # every call takes 1 ms of GPU time
+
+    r = timing.bench(fn, torch.device("cuda"), rep_ms=50.0, warmup_ms=5.0)
+    assert r["interpreter"] is False
+    assert r["median_ms"] == pytest.approx(1.0) and r["p80_ms"] == pytest.approx(1.0)
+    # estimate 3 calls of 1.1 ms (call + flush): 50 / 1.1 -> 45 repetitions; warm-up 5 / 1.1 -> 4
+    assert r["n"] == 45 and r["warmup"] == 4
+    assert len(log) == 1 + 3 + 4 + 45 + timing.WALL_CALLS  # first, estimate, warm-up, timed, wall check
+    assert not any(g for g, _, _ in log)  # no_grad throughout
+    assert log[0][1] == "shared" and log[0][2] == 0  # first call: untimed, shared lock, no flush
+    assert all(mode == "exclusive" for _, mode, _ in log[1:])
+    timed = log[1 + 3 + 4: 1 + 3 + 4 + 45]
+    assert [c for _, _, c in timed] == list(range(4, 4 + 45))  # one flush before each repetition
+    assert fake_cuda.calls == 3 + 45
+    assert gpulock._LOCKS[str(gpulock.lock_path())].mode is None  # released afterwards
+
+
+def test_gpu_bench_repetition_bounds(fake_cuda):
+    def slow():
+        _Clock.now += 500.0
+
+    r = timing.bench(slow, torch.device("cuda"), rep_ms=200.0)
+    assert r["n"] == timing.MIN_REPS  # a slow function still gets a spread
+
+    def tiny():
+        _Clock.now += 0.0001
+
+    r = timing.bench(tiny, torch.device("cuda"), rep_ms=1000.0)
+    assert r["n"] == timing.MAX_REPS
+
+
+def test_gpu_bench_flags_work_the_events_miss(fake_cuda, monkeypatch):
+    import time as _time
+
+    def fn():  # 0.01 ms of event time but 5 ms of real (synchronized) time: a side stream
+        _Clock.now += 0.01
+        _time.sleep(0.005)
+
+    r = timing.bench(fn, torch.device("cuda"), rep_ms=0.5, warmup_ms=0.1)
+    assert r["flags"] and "outside the timed stream" in r["flags"][0]
