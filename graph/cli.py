@@ -310,8 +310,9 @@ def history(run_id: str = typer.Argument(..., metavar="RUN"), runs_dir: Optional
             print(json.dumps(asdict(r)))
         return
     tab = Table(title=f"history of {run_id}")
-    for c in ("", "step", "node", "stage", "candidate", "verdict", "s", "next", "branch from", "checkpoint"):
+    for c in ("", "step", "node", "stage", "candidate", "verdict", "s", "next", "branch from"):
         tab.add_column(c, overflow="fold")
+    tab.add_column("checkpoint", no_wrap=True, min_width=36)  # whole ids, to copy
     step_of = {r.checkpoint_id: r.step for r in rows}
     prev = None
     for r in rows:
