@@ -394,7 +394,8 @@ def replay(run_id: str = typer.Argument(..., metavar="RUN"), checkpoint: str = t
 
 @app.command()
 def fork(run_id: str = typer.Argument(..., metavar="RUN"), checkpoint: str = typer.Option(..., "--checkpoint"),
-         set_: List[str] = typer.Option(..., "--set", help="field=value (JSON value), repeatable"),
+         set_: List[str] = typer.Option(..., "--set", help="field=value (JSON value), repeatable; "
+                                        "record lists are appended to, dicts merged by key"),
          runs_dir: Optional[pathlib.Path] = RunsDirOpt):
     """Change the state at a checkpoint (update_state, as the node that made it) and continue
     on a new branch."""

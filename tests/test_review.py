@@ -162,3 +162,23 @@ def test_cli_review_interactive_edit_and_abort(tmp_path, monkeypatch):
                                   str(runs), "--run-id", "ie2"], input="e\n")
     assert res.exit_code == 0, res.output
     assert "plan edited (off: g0)" in res.output and "reference, no kernel" in res.output
+
+
+def test_cli_resume_review_with_disable_and_goal(tmp_path):
+    prob = write_tiny(tmp_path)
+    runs = tmp_path / "runs"
+    runner = CliRunner()
+    res = runner.invoke(cli.app, ["run", str(prob), "--device", "cpu", "--review", "--runs-dir",
+                                  str(runs), "--run-id", "dg"])
+    assert res.exit_code == 0 and "waits for a plan review" in res.output
+    res = runner.invoke(cli.app, ["resume-review", "dg", "--approve", "--abort", "--runs-dir", str(runs)])
+    assert res.exit_code == 2 and "choose one of" in res.output
+    res = runner.invoke(cli.app, ["resume-review", "dg", "--disable", "g9", "--runs-dir", str(runs)])
+    assert res.exit_code == 0 and "no group(s) ['g9']" in res.output  # asks again, nothing lost
+    assert R.pending_review(R.open_run("dg", runs)) is not None
+    res = runner.invoke(cli.app, ["resume-review", "dg", "--disable", "g0", "--goal", "tiling=keep it",
+                                  "--runs-dir", str(runs)])
+    assert res.exit_code == 0, res.output
+    st = R.final_state(R.open_run("dg", runs))
+    assert st.plan.goals["tiling"] == "keep it" and st.context("tiling").goal == "keep it"
+    assert not st.plan.groups[0].enabled and st.report["status"] == "ok"

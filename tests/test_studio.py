@@ -51,9 +51,19 @@ def _sockets_of(pid: int) -> set[str]:
     return inodes
 
 
+def _family(pid: int) -> list[int]:
+    pids, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        pids.append(p)
+        for kids in pathlib.Path(f"/proc/{p}/task").glob("*/children"):
+            todo += [int(k) for k in kids.read_text().split()]
+    return pids
+
+
 def _remote_addresses(pid: int) -> list[str]:
-    """Remote ends of the process's TCP sockets, from /proc (Linux)."""
-    inodes = _sockets_of(pid)
+    """Remote ends of the TCP sockets of the process and its children, from /proc (Linux)."""
+    inodes = set().union(*(_sockets_of(p) for p in _family(pid)))
     out = []
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         for line in pathlib.Path(table).read_text().splitlines()[1:]:
