@@ -107,7 +107,9 @@ def run_one(path: pathlib.Path, name: str, out_dir: pathlib.Path, settings: Sett
             import shutil
 
             shutil.rmtree(runs_dir / run_id)
-        run = R.create_run(str(path), settings.model_copy(update={"device": device}), runs_dir, run_id)
+        # a suite runs unattended: no pause for plan review (even with EGG_REVIEW set)
+        run = R.create_run(str(path), settings.model_copy(update={"device": device, "review": False}),
+                           runs_dir, run_id)
         for _ in R.stream(run, {"problem_path": str(path.resolve())}):
             pass
         rep = R.final_state(run).report

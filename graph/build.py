@@ -1,11 +1,12 @@
-"""The EGG state machine: six role nodes and a reporter over one typed state."""
+"""The EGG state machine: six role nodes, an optional plan review and a reporter over one typed
+state."""
 from __future__ import annotations
 
 from langgraph.graph import END, START, StateGraph
 
 from graph import routers as R
-from nodes import (algorithm_designer, memory_optimizer, planner, profiler, reporter, tiler,
-                   verifier)
+from nodes import (algorithm_designer, memory_optimizer, planner, profiler, reporter, review,
+                   tiler, verifier)
 from state import EggInput, EggOutput, EggState, Settings
 
 ROLE_NODES = ("planner", "algorithm_designer", "tiler", "memory_optimizer", "verifier", "profiler")
@@ -15,6 +16,7 @@ def build_graph(checkpointer=None, interrupt_before=None, interrupt_after=None):
     """The compiled graph. ``checkpointer``: e.g. graph.checkpoints.sqlite_saver(path)."""
     g = StateGraph(EggState, context_schema=Settings, input_schema=EggInput, output_schema=EggOutput)
     g.add_node("planner", planner)
+    g.add_node("review", review)  # a pass-through unless settings.review: then interrupt()
     g.add_node("algorithm_designer", algorithm_designer)
     g.add_node("tiler", tiler)
     g.add_node("memory_optimizer", memory_optimizer)
@@ -23,6 +25,7 @@ def build_graph(checkpointer=None, interrupt_before=None, interrupt_after=None):
     g.add_node("reporter", reporter)
     g.add_edge(START, "planner")
     g.add_conditional_edges("planner", R.route_after_planner)
+    g.add_conditional_edges("review", R.route_after_review)
     g.add_conditional_edges("algorithm_designer", R.route_after_designer)
     g.add_conditional_edges("tiler", R.route_after_tiler)
     g.add_conditional_edges("memory_optimizer", R.route_after_memory)

@@ -49,6 +49,10 @@ def _prepare_device(device: str) -> str:
 
 
 def _step_line(node: str, upd: dict, t0: float) -> str:
+    if node == "__interrupt__":
+        return f"[{time.time() - t0:6.1f}s] [bold]review[/bold]: paused for a person to review the plan"
+    if node == "review" and not upd:
+        return f"[{time.time() - t0:6.1f}s] [bold]review[/bold]: skipped (review is off)"
     bits = []
     if upd.get("error"):
         bits.append(f"[red]{escape(upd['error'])}[/red]")
@@ -70,6 +74,10 @@ def _step_line(node: str, upd: dict, t0: float) -> str:
     for stage, ctx in (upd.get("stage_context") or {}).items():
         if node in ("tiler", "memory_optimizer", "algorithm_designer") and ctx.finished and not upd.get("candidates"):
             bits.append(f"{stage} stage done: {escape(ctx.finish_reason)}")
+    if node == "review" and upd.get("plan") is not None:
+        p = upd["plan"]
+        off = [g.id for g in p.groups if not g.enabled]
+        bits.append(f"plan {p.reviewed}" + (f" (off: {', '.join(off)})" if off else ""))
     if node == "planner" and upd.get("plan") is not None:
         p = upd["plan"]
         bits.append(f"{sum(g.kind != 'library' for g in p.groups)} fused group(s), "
@@ -95,7 +103,9 @@ def _final_table(rep: dict) -> Table:
     return tab
 
 
-def _drive(run, inp, config=None) -> dict:
+def _drive(run, inp, config=None) -> dict | None:
+    """Run the graph, printing a line per step; handle a plan review; the report, or None
+    while the run waits for a review."""
     from graph import runs as R
     from policies.llm_io import EXIT_LLM, LLMError
 
@@ -106,8 +116,106 @@ def _drive(run, inp, config=None) -> dict:
     except LLMError as e:
         _fail(f"{e}\nthe run folder {run.dir} is intact: continue with "
               f"egg run --resume {run.id} (optionally with --base-url/--model)", EXIT_LLM)
-    st = R.final_state(run)
-    return st.report
+    return _after_pause(run)
+
+
+def _after_pause(run) -> dict | None:
+    """A run paused for plan review: ask on the terminal, or say how to continue later."""
+    from graph import runs as R
+
+    while (req := R.pending_review(run)) is not None:
+        plan_file = run.dir / "plan.json"
+        plan_file.write_text(json.dumps(req["plan"], indent=2) + "\n")
+        _print_plan(req)
+        if not _interactive():
+            out.print(f"run [bold]{run.id}[/bold] waits for a plan review. Continue with\n"
+                      f"  egg resume-review {run.id} --approve\n"
+                      f"  egg resume-review {run.id} --disable GROUP [--disable GROUP ...]\n"
+                      f"  egg resume-review {run.id} --plan-file {plan_file}   (after editing it)\n"
+                      f"  egg resume-review {run.id} --abort", highlight=False)
+            return None
+        decision = _ask(plan_file)
+        t0 = time.time()
+        for node, upd in R.stream(run, _command(decision)):
+            out.print(_step_line(node, upd, t0), highlight=False)
+    return R.final_state(run).report
+
+
+def _command(decision):
+    from langgraph.types import Command
+
+    return Command(resume=decision)
+
+
+def _interactive() -> bool:
+    return sys.stdin.isatty()
+
+
+def _print_plan(req: dict) -> None:
+    if req.get("error"):
+        out.print(f"[red]the last decision was not usable:[/red] {req['error']}", highlight=False)
+    plan = req["plan"]
+    tab = Table(title=f"plan for {req.get('problem')}")
+    for c in ("group", "kind", "on", "ops", "why"):
+        tab.add_column(c)
+    for g in plan["groups"]:
+        tab.add_row(g["id"], g["kind"], "yes" if g.get("enabled", True) else "no",
+                    " ".join(g["nodes"]), g.get("reason", ""))
+    out.print(tab)
+    for st, goal in plan.get("goals", {}).items():
+        out.print(f"goal of {st}: {goal}", highlight=False)
+    for n in plan.get("notes", []):
+        out.print(f"note: {n}", highlight=False)
+
+
+def _ask(plan_file: pathlib.Path):
+    """approve / edit (the plan as JSON, in $EDITOR or by hand) / abort, on the terminal."""
+    while True:
+        ans = typer.prompt("[a]pprove, [e]dit plan.json, a[b]ort", default="a").strip().lower()
+        if ans in ("a", "approve"):
+            return "approve"
+        if ans in ("b", "abort"):
+            return {"action": "abort", "reason": "aborted on the terminal"}
+        if ans in ("e", "edit"):
+            editor = os.environ.get("VISUAL") or os.environ.get("EDITOR")
+            if editor:
+                import shlex
+                import subprocess
+
+                subprocess.call([*shlex.split(editor), str(plan_file)])
+            else:
+                typer.prompt(f"edit {plan_file} (set \"enabled\": false on a group to turn it off, "
+                             "change goals), then press Enter", default="", show_default=False)
+            try:
+                return {"action": "edit", "plan": json.loads(plan_file.read_text())}
+            except json.JSONDecodeError as e:
+                out.print(f"[red]{plan_file} is not JSON:[/red] {e}", highlight=False)
+
+
+def _finish(run, rep: dict | None) -> None:
+    """The end of run/resume/replay/fork/resume-review: the result table, or why not."""
+    if rep is None:
+        return
+    if rep.get("status") == "error":
+        from nodes.review import ABORTED
+
+        if str(rep.get("error", "")).startswith(ABORTED):
+            out.print(f"run {run.id}: {rep['error']}", highlight=False)
+            return
+        _fail(rep.get("error", "run failed"))
+    if rep.get("status") != "ok":
+        _fail(f"run {run.id} did not finish (egg run --resume {run.id})")
+    out.print(_final_table(rep))
+    if rep.get("llm"):
+        tot = rep["llm"]["total"]
+        per = ", ".join(f"{k} {u['prompt_tokens'] + u['completion_tokens']}"
+                        for k, u in sorted(rep.get("llm_usage", {}).items()) if k != "total")
+        out.print(f"LLM: {tot['calls']} call(s), {tot['prompt_tokens'] + tot['completion_tokens']} tokens "
+                  f"({per})" + (f", ${tot['cost_usd']:.4f}" if rep["llm"].get("priced") else ""),
+                  highlight=False)
+    out.print(f"best: {run.dir / 'best.py'} "
+              f"({'reference, no kernel' if rep['fallback'] else ', '.join(rep['kernels'])})",
+              highlight=False)
 
 
 def _replay_dir(path: str, runs_dir) -> str:
@@ -179,7 +287,7 @@ def run(problem: str = typer.Argument(None, help="a KernelBench-format problem f
             R.override_settings(r, {k: v for k, v in llm.items() if v is not None})
             _prepare_device(r.settings.device)
             out.print(f"resuming run [bold]{r.id}[/bold] from its last checkpoint")
-            rep = _drive(r, None)
+            rep = _drive(r, R.resume_input(r))
         else:
             if not problem:
                 _fail("give a problem file (or --resume RUN)")
@@ -191,61 +299,136 @@ def run(problem: str = typer.Argument(None, help="a KernelBench-format problem f
             rep = _drive(r, {"problem_path": str(pathlib.Path(problem).resolve())})
     except (ProblemError, R.RunError) as e:
         _fail(str(e))
-    if rep.get("status") == "error":
-        _fail(rep.get("error", "run failed"))
-    out.print(_final_table(rep))
-    if rep.get("llm"):
-        tot = rep["llm"]["total"]
-        per = ", ".join(f"{k} {u['prompt_tokens'] + u['completion_tokens']}"
-                        for k, u in sorted(rep.get("llm_usage", {}).items()) if k != "total")
-        out.print(f"LLM: {tot['calls']} call(s), {tot['prompt_tokens'] + tot['completion_tokens']} tokens "
-                  f"({per})" + (f", ${tot['cost_usd']:.4f}" if rep["llm"].get("priced") else ""),
-                  highlight=False)
-    out.print(f"best: {r.dir / 'best.py'} ({'reference, no kernel' if rep['fallback'] else ', '.join(rep['kernels'])})")
+    _finish(r, rep)
+
+
+@app.command("resume-review")
+def resume_review(run_id: str = typer.Argument(..., metavar="RUN"),
+                  approve: bool = typer.Option(False, "--approve", help="run the plan as it is"),
+                  disable: List[str] = typer.Option([], "--disable", help="turn a fused group off (repeatable)"),
+                  goal: List[str] = typer.Option([], "--goal", help="stage=text: replace a stage's goal (repeatable)"),
+                  plan_file: Optional[pathlib.Path] = typer.Option(None, "--plan-file", help="the plan as edited JSON (runs/RUN/plan.json)"),
+                  abort: bool = typer.Option(False, "--abort", help="end the run without kernels"),
+                  runs_dir: Optional[pathlib.Path] = RunsDirOpt):
+    """Answer the plan review a run paused on (egg run --review), then run on.
+
+    Without an option it asks on the terminal."""
+    from graph import runs as R
+
+    chosen = sum([approve, abort, bool(disable or goal or plan_file)])
+    if chosen > 1:
+        _fail("choose one of --approve, --abort, or edits (--disable/--goal/--plan-file)")
+    try:
+        r = R.open_run(run_id, runs_dir)
+        if R.pending_review(r) is None:
+            _fail(f"run {run_id} is not waiting for a plan review")
+        _prepare_device(r.settings.device)
+        if chosen == 0:
+            rep = _after_pause(r)
+            _finish(r, rep)
+            return
+        if approve:
+            decision = "approve"
+        elif abort:
+            decision = {"action": "abort", "reason": "aborted with egg resume-review --abort"}
+        else:
+            decision = {"action": "edit", "disable": list(disable)}
+            if goal:
+                if any("=" not in g for g in goal):
+                    _fail("--goal wants stage=text")
+                decision["goals"] = dict(g.split("=", 1) for g in goal)
+            if plan_file is not None:
+                try:
+                    decision["plan"] = json.loads(plan_file.read_text())
+                except (OSError, json.JSONDecodeError) as e:
+                    _fail(f"--plan-file {plan_file}: {e}")
+        rep = _drive(r, _command(decision))
+    except R.RunError as e:
+        _fail(str(e))
+    _finish(r, rep)
 
 
 @app.command()
-def history(run_id: str = typer.Argument(..., metavar="RUN"), runs_dir: Optional[pathlib.Path] = RunsDirOpt):
-    """List a run's checkpoints: step, node, stage, candidate, verdict."""
+def history(run_id: str = typer.Argument(..., metavar="RUN"), runs_dir: Optional[pathlib.Path] = RunsDirOpt,
+            as_json: bool = typer.Option(False, "--json", help="one JSON object per checkpoint")):
+    """List a run's checkpoints, all branches, oldest first: step, the node that made each,
+    stage, candidate, verdict, seconds; * marks the branch of the latest checkpoint."""
+    from dataclasses import asdict
+
     from graph import runs as R
 
     try:
         rows = R.history(R.open_run(run_id, runs_dir))
     except R.RunError as e:
         _fail(str(e))
+    if as_json:
+        for r in rows:
+            print(json.dumps(asdict(r)))
+        return
     tab = Table(title=f"history of {run_id}")
-    for c in ("step", "node", "stage", "candidate", "verdict", "checkpoint"):
-        tab.add_column(c)
+    for c in ("", "step", "node", "stage", "candidate", "verdict", "s", "next", "branch from"):
+        tab.add_column(c, overflow="fold")
+    tab.add_column("checkpoint", no_wrap=True, min_width=36)  # whole ids, to copy
+    step_of = {r.checkpoint_id: r.step for r in rows}
+    prev = None
     for r in rows:
-        tab.add_row(str(r.step), r.node, r.stage, r.candidate, r.verdict, r.checkpoint_id)
+        branch = f"step {step_of[r.parent_id]}" if r.parent_id and r.parent_id != prev else ""
+        tab.add_row("*" if r.on_head else "", str(r.step), r.node, r.stage, r.candidate, r.verdict,
+                    "" if r.seconds is None else f"{r.seconds:.1f}", ",".join(r.next), branch,
+                    r.checkpoint_id)
+        prev = r.checkpoint_id
     out.print(tab)
 
 
 @app.command()
-def show(run_id: str = typer.Argument(..., metavar="RUN"), checkpoint: Optional[str] = typer.Option(None, "--checkpoint"),
-         runs_dir: Optional[pathlib.Path] = RunsDirOpt, source: bool = typer.Option(False, "--source", help="print the candidate's source")):
-    """The state at a checkpoint: stage, candidates, verdicts, timings."""
+def show(run_id: str = typer.Argument(..., metavar="RUN"),
+         checkpoint: Optional[str] = typer.Option(None, "--checkpoint", help="a checkpoint id (default: the latest)"),
+         runs_dir: Optional[pathlib.Path] = RunsDirOpt,
+         source: bool = typer.Option(False, "--source", help="print a candidate's source"),
+         candidate: Optional[str] = typer.Option(None, "--candidate", help="which candidate --source prints (default: current, else best)"),
+         as_json: bool = typer.Option(False, "--json", help="the whole state as JSON")):
+    """The state at a checkpoint: plan, candidates with verdicts and timings, stages."""
     from graph import runs as R
 
     try:
-        st = R.state_at(R.open_run(run_id, runs_dir), checkpoint)
+        r = R.open_run(run_id, runs_dir)
+        row = R.row_at(r, checkpoint)
+        st = R.state_at(r, row.checkpoint_id)
     except R.RunError as e:
         _fail(str(e))
-    out.print(f"stage: {st.stage}; best: {st.best_id}; current: {st.current_id}; error: {st.error}")
+    if as_json:
+        print(st.model_dump_json(indent=2))
+        return
+    if source:
+        c = st.candidate(candidate or st.current_id or st.best_id)
+        if c is None:
+            _fail(f"no candidate {candidate or st.current_id or st.best_id!r} at this checkpoint")
+        print(c.source)
+        return
+    out.print(f"checkpoint {row.checkpoint_id} (step {row.step}, made by {row.node}, "
+              f"next: {', '.join(row.next) or 'nothing: finished'})", highlight=False)
+    out.print(f"stage: {st.stage}; best: {st.best_id}; current: {st.current_id}; error: {st.error}",
+              highlight=False)
+    if st.plan is not None:
+        out.print("plan: " + "; ".join(f"{g.id} {g.kind}{'' if g.enabled else ' (off)'}"
+                                       for g in st.plan.groups)
+                  + (f" [{st.plan.reviewed}]" if st.plan.reviewed else ""), highlight=False)
     tab = Table()
-    for c in ("id", "stage", "author", "kernels", "verified", "ms", "verdict"):
-        tab.add_column(c)
+    for c in ("id", "parent", "stage", "author", "kernels", "verified", "ms", "eager ms", "verdict"):
+        tab.add_column(c, overflow="fold")
     for c in st.candidates:
         v, t = st.verification(c.id), st.timing(c.id)
-        tab.add_row(c.id, c.stage, c.author, str(len(c.kernels)),
-                    "-" if v is None else ("yes" if v.passed else f"no: {v.reason[:60]}"),
+        tab.add_row(c.id, c.parent_id or "-", c.stage, c.author, ", ".join(c.kernels) or "-",
+                    "-" if v is None else ("yes" if v.passed else f"no [{v.category}] {v.reason[:80]}"),
                     "-" if t is None or t.candidate_ms is None else f"{t.candidate_ms:.4f}",
+                    "-" if t is None or t.eager_ms is None else f"{t.eager_ms:.4f}",
                     "-" if t is None else t.verdict)
     out.print(tab)
-    if source:
-        c = st.candidate(st.current_id or st.best_id)
-        if c is not None:
-            out.print(c.source, highlight=False, markup=False)
+    for name in ("algorithm", "tiling", "memory"):
+        ctx = st.stage_context.get(name)
+        if ctx is not None and (ctx.attempts or ctx.finished):
+            out.print(f"{name}: {len(ctx.attempts)} attempt(s)"
+                      + (f", finished: {ctx.finish_reason}" if ctx.finished else ""), highlight=False)
 
 
 @app.command()
@@ -258,31 +441,49 @@ def replay(run_id: str = typer.Argument(..., metavar="RUN"), checkpoint: str = t
         r = R.open_run(run_id, runs_dir)
         _prepare_device(r.settings.device)
         t0 = time.time()
-        st = R.replay(r, checkpoint, lambda n, u: out.print(_step_line(n, u, t0), highlight=False))
+        R.replay(r, checkpoint, lambda n, u: out.print(_step_line(n, u, t0), highlight=False))
+        rep = _after_pause(r)
     except R.RunError as e:
         _fail(str(e))
-    if st.report.get("status") == "ok":
-        out.print(_final_table(st.report))
+    _finish(r, rep)
 
 
 @app.command()
 def fork(run_id: str = typer.Argument(..., metavar="RUN"), checkpoint: str = typer.Option(..., "--checkpoint"),
-         set_: List[str] = typer.Option(..., "--set", help="field=value (JSON value), repeatable"),
+         set_: List[str] = typer.Option(..., "--set", help="field=value (JSON value), repeatable; "
+                                        "record lists are appended to, dicts merged by key"),
          runs_dir: Optional[pathlib.Path] = RunsDirOpt):
-    """Change the state at a checkpoint (update_state) and continue on a new branch."""
+    """Change the state at a checkpoint (update_state, as the node that made it) and continue
+    on a new branch."""
     from graph import runs as R
 
     try:
         r = R.open_run(run_id, runs_dir)
         _prepare_device(r.settings.device)
         t0 = time.time()
-        st = R.fork(r, checkpoint, set_, lambda n, u: out.print(_step_line(n, u, t0), highlight=False))
+        R.fork(r, checkpoint, set_, lambda n, u: out.print(_step_line(n, u, t0), highlight=False))
+        rep = _after_pause(r)
     except R.RunError as e:
         _fail(str(e))
-    except Exception as e:  # noqa: BLE001 - invalid values for the state schema
-        _fail(f"fork failed: {type(e).__name__}: {str(e).splitlines()[0]}")
-    if st.report.get("status") == "ok":
-        out.print(_final_table(st.report))
+    _finish(r, rep)
+
+
+@app.command("graph")
+def graph_cmd(mermaid: bool = typer.Option(True, "--mermaid/--json", help="mermaid (default) or JSON"),
+              write: Optional[pathlib.Path] = typer.Option(None, "--write", help="write docs/graph.md there")):
+    """The graph as LangGraph draws it (the same picture Studio shows)."""
+    from graph.drawing import graph_markdown, mermaid as draw
+
+    if write is not None:
+        write.write_text(graph_markdown())
+        out.print(f"wrote {write}")
+        return
+    if mermaid:
+        print(draw())
+    else:
+        from graph.build import graph
+
+        print(json.dumps(graph.get_graph().to_json(), indent=2, default=str))
 
 
 @app.command()

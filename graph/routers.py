@@ -18,7 +18,13 @@ def _may_retry(state: EggState) -> bool:
     return state.attempts.get(state.stage, 0) < cap
 
 
-def route_after_planner(state: EggState) -> Literal["algorithm_designer", "reporter"]:
+def route_after_planner(state: EggState) -> Literal["review", "reporter"]:
+    """A plan goes to the (optional) review step; an unusable problem ends the run."""
+    return "reporter" if state.error else "review"
+
+
+def route_after_review(state: EggState) -> Literal["algorithm_designer", "reporter"]:
+    """Approved or edited: stage 1 starts; aborted: the run ends."""
     return "reporter" if state.error else "algorithm_designer"
 
 

@@ -86,11 +86,16 @@ def override_settings(run: Run, updates: dict) -> Run:
 
 
 def stream(run: Run, inp: Any, config: dict | None = None, graph=None) -> Iterator[tuple[str, dict]]:
-    """(node, update) pairs as the graph runs; ``inp`` None continues from the checkpoint."""
+    """(node, update) pairs as the graph runs; ``inp`` None continues from the checkpoint, a
+    ``Command(resume=...)`` answers a pending review. A pause yields ("__interrupt__",
+    {"interrupts": [payload, ...]})."""
     g = graph or run.graph()
     for ev in g.stream(inp, config or run.config, context=run.settings, stream_mode="updates"):
         for node, update in ev.items():
-            yield node, (update or {})
+            if node == "__interrupt__":
+                yield node, {"interrupts": [i.value for i in update]}
+            else:
+                yield node, (update or {})
 
 
 def final_state(run: Run) -> EggState:
@@ -98,44 +103,133 @@ def final_state(run: Run) -> EggState:
     return EggState.model_validate(snap.values)
 
 
+def resume_input(run: Run) -> Any:
+    """What continues a run from its last checkpoint: None, or the problem again when the run
+    was killed before its first checkpoint."""
+    snap = run.graph().get_state(run.config)
+    if snap.values or snap.next:
+        return None
+    problem = (run.dir / "problem.txt")
+    if not problem.exists():
+        raise RunError(f"run {run.id} has no checkpoint and no problem.txt to start from")
+    return {"problem_path": problem.read_text().strip()}
+
+
+def pending_review(run: Run) -> dict | None:
+    """The plan-review request a paused run waits on, or None."""
+    snap = run.graph().get_state(run.config)
+    for it in snap.interrupts:
+        if isinstance(it.value, dict) and it.value.get("kind") == "plan_review":
+            return it.value
+    return None
+
+
+def resume_review(run: Run, decision: Any,
+                  on_step: Callable[[str, dict], None] | None = None) -> EggState:
+    """Answer a pending plan review (see nodes.review for the decisions) and run on."""
+    from langgraph.types import Command
+
+    if pending_review(run) is None:
+        raise RunError(f"run {run.id} is not waiting for a plan review")
+    for node, upd in stream(run, Command(resume=decision)):
+        if on_step:
+            on_step(node, upd)
+    return final_state(run)
+
+
+# ---------------------------------------------------------------- time travel
 @dataclass
 class HistoryRow:
     step: int
-    node: str
+    node: str  # what produced the checkpoint: a node, "input", "update_state" (fork), "replay"
+    source: str  # LangGraph's checkpoint source: input, loop, update, fork
     stage: str
     candidate: str
     verdict: str
     checkpoint_id: str
+    parent_id: str | None
     next: tuple
+    created_at: str
+    seconds: float | None  # time since the parent checkpoint: the producing step's duration
+    on_head: bool  # on the branch that leads to the run's latest checkpoint
+
+
+def _verdict(v: dict) -> tuple[str, str]:
+    cid = v.get("current_id") or ""
+    if not cid:
+        return "", ""
+    st = EggState.model_validate(v)
+    t, ver = st.timing(cid), st.verification(cid)
+    if t is not None:
+        return cid, t.verdict
+    if ver is not None:
+        return cid, "passed" if ver.passed else f"failed: {ver.category}"
+    return cid, "pending"
+
+
+def _producer(snap, by_id: dict) -> str:
+    """The node whose step wrote the checkpoint: the tasks its parent checkpoint scheduled."""
+    src = snap.metadata.get("source", "")
+    if src == "input":
+        return "input"
+    if src == "update":
+        return "update_state"
+    if src == "fork":
+        return "replay"
+    parent = by_id.get((snap.parent_config or {}).get("configurable", {}).get("checkpoint_id"))
+    if parent is None:
+        return "?"
+    return ",".join(parent.next) or "?"
 
 
 def history(run: Run) -> list[HistoryRow]:
-    """Checkpoints oldest first; ``node`` is the node whose step produced the checkpoint."""
-    snaps = list(run.graph().get_state_history(run.config))
-    snaps.reverse()
-    rows, prev_next = [], ("input",)
-    for s in snaps:
+    """Every checkpoint of the run, all branches, oldest first."""
+    snaps = list(run.graph().get_state_history(run.config))  # newest first
+    by_id = {s.config["configurable"]["checkpoint_id"]: s for s in snaps}
+    head = set()
+    cur = snaps[0] if snaps else None
+    while cur is not None:
+        cid = cur.config["configurable"]["checkpoint_id"]
+        head.add(cid)
+        cur = by_id.get((cur.parent_config or {}).get("configurable", {}).get("checkpoint_id"))
+    rows = []
+    for s in reversed(snaps):
         v = s.values or {}
-        cid = v.get("current_id") or ""
-        verdict = ""
-        if cid:
-            st = EggState.model_validate(v)
-            t, ver = st.timing(cid), st.verification(cid)
-            verdict = t.verdict if t else (("passed" if ver.passed else f"failed: {ver.category}")
-                                           if ver else "pending")
-        rows.append(HistoryRow(step=s.metadata.get("step", -1), node=",".join(prev_next) or "-",
-                               stage=v.get("stage", ""), candidate=cid, verdict=verdict,
-                               checkpoint_id=s.config["configurable"]["checkpoint_id"],
-                               next=tuple(s.next)))
-        prev_next = tuple(s.next) or ("-",)
+        cid, verdict = _verdict(v)
+        pid = (s.parent_config or {}).get("configurable", {}).get("checkpoint_id")
+        secs = None
+        if s.metadata.get("source") == "loop" and pid in by_id and s.created_at and by_id[pid].created_at:
+            secs = (_dt.datetime.fromisoformat(s.created_at)
+                    - _dt.datetime.fromisoformat(by_id[pid].created_at)).total_seconds()
+        ck = s.config["configurable"]["checkpoint_id"]
+        rows.append(HistoryRow(
+            step=s.metadata.get("step", -1), node=_producer(s, by_id),
+            source=s.metadata.get("source", ""), stage=v.get("stage", ""), candidate=cid,
+            verdict=verdict, checkpoint_id=ck, parent_id=pid, next=tuple(s.next),
+            created_at=s.created_at or "", seconds=secs, on_head=ck in head))
     return rows
 
 
-def checkpoint_config(run: Run, checkpoint_id: str) -> dict:
-    for s in run.graph().get_state_history(run.config):
-        if s.config["configurable"]["checkpoint_id"] == checkpoint_id:
-            return s.config
+def find_checkpoint(run: Run, checkpoint_id: str) -> str:
+    """A full checkpoint id from a full id or a unique prefix/suffix (as history prints them)."""
+    ids = [s.config["configurable"]["checkpoint_id"]
+           for s in run.graph().get_state_history(run.config)]
+    if checkpoint_id in ids:
+        return checkpoint_id
+    hits = [i for i in ids if checkpoint_id and (i.startswith(checkpoint_id) or i.endswith(checkpoint_id))]
+    if len(hits) == 1:
+        return hits[0]
+    if hits:
+        raise RunError(f"checkpoint {checkpoint_id!r} is ambiguous in run {run.id} ({len(hits)} match)")
     raise RunError(f"run {run.id} has no checkpoint {checkpoint_id!r} (see egg history {run.id})")
+
+
+def checkpoint_config(run: Run, checkpoint_id: str) -> dict:
+    full = find_checkpoint(run, checkpoint_id)
+    for s in run.graph().get_state_history(run.config):
+        if s.config["configurable"]["checkpoint_id"] == full:
+            return s.config
+    raise RunError(f"run {run.id} has no checkpoint {checkpoint_id!r}")  # pragma: no cover
 
 
 def state_at(run: Run, checkpoint_id: str | None = None) -> EggState:
@@ -144,8 +238,20 @@ def state_at(run: Run, checkpoint_id: str | None = None) -> EggState:
     return EggState.model_validate(g.get_state(cfg).values)
 
 
+def row_at(run: Run, checkpoint_id: str | None = None) -> HistoryRow:
+    """The history row of a checkpoint (the latest one when None)."""
+    rows = history(run)
+    if not rows:
+        raise RunError(f"run {run.id} has no checkpoint yet")
+    if checkpoint_id is None:
+        return max((r for r in rows if r.on_head), key=lambda r: r.checkpoint_id)
+    full = find_checkpoint(run, checkpoint_id)
+    return next(r for r in rows if r.checkpoint_id == full)
+
+
 def replay(run: Run, checkpoint_id: str, on_step: Callable[[str, dict], None] | None = None) -> EggState:
-    """Re-run the graph from a checkpoint (LangGraph time travel; a new branch of the thread)."""
+    """Re-run the graph from a checkpoint: the nodes it had scheduled run again, on a new branch
+    of the thread (LangGraph time travel); the old branch stays in the history."""
     cfg = checkpoint_config(run, checkpoint_id)
     for node, upd in stream(run, None, cfg):
         if on_step:
@@ -154,31 +260,62 @@ def replay(run: Run, checkpoint_id: str, on_step: Callable[[str, dict], None] | 
 
 
 def parse_assignment(text: str) -> tuple[str, Any]:
+    """``field=value`` (value as JSON, else a string), validated against the state's schema."""
+    from pydantic import TypeAdapter, ValidationError
+
     if "=" not in text:
         raise RunError(f"--set wants field=value, got {text!r}")
     key, raw = text.split("=", 1)
     key = key.strip()
-    if key not in EggState.model_fields:
-        raise RunError(f"--set: the state has no field {key!r}")
+    field = EggState.model_fields.get(key)
+    if field is None:
+        raise RunError(f"--set: the state has no field {key!r} (fields: {', '.join(EggState.model_fields)})")
     try:
         val = json.loads(raw)
     except json.JSONDecodeError:
         val = raw
+    try:
+        val = TypeAdapter(field.annotation).validate_python(val)
+    except ValidationError as e:
+        msg = e.errors()[0]
+        raise RunError(f"--set {key}: {msg['msg']} at {'.'.join(map(str, msg['loc'])) or key}"
+                       f" (got {raw[:80]!r})") from None
     return key, val
+
+
+def fork_as_node(run: Run, checkpoint_id: str) -> str | None:
+    """The node an update at this checkpoint is written as: the node that produced it, so its
+    router runs again on the edited state and picks what comes next."""
+    rows = {r.checkpoint_id: r for r in history(run)}
+    row = rows[find_checkpoint(run, checkpoint_id)]
+    while row.node == "replay" and row.parent_id in rows:  # a replay's copy: as its original
+        row = rows[row.parent_id]
+    if row.node == "input":
+        raise RunError("nothing has run at the input checkpoint: fork from step 0 or later")
+    if row.node == "update_state":
+        return None  # LangGraph infers it from the channel versions the nodes have seen
+    if "," in row.node or row.node == "?":
+        raise RunError(f"cannot tell which node made checkpoint {checkpoint_id}")
+    return row.node
 
 
 def fork(run: Run, checkpoint_id: str, assignments: list[str],
          on_step: Callable[[str, dict], None] | None = None) -> EggState:
-    """update_state at a checkpoint (a new branch), then continue from there."""
-    cfg = checkpoint_config(run, checkpoint_id)
+    """update_state at a checkpoint (a new branch: the original stays in the history), as the
+    node that made the checkpoint, then continue from there. Reducer fields merge as nodes'
+    updates do: lists of records are appended to, dicts merged by key."""
+    if not assignments:
+        raise RunError("fork needs at least one --set field=value")
     values = dict(parse_assignment(a) for a in assignments)
+    cfg = checkpoint_config(run, checkpoint_id)
+    as_node = fork_as_node(run, checkpoint_id)
+    from langgraph.errors import InvalidUpdateError
+
     g = run.graph()
-    snap = g.get_state(cfg)
-    as_node = None  # the update is applied as if the node that made the checkpoint wrote it
-    for row in history(run):
-        if row.checkpoint_id == checkpoint_id and row.node not in ("input", "-", "__start__"):
-            as_node = row.node.split(",")[0]
-    new_cfg = g.update_state(snap.config, values, as_node=as_node)
+    try:
+        new_cfg = g.update_state(cfg, values, as_node=as_node)
+    except InvalidUpdateError as e:
+        raise RunError(f"fork at {checkpoint_id}: {e}") from None
     for node, upd in stream(run, None, new_cfg, graph=g):
         if on_step:
             on_step(node, upd)

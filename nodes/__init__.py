@@ -5,5 +5,6 @@ from nodes.memory_optimizer import memory_optimizer  # noqa: F401
 from nodes.planner import planner  # noqa: F401
 from nodes.profiler import profiler  # noqa: F401
 from nodes.reporter import reporter  # noqa: F401
+from nodes.review import review  # noqa: F401
 from nodes.tiler import tiler  # noqa: F401
 from nodes.verifier import verifier  # noqa: F401

@@ -13,12 +13,26 @@ from state import Attempt, Candidate, EggState, Settings, STAGE_NODE
 
 
 def settings_of(runtime: Runtime | None) -> Settings:
+    """The run's settings: the runtime context (a Settings, or a dict as the LangGraph server
+    passes it), else the settings fields of ``config["configurable"]`` (older clients), else
+    defaults and the environment (EGG_<FIELD>)."""
     ctx = getattr(runtime, "context", None) if runtime is not None else None
     if isinstance(ctx, Settings):
         return ctx
+    if not ctx:
+        ctx = _configurable()
     if isinstance(ctx, dict):
-        return Settings(**ctx)
+        return Settings(**{k: v for k, v in ctx.items() if k in Settings.model_fields})
     return Settings()
+
+
+def _configurable() -> dict:
+    try:
+        from langgraph.config import get_config
+
+        return dict(get_config().get("configurable") or {})
+    except RuntimeError:  # called outside a run
+        return {}
 
 
 def run_dir(settings: Settings, state: EggState) -> pathlib.Path:

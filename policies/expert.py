@@ -122,11 +122,16 @@ class ExpertPolicy:
     def design(self, state: EggState, settings: Settings) -> Draft | Decline:
         if state.plan is None or not any(g.kind != "library" for g in state.plan.groups):
             return Decline("nothing to fuse: the reference stays the answer")
+        off = {g.id for g in state.plan.groups if g.kind != "library" and not g.enabled}
+        if not any(g.kind != "library" and g.enabled for g in state.plan.groups):
+            return Decline("every fused group was turned off at plan review")
         disabled, why = self._backout(state, "algorithm")
         if why is None and disabled is None:
             return Decline("every fused group was backed out")
-        return self._build(state, set(disabled or []), stage="algorithm",
-                           decisions=[why] if why else ["fuse every planned group"])
+        first = ["fuse every planned group"] if not off else [
+            f"fuse the planned groups except {', '.join(sorted(off))} (turned off at review)"]
+        return self._build(state, set(disabled or []) | off, stage="algorithm",
+                           decisions=[why] if why else first)
 
     def _backout(self, state: EggState, stage: str) -> tuple[list[str] | None, str | None]:
         """Groups to disable for the next attempt, from the stage's last outcome."""

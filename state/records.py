@@ -98,6 +98,8 @@ class FusionGroup(BaseModel):
     reason: str = ""
     principle_ids: list[str] = Field(default_factory=list)
     est_bytes_saved: float = 0.0
+    enabled: bool = Field(
+        True, description="False: turned off at plan review; its ops stay in PyTorch")
 
 
 class Plan(BaseModel):
@@ -105,6 +107,7 @@ class Plan(BaseModel):
     rewrites: list[str] = Field(default_factory=list, description="rewrite rule ids applied")
     goals: dict[str, str] = Field(default_factory=dict, description="goal per stage")
     notes: list[str] = Field(default_factory=list)
+    reviewed: str = Field("", description="outcome of the optional plan review: approved, edited")
 
 
 class KernelConfig(BaseModel):
