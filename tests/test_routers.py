@@ -26,8 +26,10 @@ def state(stage="algorithm", attempts=1, cap=3, passed=None, verdict=None, **kw)
 
 
 def test_after_planner():
-    assert R.route_after_planner(EggState()) == "algorithm_designer"
+    assert R.route_after_planner(EggState()) == "review"
     assert R.route_after_planner(EggState(error="no such file")) == "reporter"
+    assert R.route_after_review(EggState()) == "algorithm_designer"
+    assert R.route_after_review(EggState(error="aborted by the reviewer")) == "reporter"
 
 
 @pytest.mark.parametrize("stage", ["algorithm", "tiling", "memory"])

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# One resumable slice of a GPU benchmark inside a time budget (for short GPU leases).
+#
+#   bash scripts/gpu_bench.sh PROBLEMS_DIR LIST_FILE STATE_DIR OUT_DIR BUDGET_S [JOBS]
+#
+# STATE_DIR keeps results.jsonl between slices (bench --resume skips what is done); the slice
+# stops itself after BUDGET_S seconds (SIGINT: the bench kills its jobs and keeps finished
+# records), then copies report.json/report.md/results.jsonl/bench.png to OUT_DIR and packs the
+# per-problem run folders (without checkpoints) into OUT_DIR/runs.tgz.
+set -uo pipefail
+PROBLEMS=$1; LIST=$2; STATE=$3; OUT=$4; BUDGET=$5; JOBS=${6:-4}
+source scripts/gpu_env.sh
+mkdir -p "$STATE" "$OUT"
+start=$(date +%s)
+timeout -s INT "$BUDGET" python3 -m graph.cli bench "$PROBLEMS" --list "$LIST" --out "$STATE" \
+  --device cuda --jobs "$JOBS" --resume --problem-timeout 300
+echo "slice: $(( $(date +%s) - start )) s, $(wc -l < "$STATE/results.jsonl") problems done" | tee -a "$STATE/slices.txt"
+python3 -c "
+import json, pathlib, sys
+sys.path.insert(0, '.')
+from graph import bench as B
+st = pathlib.Path('$STATE')
+recs = B.read_results(st / 'results.jsonl')
+rep = B.aggregate(recs)
+(st / 'report.json').write_text(json.dumps(rep, indent=2))
+(st / 'report.md').write_text(B.report_markdown(rep, recs))
+B.plot(recs, st / 'bench.png')
+"
+cp "$STATE"/results.jsonl "$STATE"/report.json "$STATE"/report.md "$STATE"/bench.png "$STATE"/slices.txt "$OUT"/ 2>/dev/null
+tar czf "$OUT/runs.tgz" --exclude='*.sqlite' --exclude='search' -C "$STATE" runs logs 2>/dev/null
+ls -la "$OUT"
