@@ -29,7 +29,9 @@ def main() -> int:
     from harness import worker  # imported only now: the environment above must be in place
 
     if mode == "verify":
-        worker.harden_judge()
+        # on GPUs only when asked: CUDA IPC may need the candidate to reach the judge's /proc
+        if req.get("device") == "cpu" or os.environ.get("EGG_HARDEN_JUDGE") == "1":
+            worker.harden_judge()
         worker.judge(req, chan)
     elif mode == "profile":
         worker.profile_server(req, chan, sys.stdin)

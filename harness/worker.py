@@ -246,6 +246,13 @@ def _limit_memory(creq: dict, dev: torch.device) -> None:
         torch.cuda.set_per_process_memory_fraction(min(1.0, dlim / total), dev)
 
 
+def _limits(creq: dict) -> str:
+    bits = [f"{creq[k] / 2**30:.2f} GiB {w}" for k, w in (("memory_limit_bytes", "host limit"),
+                                                           ("device_memory_limit_bytes", "device limit"))
+            if creq.get(k)]
+    return ", ".join(bits) or "no limit set"
+
+
 def _poison(dev: torch.device) -> None:
     """Fill the device memory the candidate's next allocations will come from with NaN."""
     torch.cuda.synchronize(dev)
@@ -283,8 +290,11 @@ def candidate_main(conn, creq: dict) -> None:
         conn.send(("error", "memory" if "memory" in str(e).lower() else "compile", str(e)))
         return
     except BaseException as e:  # noqa: BLE001
-        conn.send(("error", "memory" if _is_memory_error(e) else "compile",
-                   "building ModelNew raised " + _describe_exc(e, traceback.format_exc(), creq["candidate"])))
+        what = _describe_exc(e, traceback.format_exc(), creq["candidate"])
+        if _is_memory_error(e):
+            conn.send(("error", "memory", f"building ModelNew ran out of memory ({_limits(creq)}): {what}"))
+        else:
+            conn.send(("error", "compile", "building ModelNew raised " + what))
         return
     held = None
     while True:
@@ -306,8 +316,11 @@ def candidate_main(conn, creq: dict) -> None:
             safe = [_sendable(o) for o in flatten(out)]
             conn.send(("out", safe, wall, launches["n"] - before))
         except BaseException as e:  # noqa: BLE001
-            conn.send(("error", "memory" if _is_memory_error(e) else "runtime",
-                       "forward raised " + _describe_exc(e, traceback.format_exc(), creq["candidate"])))
+            what = _describe_exc(e, traceback.format_exc(), creq["candidate"])
+            if _is_memory_error(e):
+                conn.send(("error", "memory", f"forward ran out of memory ({_limits(creq)}): {what}"))
+            else:
+                conn.send(("error", "runtime", "forward raised " + what))
             return
         ack = conn.recv()
         del out, safe
@@ -425,8 +438,8 @@ def judge(req: dict, chan) -> None:
                 ref64 = _fp64_outputs(fp64_model, priv) if fp64_model is not None else None
                 if ref64 is not None:
                     checks = [(fp64_door(chk, ref64[chk.index], r, c), r, c) for chk, r, c in checks]
-                    if "fp64-door" not in result["checks"]:
-                        result["checks"] += ["fp64-door", "precision-probe"]
+                    if "fp64-reference" not in result["checks"]:
+                        result["checks"].append("fp64-reference")
             for chk, _, _ in checks:
                 _merge_output(result, chk)
             for chk, _, _ in checks:

@@ -62,12 +62,12 @@ DYNAMIC = [
          gpu={"opts": {"timeout_s": 60}}),
     Case("cheat_raises", "rowsum", "runtime", "kernel not implemented"),
     Case("cheat_triton_oob", "rowsum", "crash", "signal",
-         gpu={"expect": "runtime|crash", "reason": ""}),
+         gpu={"expect": "runtime|crash|mismatch", "reason": ""}),  # where 8 GB past lands
     Case("cheat_wrong_dtype", "rowsum", "mismatch", "dtype"),
     Case("cheat_wrong_shape", "rowsum", "mismatch", "shape"),
     Case("cheat_nan", "rowsum", "mismatch", "NaN"),
     Case("cheat_memory_hog", "rowsum", "memory", "memory", opts={"memory_limit_gb": 0.5},
-         gpu={"opts": {"memory_limit_gb": 4}}),
+         gpu={"opts": {"memory_limit_gb": 6}}),
     Case("wrong_params", "pointwise", "params", "differs from Model"),
     Case("<generated:reference>", "dropout", "reference", "not deterministic"),
     # caught statically too; with the static check off the judge still catches them
