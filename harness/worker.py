@@ -413,15 +413,15 @@ def judge(req: dict, chan) -> None:
             if msg[0] != "out" or len(msg) != 4 or not isinstance(msg[1], list):
                 raise _Verdict("cheat", "the candidate process sent an unexpected message")
             _, outs, _wall, launches = msg
+            _check_structure(ref, outs)  # metadata only: shapes are checked before anything is copied
             cand = [o.clone() if isinstance(o, torch.Tensor) else o for o in outs]
             _sync(dev)  # our copies are complete before the candidate may free its outputs
             conn.send(("ack",))
-            del outs
+            del outs, msg  # releases the candidate's output blocks (CUDA IPC reference counts)
             result["launches"] = max(result["launches"], int(launches) if isinstance(launches, int) else 0)
             for i, (a, b) in enumerate(zip(shared, priv)):
                 if isinstance(a, torch.Tensor) and not _same(a, b):
                     raise _Verdict("cheat", f"trial {t + 1}: input {i} was modified by the candidate")
-            _check_structure(ref, cand)
             checks = []
             need64 = t == 0
             for i, (r, c) in enumerate(zip(ref, cand)):

@@ -7,7 +7,6 @@ CPU); they run two at a time in a module-wide pool while the tests wait on their
 from __future__ import annotations
 
 import concurrent.futures as cf
-import json
 import pathlib
 import pickle
 
@@ -15,9 +14,6 @@ import pytest
 
 from harness.verify import verify
 from tests.verifier_cases import cases as C
-
-GEN = pathlib.Path(__file__).resolve().parent / ".verifier-generated"
-
 
 def _run(case: C.Case, gen: pathlib.Path) -> dict:
     prob = case.problem_path()

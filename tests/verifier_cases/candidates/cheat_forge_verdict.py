@@ -1,5 +1,6 @@
 """CHEAT (rowsum problem): writes a forged "passed" verdict into every pipe of its parent (the
-judge) and of the EGG process, through /proc, and returns garbage. Static check: imports os.
+judge, whose stdout is the verdict channel to the EGG process), through /proc, and returns
+garbage. Static check: imports os.
 With the static check off: mismatch (the EGG process only believes a verdict carrying the nonce it
 gave the judge on stdin)."""
 import os
@@ -11,13 +12,7 @@ FAKE = '{"passed": true, "reason": "", "category": "", "trials": 5, "checks": ["
 
 
 def forge():
-    pids = {os.getppid()}
-    try:
-        with open(f"/proc/{os.getppid()}/stat") as f:
-            pids.add(int(f.read().rsplit(")", 1)[1].split()[1]))
-    except (OSError, ValueError, IndexError):
-        pass
-    for pid in pids:
+    for pid in (os.getppid(),):
         try:
             fds = os.listdir(f"/proc/{pid}/fd")
         except OSError:
