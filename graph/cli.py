@@ -488,35 +488,53 @@ def graph_cmd(mermaid: bool = typer.Option(True, "--mermaid/--json", help="merma
 
 @app.command()
 def verify(problem: str, candidate: str, device: str = DeviceOpt,
-           trials: int = typer.Option(5, "--trials"), as_json: bool = typer.Option(False, "--json")):
+           trials: int = typer.Option(5, "--trials", min=1, help="fresh random inputs to check on"),
+           as_json: bool = typer.Option(False, "--json", help="print the verdict as JSON"),
+           timeout: float = typer.Option(600.0, "--timeout", help="seconds for the whole verification"),
+           memory_limit: float = typer.Option(0.0, "--memory-limit",
+                                              help="GiB for the candidate process; 0: half the RAM (and GPU)")):
     """Verify a ModelNew file against a problem: exit 0 passed, 1 rejected, 2 unusable input."""
-    from harness.problem import ProblemError, describe_problem, load_module
-    from harness.verify import verify as run_verify
+    from harness.problem import ProblemError, check_candidate_file, describe_problem
+    from harness.verify import UNUSABLE, verify as run_verify
 
     dev = _prepare_device(device)
     try:
         _prob, spec = describe_problem(problem)
-        load_module(candidate, "candidate")  # parses and imports: unusable files exit 2
+        check_candidate_file(candidate)  # parses only: nothing of the candidate runs here
     except ProblemError as e:
         _fail(str(e))
     res = run_verify(spec.path, str(pathlib.Path(candidate).resolve()), device=dev, trials=trials,
-                     problem_source=spec.source)
-    if res.get("category") == "problem":
+                     problem_source=spec.source, timeout_s=timeout, memory_limit_gb=memory_limit)
+    if res.get("category") in UNUSABLE:
         _fail(res.get("reason", "unusable input"))
     if as_json:
         print(json.dumps(res, indent=2))
     else:
-        state = "[green]PASSED[/green]" if res["passed"] else f"[red]REJECTED[/red] [{res['category']}]"
-        out.print(f"{state} {res.get('reason', '')}", highlight=False)
-        out.print(f"trials: {res['trials']}; checks: {', '.join(res['checks'])}; "
-                  f"Triton launches per call: {res.get('launches', 0)}", highlight=False)
-        for o in res.get("outputs", []):
-            out.print(f"  output {o['index']}: max abs {o['max_abs']:.3g}, max rel {o['max_rel']:.3g}, "
-                      f"fp64 error eager {o['eager_err_fp64']} / candidate {o['cand_err_fp64']}, "
-                      f"passed by {o['passed_by']}", highlight=False)
-        for f in res.get("flags", []):
-            out.print(f"  flag: {f}", highlight=False)
+        _print_verdict(res)
     raise typer.Exit(0 if res["passed"] else 1)
+
+
+def _print_verdict(res: dict) -> None:
+    if res["passed"]:
+        out.print(f"[green]PASSED[/green] {res['trials']} trial(s) on {res['device']}", highlight=False)
+    else:
+        from rich.text import Text
+
+        out.print(Text.assemble(("REJECTED", "red"), f" [{res['category']}] {res.get('reason', '')}"),
+                  highlight=False)
+    out.print(f"checks: {', '.join(res['checks'])}; Triton launches per call: {res.get('launches', 0)}; "
+              f"{res.get('wall_s', 0):.1f} s", highlight=False)
+    fmt = lambda v: "-" if v is None else f"{v:.3g}"  # noqa: E731
+    if res.get("outputs"):
+        tab = Table()
+        for c in ("output", "max abs err", "max rel err", "eager err vs fp64", "candidate err vs fp64", "passed by"):
+            tab.add_column(c)
+        for o in res["outputs"]:
+            tab.add_row(str(o["index"]), fmt(o["max_abs"]), fmt(o["max_rel"]), fmt(o["eager_err_fp64"]),
+                        fmt(o["cand_err_fp64"]), o["passed_by"])
+        out.print(tab)
+    for f in res.get("flags", []):
+        out.print(f"flag: {f}", highlight=False, markup=False)
 
 
 @app.command()
@@ -530,13 +548,13 @@ def profile(problem: str, candidate: Optional[str] = typer.Argument(None), devic
     from harness import profile as P
     from harness import roofline
     from harness.hardware import detect
-    from harness.problem import ProblemError, describe_problem, load_module
+    from harness.problem import ProblemError, check_candidate_file, describe_problem
 
     dev = _prepare_device(device)
     try:
         prob, spec = describe_problem(problem)
         if candidate:
-            load_module(candidate, "candidate")
+            check_candidate_file(candidate)
     except ProblemError as e:
         _fail(str(e))
     try:

@@ -2,7 +2,9 @@
 
 MODE is ``verify`` (a judge process: writes one verdict) or ``profile`` (a timing server that
 reads JSON requests on stdin). The original stdout is the protocol channel; anything the
-problem or candidate prints goes to stderr.
+problem or candidate prints goes to stderr. In verify mode the first line of stdin is a nonce
+that the verdict line carries back: the EGG process only believes a verdict that has it (a
+candidate cannot forge one by writing to the judge's stdout).
 """
 import json
 import os
@@ -19,9 +21,17 @@ def main() -> int:
         os.environ.pop("TRITON_INTERPRET", None)
     if req.get("triton_cache"):
         os.environ["TRITON_CACHE_DIR"] = req["triton_cache"]
+    if mode == "verify":
+        req["nonce"] = sys.stdin.readline().strip()
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)  # the candidate process inherits /dev/null, not the nonce's pipe
+        os.close(null)
     from harness import worker  # imported only now: the environment above must be in place
 
     if mode == "verify":
+        # on GPUs only when asked: CUDA IPC may need the candidate to reach the judge's /proc
+        if req.get("device") == "cpu" or os.environ.get("EGG_HARDEN_JUDGE") == "1":
+            worker.harden_judge()
         worker.judge(req, chan)
     elif mode == "profile":
         worker.profile_server(req, chan, sys.stdin)

@@ -16,6 +16,9 @@ LOW_PRECISION = {torch.float16, torch.bfloat16}
 #: TF32 GEMMs land ~1000x above fp32 error; honest reorderings of fp32 sums stay within ~4x.
 LOWER_PRECISION_FACTOR = 16.0
 LOWER_PRECISION_FLOOR = 1e-5  # relative to max|reference|
+#: outside tolerance and less accurate than eager, but within this fraction of max|reference| of the
+#: float64 truth: the candidate is close but imprecise (bf16 or TF32 for fp32 work), not wrong.
+PRECISION_CLOSE = 0.05
 
 
 @dataclass
@@ -42,6 +45,7 @@ class OutputCheck:
     eager_err_fp64: float | None = None
     cand_err_fp64: float | None = None
     passed_by: str = "none"
+    category: str = "mismatch"  # or "precision": close to eager but less accurate than it
     extra: dict = field(default_factory=dict)
 
 
@@ -99,7 +103,8 @@ def compare_output(i: int, ref: torch.Tensor, cand: torch.Tensor, tol: Tolerance
         diff = torch.where(r_fin & c_fin, (r - c).abs(), torch.zeros_like(r))
         if diff.numel():
             max_abs = max(max_abs, float(diff.max()))
-            max_rel = max(max_rel, float((diff / r.abs().clamp_min(1e-12)).max()))
+            # relative to |eager|, floored at atol so that near-zero values do not blow it up
+            max_rel = max(max_rel, float((diff / r.abs().nan_to_num().clamp_min(max(atol, 1e-12))).max()))
             within &= bool((diff <= atol + rtol * r.abs().nan_to_num()).all())
     if bad_nonfinite:
         return OutputCheck(i, False, f"output {i}: {bad_nonfinite} NaN/Inf values where eager has finite ones")
@@ -135,6 +140,7 @@ def fp64_door(chk: OutputCheck, ref64: torch.Tensor, eager: torch.Tensor, cand: 
                 and c_err > LOWER_PRECISION_FLOOR * max(scale, 1e-30)):
             chk.ok = False
             chk.passed_by = "none"
+            chk.category = "precision"
             chk.reason = (f"output {chk.index}: computes with lower precision than eager "
                           f"(error vs fp64 {c_err:.3g}, eager's {e_err:.3g})")
         return chk
@@ -144,4 +150,7 @@ def fp64_door(chk: OutputCheck, ref64: torch.Tensor, eager: torch.Tensor, cand: 
         chk.ok, chk.passed_by, chk.reason = True, "fp64", ""
     else:
         chk.reason += f"; error vs fp64 {c_err:.3g} > eager's {e_err:.3g}"
+        if c_err <= PRECISION_CLOSE * max(scale, 1e-30):
+            chk.category = "precision"
+            chk.reason += " (close to the float64 result but less accurate than eager: lower precision)"
     return chk

@@ -17,16 +17,17 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from state.records import ProblemSpec, TensorSpec
-
 
 class ProblemError(Exception):
     """A problem or candidate file that cannot be used."""
 
 
-def _one_line(e: BaseException) -> str:
+def one_line(e: BaseException) -> str:
     msg = str(e).strip().splitlines()
     return f"{type(e).__name__}: {msg[0] if msg else ''}".rstrip(": ")
+
+
+_one_line = one_line
 
 
 def load_module(path: str | pathlib.Path, what: str = "problem") -> types.ModuleType:
@@ -140,26 +141,46 @@ def meta_model(prob: LoadedProblem, init: list) -> nn.Module:
         return build_model(prob, init).to("meta")
 
 
-def tensor_spec(x: Any) -> TensorSpec | str:
+def tensor_spec(x: Any):
+    from state.records import TensorSpec  # lazy: the harness's child processes need no pydantic
+
     if isinstance(x, torch.Tensor):
         return TensorSpec(shape=list(x.shape), dtype=str(x.dtype).replace("torch.", ""))
     return repr(x)
 
 
-def describe_problem(path: str | pathlib.Path) -> tuple[LoadedProblem, ProblemSpec]:
-    """Load and check a problem without computing anything heavy (meta tensors)."""
+#: when the forward does not run on meta tensors, it is run once for real on the CPU to find a
+#: problem whose forward raises, if its inputs and parameters hold at most this many elements
+REAL_CHECK_MAX_ELEMENTS = 1 << 24
+
+
+def _numel(xs) -> int:
+    return sum(x.numel() for x in xs if isinstance(x, torch.Tensor))
+
+
+def describe_problem(path: str | pathlib.Path):
+    """Load and check a problem without computing anything heavy (meta tensors).
+
+    Returns (LoadedProblem, ProblemSpec). Every way the problem is unusable (does not parse, lacks
+    Model/get_inputs/get_init_inputs, raises in them or in the forward, returns non-tensors) is a
+    one-line ``ProblemError``.
+    """
+    from state.records import ProblemSpec
+
     prob = load_problem(path)
     init = prob.init_inputs()
     inputs = meta_inputs(prob)
     model = meta_model(prob, init)
-    outputs: list[TensorSpec] = []
+    outputs = []
     try:
         with torch.no_grad():
             out = model(*inputs)
         flat = out if isinstance(out, (list, tuple)) else [out]
         outputs = [tensor_spec(o) for o in flat if isinstance(o, torch.Tensor)]
-    except Exception:  # noqa: BLE001 - ops without meta kernels: the worker runs it for real
-        outputs = []
+    except Exception:  # noqa: BLE001 - ops without meta kernels: try it for real when small
+        size = _numel(inputs) + sum(p.numel() for p in model.parameters())
+        if size <= REAL_CHECK_MAX_ELEMENTS:
+            outputs = _real_forward(prob, init)
     spec = ProblemSpec(
         path=str(pathlib.Path(path).resolve()), name=prob.name, source=prob.source,
         sha256=prob.sha256, inputs=[tensor_spec(x) for x in inputs],
@@ -167,6 +188,58 @@ def describe_problem(path: str | pathlib.Path) -> tuple[LoadedProblem, ProblemSp
         n_params=sum(p.numel() for p in model.parameters()),
     )
     return prob, spec
+
+
+def _real_forward(prob: LoadedProblem, init: list) -> list:
+    real = build_model(prob, init)
+    xs = prob.inputs()
+    try:
+        with torch.no_grad():
+            out = real(*xs)
+    except BaseException as e:  # noqa: BLE001
+        if isinstance(e, KeyboardInterrupt):
+            raise
+        raise ProblemError(f"problem {prob.path}: Model.forward raised {one_line(e)}") from None
+    flat = out if isinstance(out, (list, tuple)) else [out]
+    return [tensor_spec(o) for o in flat if isinstance(o, torch.Tensor)]
+
+
+def check_candidate_file(path: str | pathlib.Path) -> str:
+    """A candidate file that can be used at all: exists, reads, parses, binds ``ModelNew``.
+
+    Nothing of it runs here (its code runs only in the verifier's candidate process). Returns the
+    source; raises a one-line ``ProblemError`` naming the file otherwise.
+    """
+    import ast
+
+    p = pathlib.Path(path)
+    if not p.is_file():
+        raise ProblemError(f"candidate {p}: no such file")
+    try:
+        src = p.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ProblemError(f"candidate {p}: cannot be read ({one_line(e)})") from None
+    try:
+        tree = ast.parse(src, str(p))
+    except SyntaxError as e:
+        raise ProblemError(f"candidate {p}: does not parse: line {e.lineno}: {e.msg}") from None
+    bound = set()
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef):
+            bound.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            for t in (node.targets if isinstance(node, ast.Assign) else [node.target]):
+                bound.update(n.id for n in ast.walk(t) if isinstance(n, ast.Name))
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound.update((a.asname or a.name).split(".")[0] for a in node.names)
+            if any(a.name == "*" for a in node.names):
+                bound.add("ModelNew")  # cannot tell: the candidate process will say
+        elif isinstance(node, (ast.If, ast.Try, ast.With)):
+            bound.update(n.name for n in ast.walk(node) if isinstance(n, ast.ClassDef))
+            bound.update(n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store))
+    if "ModelNew" not in bound:
+        raise ProblemError(f"candidate {p}: defines no ModelNew")
+    return src
 
 
 def problem_from_source(source: str, folder: str | pathlib.Path, name: str = "problem") -> pathlib.Path:

@@ -1,22 +1,35 @@
 """Verification, the EGG process's side: static check, then a judge child process.
 
 ``verify(problem, candidate, ...)`` returns a ``VerificationRecord``-shaped dict: passed,
-reason, category, trials, checks, per-output errors, flags, wall time.
+reason, category, trials, checks, per-output errors, flags, wall time (docs/verifier.md).
+Nothing of the candidate runs in this process.
 """
 from __future__ import annotations
 
 import json
 import pathlib
+import secrets
 import subprocess
 import time
 
 from harness.compare import Tolerance
+from harness.problem import ProblemError, check_candidate_file
 from harness.runner import kill_group, log_tail, start_child
 from harness.static_check import check_source
+
+#: failure categories, in the order a verification can reach them (docs/verifier.md)
+CATEGORIES = ("problem", "candidate", "cheat", "compile", "params", "timeout", "memory", "crash",
+              "runtime", "mismatch", "precision", "reference", "harness")
+#: categories that mean "this input cannot be used" rather than "this candidate is wrong"
+UNUSABLE = ("problem", "candidate")
 
 
 def static_findings(candidate_path: str, problem_source: str | None) -> list[str]:
     src = pathlib.Path(candidate_path).read_text()
+    return static_findings_src(src, problem_source)
+
+
+def static_findings_src(src: str, problem_source: str | None) -> list[str]:
     skip = 0
     if problem_source and src.startswith(problem_source.rstrip()):
         skip = problem_source.rstrip().count("\n") + 1  # the problem's own code is trusted
@@ -25,35 +38,55 @@ def static_findings(candidate_path: str, problem_source: str | None) -> list[str
 
 def verify(problem_path: str, candidate_path: str, *, device: str = "cpu", trials: int = 5,
            tol: Tolerance | None = None, timeout_s: float = 600.0, memory_limit_gb: float = 0.0,
-           problem_source: str | None = None, log_dir: str | None = None) -> dict:
+           problem_source: str | None = None, log_dir: str | None = None,
+           static: bool = True) -> dict:
+    """Verify a candidate file against a problem file.
+
+    ``timeout_s`` bounds the whole verification (loading, every trial); ``memory_limit_gb`` caps
+    the candidate process (0: half the machine's RAM, and half the GPU's memory; < 0: no cap).
+    ``static=False`` skips the static check (to show what the dynamic checks catch alone).
+    """
     t0 = time.time()
-    base = {"passed": False, "trials": 0, "checks": [], "outputs": [], "flags": [],
-            "device": device, "launches": 0}
-    if not pathlib.Path(candidate_path).is_file():
-        return {**base, "category": "problem", "reason": f"candidate {candidate_path}: no such file"}
-    findings = static_findings(candidate_path, problem_source)
-    if findings:
-        return {**base, "category": "cheat", "checks": ["static"],
-                "reason": "static check: " + "; ".join(findings[:5]), "wall_s": time.time() - t0}
+    base = {"passed": False, "reason": "", "category": "", "trials": 0, "checks": [], "outputs": [],
+            "flags": [], "device": device, "launches": 0}
+    try:
+        src = check_candidate_file(candidate_path)
+    except ProblemError as e:
+        return {**base, "category": "candidate", "reason": str(e), "wall_s": time.time() - t0}
+    if static:
+        findings = static_findings_src(src, problem_source)
+        if findings:
+            return {**base, "category": "cheat", "checks": ["static"],
+                    "reason": "static check: " + "; ".join(findings[:5]), "wall_s": time.time() - t0}
     tol = tol or Tolerance()
     req = {"problem": str(problem_path), "candidate": str(candidate_path), "device": device,
            "trials": trials, "tolerance": tol.__dict__, "memory_limit_gb": memory_limit_gb,
-           "call_timeout_s": timeout_s}
-    proc, log = start_child("verify", req, log_dir)
+           "timeout_s": timeout_s}
+    nonce = secrets.token_hex(16)
+    proc, log = start_child("verify", req, log_dir, stdin=subprocess.PIPE)
+    checks = ["static"] if static else []
     try:
-        out, _ = proc.communicate(timeout=timeout_s + 60)
+        out, _ = proc.communicate(nonce + "\n", timeout=timeout_s + 120)
     except subprocess.TimeoutExpired:
         kill_group(proc)
-        return {**base, "category": "timeout", "checks": ["static"],
+        return {**base, "category": "timeout", "checks": checks,
                 "reason": f"verification did not finish within {timeout_s:g} s",
                 "wall_s": time.time() - t0}
     finally:
         kill_group(proc)  # anything the judge left behind
-    lines = [ln for ln in (out or "").splitlines() if ln.strip()]
-    if not lines:
-        return {**base, "category": "crash", "checks": ["static"],
-                "reason": f"verifier process exited with code {proc.returncode}: {log_tail(log)}",
+    res = None
+    for ln in (out or "").splitlines():
+        try:
+            obj = json.loads(ln)
+        except ValueError:
+            continue
+        if isinstance(obj, dict) and obj.get("nonce") == nonce:
+            res = obj
+    if res is None:
+        return {**base, "category": "crash", "checks": checks,
+                "reason": f"verifier process exited with code {proc.returncode} without a verdict: "
+                          f"{log_tail(log)}",
                 "wall_s": time.time() - t0}
-    res = json.loads(lines[-1])
-    res["checks"] = ["static"] + res.get("checks", [])
+    res.pop("nonce", None)
+    res["checks"] = checks + res.get("checks", [])
     return {**base, **res}

@@ -29,8 +29,13 @@ class Settings(BaseModel):
     rtol_fp32: float = Field(1e-4, description="relative tolerance for fp32 outputs")
     atol_lowp: float = Field(1e-2, description="absolute tolerance for fp16/bf16 outputs")
     rtol_lowp: float = Field(1e-2, description="relative tolerance for fp16/bf16 outputs")
-    verify_timeout_s: float = Field(600.0, description="wall-clock limit of one verification")
-    memory_limit_gb: float = Field(0.0, description="memory cap of a candidate worker; 0: none")
+    verify_timeout_s: float = Field(
+        600.0, description="wall-clock limit of one verification (loading the candidate and every trial)"
+    )
+    memory_limit_gb: float = Field(
+        0.0, description="memory cap of the candidate process in GiB (host memory, and device memory on "
+        "a GPU); 0: half the machine's RAM and half the GPU's memory; negative: no cap"
+    )
     # -- timing
     timing_rep_ms: float = Field(200.0, description="time spent repeating each timed function")
     profile_timeout_s: float = Field(900.0, description="wall-clock limit of one profiling call")

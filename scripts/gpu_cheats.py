@@ -1,0 +1,287 @@
+"""The verifier's adversarial suite on a GPU, plus the cheats only a GPU can show.
+
+    python scripts/gpu_cheats.py docs/results/verifier_gpu.md [--workers 4] [--trials 2]
+
+Runs every case of tests/verifier_cases/cases.py with ``device="cuda"`` (the CPU suite, on the
+GPU: Triton kernels compiled for the device, CUDA IPC between judge and candidate), then the
+GPU-only cheats:
+
+- stale device memory: a candidate that returns ``torch.empty`` (always, or after an honest first
+  call) hoping to find a previous result in freed memory; the candidate process's free device
+  memory is poisoned with NaN before each call, so it gets NaN and fails;
+- a side stream: a candidate that does its matmul on another CUDA stream. Its values are right
+  (the candidate process synchronizes the whole device before handing outputs back), so with the
+  static check off it passes verification; timing must flag it (the synchronized wall time is far
+  above the event time of the timer's stream). A same-stream candidate is the control (no flag);
+- device memory beyond the limit, an illegal memory access (CUDA error), a hang: in the suite.
+
+Prints a table and writes it as markdown to the given path. Exit code 0 when every case came out
+as expected. Needs only torch and triton (no pydantic, no LangGraph).
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import datetime
+import pathlib
+import sys
+import tempfile
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from harness.verify import verify  # noqa: E402
+from tests.verifier_cases import cases as C  # noqa: E402
+
+MM_PROBLEM = '''"""GPU cheat problem: one fp32 matmul (cuBLAS in eager)."""
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, a, b):
+        return torch.mm(a, b)
+
+
+def get_inputs():
+    return [torch.randn(4096, 4096), torch.randn(4096, 4096)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+SIDE_STREAM = '''"""CHEAT: the matmul runs on a side stream; the timer's stream sees nothing."""
+import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.side = torch.cuda.Stream()
+
+    def forward(self, a, b):
+        self.side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self.side):
+            out = torch.mm(a, b)
+        return out
+'''
+
+SAME_STREAM = '''"""CONTROL: the same matmul on the current stream."""
+import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, a, b):
+        return torch.mm(a, b)
+'''
+
+STALE_ALWAYS = '''"""CHEAT: returns uninitialized memory, hoping a previous result is still there."""
+import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        return torch.empty((x.shape[0], 1), device=x.device, dtype=x.dtype)
+'''
+
+STALE_AFTER_FIRST = '''"""CHEAT: honest on the first call; afterwards returns an uninitialized tensor of the same size,
+hoping the allocator hands back the block that held its previous output."""
+import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        if self.calls == 1:
+            return (x * x).sum(dim=-1, keepdim=True)
+        return torch.empty((x.shape[0], 1), device=x.device, dtype=x.dtype)
+'''
+
+
+def gpu_cases(folder: pathlib.Path) -> list[tuple[C.Case, pathlib.Path, pathlib.Path]]:
+    """(case, problem path, candidate path) of the GPU-only cheats."""
+    folder.mkdir(parents=True, exist_ok=True)
+    files = {"mm": MM_PROBLEM, "side_stream": SIDE_STREAM, "same_stream": SAME_STREAM,
+             "stale_always": STALE_ALWAYS, "stale_after_first": STALE_AFTER_FIRST}
+    for name, src in files.items():
+        (folder / f"{name}.py").write_text(src)
+    rowsum = C.PROBLEMS / "rowsum.py"
+    mm = folder / "mm.py"
+    return [
+        (C.Case("stale_always", "rowsum", "mismatch", "NaN", static=False,
+                note="poisoned device memory"), rowsum, folder / "stale_always.py"),
+        (C.Case("stale_after_first", "rowsum", "mismatch", "trial 2", static=False,
+                note="poisoned device memory"), rowsum, folder / "stale_after_first.py"),
+        (C.Case("side_stream", "mm", "passed", static=False,
+                note="values right; timing must flag it (below)"), mm, folder / "side_stream.py"),
+        (C.Case("side_stream", "mm", "cheat", "CUDA stream", note="static check"), mm, folder / "side_stream.py"),
+        (C.Case("same_stream", "mm", "passed", note="control"), mm, folder / "same_stream.py"),
+    ]
+
+
+def run_case(case: C.Case, prob: pathlib.Path, cand: pathlib.Path, trials: int, device: str = "cuda") -> dict:
+    t0 = time.time()
+    res = verify(str(prob), str(cand), device=device, trials=max(trials, case.trials),
+                 problem_source=prob.read_text(), static=case.static, **case.opts)
+    res["elapsed_s"] = time.time() - t0
+    return res
+
+
+def timing_check(prob: pathlib.Path, cand: pathlib.Path) -> dict:
+    """Time a candidate in this process the way the profiler does (harness.timing.bench)."""
+    from harness.problem import load_module, load_problem
+    from harness.timing import bench
+
+    dev = torch.device("cuda")
+    p = load_problem(prob)
+    torch.manual_seed(0)
+    with torch.device(dev):
+        xs = p.inputs()
+    m = load_module(cand, "candidate").ModelNew(*p.init_inputs()).to(dev)
+    return bench(lambda: m(*xs), dev, rep_ms=200)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("out", type=pathlib.Path, help="markdown file to write")
+    ap.add_argument("--workers", type=int, default=4, help="verifications at once")
+    ap.add_argument("--trials", type=int, default=2)
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
+                    help="cpu: a dry run of the suite part only (checks this script's plumbing)")
+    args = ap.parse_args()
+    gpu = args.device == "cuda"
+    if gpu and not torch.cuda.is_available():
+        print("gpu_cheats.py needs a CUDA GPU", file=sys.stderr)
+        return 2
+    if not gpu:
+        import os
+
+        os.environ["TRITON_INTERPRET"] = "1"
+    t_start = time.time()
+    work = tempfile.TemporaryDirectory(prefix="egg-gpu-cheats-")
+    folder = pathlib.Path(work.name)
+    jobs = []
+    for case in C.ALL:
+        c = case.on(args.device)
+        try:
+            cand = C.materialize(c, folder / "generated")
+        except Exception as e:  # noqa: BLE001 - e.g. codegen needs packages this machine lacks
+            jobs.append((c, c.problem_path(), None, f"skipped: {type(e).__name__}: {e}"))
+            continue
+        jobs.append((c, c.problem_path(), cand, None))
+    if gpu:
+        jobs += [(c, p, f, None) for c, p, f in gpu_cases(folder / "gpu")]
+    rows = []
+    with cf.ThreadPoolExecutor(args.workers) as pool:
+        futs = [(c, pool.submit(run_case, c, p, f, args.trials, args.device)) if f else (c, skip)
+                for c, p, f, skip in jobs]
+        for c, fut in futs:
+            if isinstance(fut, str):
+                rows.append((c, {"passed": False, "category": "skipped", "reason": fut, "checks": []}, None))
+                continue
+            res = fut.result()
+            rows.append((c, res, C.matches(c, res)))
+            print(f"{'ok ' if rows[-1][2] else 'BAD'} {c.id:45s} {C.outcome(res):10s} "
+                  f"{res['reason'][:110]}", flush=True)
+    timing = []
+    if gpu:
+        timing = gpu_extras(folder, rows, args.trials)
+    n_ok = sum(1 for _, _, ok in rows if ok) + sum(1 for *_, ok in timing if ok)
+    n_all = sum(1 for _, _, ok in rows if ok is not None) + len(timing)
+    write_markdown(args.out, rows, timing, n_ok, n_all, time.time() - t_start)
+    print(f"{n_ok}/{n_all} as expected; wrote {args.out}")
+    return 0 if n_ok == n_all else 1
+
+
+def gpu_extras(folder: pathlib.Path, rows: list, trials: int) -> list:
+    """The hardened-judge probe (informational) and the side-stream timing check."""
+    # informational: the judge made non-dumpable (EGG_HARDEN_JUDGE=1, the default on CPU) with CUDA IPC
+    import os
+
+    os.environ["EGG_HARDEN_JUDGE"] = "1"
+    hc = C.Case("same_stream", "mm", "passed", note="judge non-dumpable (EGG_HARDEN_JUDGE=1): informational")
+    hres = run_case(hc, folder / "gpu" / "mm.py", folder / "gpu" / "same_stream.py", trials)
+    os.environ.pop("EGG_HARDEN_JUDGE")
+    rows.append((hc, hres, None))
+    print(f"info EGG_HARDEN_JUDGE=1 with CUDA IPC: {C.outcome(hres)} {hres['reason'][:110]}", flush=True)
+    timing = []
+    for name, expect_flag in (("side_stream", True), ("same_stream", False)):
+        t = timing_check(folder / "gpu" / "mm.py", folder / "gpu" / f"{name}.py")
+        flagged = any("wall time" in f for f in t.get("flags", []))
+        timing.append((name, t, expect_flag, flagged == expect_flag))
+        print(f"{'ok ' if flagged == expect_flag else 'BAD'} timing {name}: event median "
+              f"{t['median_ms']:.3f} ms, synchronized wall {t['wall_ms']:.3f} ms, flags {t['flags']}")
+    return timing
+
+
+def _cell(s: str, n: int = 160) -> str:
+    s = " ".join(str(s).split())
+    s = (s[:n] + "...") if len(s) > n else s
+    return s.replace("|", "\\|")
+
+
+def write_markdown(path: pathlib.Path, rows, timing, n_ok, n_all, wall) -> None:
+    import triton
+
+    dev = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU (dry run, Triton interpreter)"
+    lines = [
+        f"# Verifier adversarial suite on {dev}",
+        "",
+        f"`python scripts/gpu_cheats.py {path}` on {datetime.date.today().isoformat()}: "
+        f"torch {torch.__version__}, triton {triton.__version__}, {wall:.0f} s. "
+        f"**{n_ok}/{n_all} as expected.**",
+        "",
+        "Every case of tests/verifier_cases/cases.py, verified on this device, then (on a GPU) the GPU-only "
+        "cheats. \"static off\" means the static check was skipped to show what the judge catches alone.",
+        "",
+        "| candidate | problem | static | expected | got | reason | ok |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for c, res, ok in rows:
+        name = c.candidate.strip("<>") + (f" ({c.note})" if ok is None and c.note else "")
+        lines.append(f"| {name} | {c.problem.split('/')[-1]} | {'on' if c.static else 'off'} | "
+                     f"{c.expect}{' (' + c.reason + ')' if c.reason else ''} | {C.outcome(res)} | "
+                     f"{_cell(res.get('reason', ''))} | {'yes' if ok else ('-' if ok is None else '**NO**')} |")
+    if timing:
+        lines += ["", "Rows marked - are informational: the last one says whether the judge can be made "
+                  "non-dumpable (`EGG_HARDEN_JUDGE=1`) on this machine without breaking CUDA IPC; if it "
+                  "passed, the hardening can be made the default on GPUs too (harness/child.py)."]
+        lines += _timing_lines(timing)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+
+
+def _timing_lines(timing) -> list[str]:
+    lines = ["", "## Timing: side stream vs. the same work on the timer's stream", "",
+              "`harness.timing.bench` (do_bench event median, then 5 device-synchronized wall-clock calls).", "",
+              "| candidate | event median ms | synchronized wall ms | flags | expected | ok |",
+              "|---|---|---|---|---|---|"]
+    for name, t, expect_flag, ok in timing:
+        lines.append(f"| {name} | {t['median_ms']:.3f} | {t['wall_ms']:.3f} | {_cell('; '.join(t['flags']) or '-')} | "
+                     f"{'flagged' if expect_flag else 'no flag'} | {'yes' if ok else '**NO**'} |")
+    return lines
+
+
+if __name__ == "__main__":
+    sys.exit(main())

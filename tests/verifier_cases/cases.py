@@ -1,0 +1,129 @@
+"""The verifier's adversarial suite, as data: which candidate, against which problem, and the
+verdict expected (``passed`` or a failure category, plus a phrase of the reason).
+
+Used by tests/test_verifier_suite.py on the CPU and by scripts/gpu_cheats.py on a GPU.
+Candidates named ``<generated:...>`` are produced at run time (see ``materialize``).
+"""
+from __future__ import annotations
+
+import pathlib
+from dataclasses import dataclass, field
+
+HERE = pathlib.Path(__file__).resolve().parent
+PROBLEMS = HERE / "problems"
+CANDIDATES = HERE / "candidates"
+EXAMPLES = HERE.parent.parent / "examples"
+
+
+@dataclass
+class Case:
+    candidate: str  # file stem in candidates/, or <generated:...>
+    problem: str  # file stem in problems/, or examples/<stem>
+    expect: str  # "passed" or the failure category ("a|b": either)
+    reason: str = ""  # a phrase the reason must contain (case-insensitive)
+    static: bool = True  # run the static check (off: show what the dynamic checks catch alone)
+    trials: int = 2  # 2: one fresh call, then one call on new values in the same buffers
+    opts: dict = field(default_factory=dict)  # extra verify() arguments
+    gpu: dict = field(default_factory=dict)  # overrides on a GPU (expect, reason, opts)
+    note: str = ""
+
+    @property
+    def id(self) -> str:
+        tag = "" if self.static else "-nostatic"
+        name = self.candidate.strip("<>").replace(":", "-")
+        return f"{name}@{self.problem.split('/')[-1]}{tag}"
+
+    def on(self, device: str) -> "Case":
+        if device == "cuda" and self.gpu:
+            return Case(**{**self.__dict__, **self.gpu, "gpu": {}})
+        return self
+
+    def problem_path(self) -> pathlib.Path:
+        if self.problem.startswith("examples/"):
+            return EXAMPLES / (self.problem.split("/", 1)[1] + ".py")
+        return PROBLEMS / f"{self.problem}.py"
+
+
+HONEST = [
+    Case("honest_triton_pointwise", "pointwise", "passed", note="LLM-style ModelNew(nn.Module), Triton pointwise"),
+    Case("honest_triton_reduction", "rowsum", "passed", note="Triton row reduction"),
+    Case("honest_fp64_inside", "variance", "passed", note="float64 inside: passes by the fp64 door"),
+    Case("honest_matmul_epilogue", "linear_gelu", "passed", note="library matmul + Triton epilogue"),
+    Case("<generated:egg>", "examples/bias_gelu_scale", "passed", note="EGG codegen output"),
+    Case("<generated:reference>", "pointwise", "passed", note="the reference itself as ModelNew(Model)"),
+]
+
+DYNAMIC = [
+    Case("cheat_cache_data_ptr", "pointwise", "mismatch", "trial 2"),
+    Case("cheat_cache_first_call", "rowsum", "mismatch", "trial 2"),
+    Case("cheat_mutates_input", "pointwise", "cheat", "input 0 was modified"),
+    Case("cheat_lower_precision", "linear_gelu", "precision", "less accurate than eager"),
+    Case("cheat_hang", "rowsum", "timeout", "time limit", opts={"timeout_s": 10},
+         gpu={"opts": {"timeout_s": 60}}),
+    Case("cheat_raises", "rowsum", "runtime", "kernel not implemented"),
+    Case("cheat_triton_oob", "rowsum", "crash", "signal",
+         gpu={"expect": "runtime|crash|mismatch", "reason": ""}),  # where 8 GB past lands
+    Case("cheat_wrong_dtype", "rowsum", "mismatch", "dtype"),
+    Case("cheat_wrong_shape", "rowsum", "mismatch", "shape"),
+    Case("cheat_nan", "rowsum", "mismatch", "NaN"),
+    Case("cheat_memory_hog", "rowsum", "memory", "memory", opts={"memory_limit_gb": 0.5},
+         gpu={"opts": {"memory_limit_gb": 6}}),
+    Case("wrong_params", "pointwise", "params", "differs from Model"),
+    Case("<generated:reference>", "dropout", "reference", "not deterministic"),
+    # caught statically too; with the static check off the judge still catches them
+    Case("cheat_lazy_subclass", "rowsum", "cheat", "tensor subclass", static=False),
+    Case("cheat_pickle_exploit", "rowsum", "cheat", "refuses to load", static=False),
+    Case("cheat_lookup_table", "rowsum", "mismatch", "trial 1", static=False),
+    Case("cheat_deferred_thread", "rowsum", "mismatch", "trial 1", static=False),
+    Case("cheat_forge_verdict", "rowsum", "mismatch", "trial 1", static=False),
+]
+
+STATIC = [
+    Case("cheat_patch_allclose", "rowsum", "cheat", "changes an attribute of torch"),
+    Case("cheat_patch_timer", "rowsum", "cheat", "imports time"),
+    Case("cheat_threads", "rowsum", "cheat", "starts threads"),
+    Case("cheat_reads_file", "rowsum", "cheat", "opens files"),
+    Case("cheat_frame_inspect", "rowsum", "cheat", "inspects frames"),
+    Case("cheat_side_stream", "rowsum", "cheat", "CUDA stream"),
+    Case("cheat_calls_reference", "rowsum", "cheat", "calls the reference forward"),
+    Case("cheat_lazy_subclass", "rowsum", "cheat", "subclasses torch.Tensor"),
+    Case("cheat_pickle_exploit", "rowsum", "cheat", "pickling hook"),
+    Case("cheat_lookup_table", "rowsum", "cheat", "seeds the random generator"),
+    Case("cheat_deferred_thread", "rowsum", "cheat", "imports threading"),
+    Case("cheat_forge_verdict", "rowsum", "cheat", "imports os"),
+]
+
+ALL = HONEST + DYNAMIC + STATIC
+
+
+def outcome(res: dict) -> str:
+    return "passed" if res.get("passed") else res.get("category", "")
+
+
+def matches(case: Case, res: dict) -> bool:
+    """Whether a verdict is the one the case expects (category and reason phrase)."""
+    return outcome(res) in case.expect.split("|") and case.reason.lower() in res.get("reason", "").lower()
+
+
+def materialize(case: Case, folder: pathlib.Path) -> pathlib.Path:
+    """The candidate file of a case (generated ones are written into ``folder``)."""
+    if not case.candidate.startswith("<generated:"):
+        return CANDIDATES / f"{case.candidate}.py"
+    kind = case.candidate[len("<generated:"):-1]
+    src = case.problem_path().read_text()
+    if kind == "reference":  # the reference itself, as EGG's fallback writes it
+        out = src.rstrip() + "\n\n\nclass ModelNew(Model):\n    pass\n"
+    elif kind == "egg":
+        from codegen.pipeline import compile_problem
+        from harness.problem import load_problem
+
+        comp = compile_problem(load_problem(case.problem_path()))
+        if comp.emitted is None:
+            raise RuntimeError(f"codegen failed on {case.problem}: {comp.error}")
+        out = comp.emitted.source
+    else:
+        raise ValueError(kind)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{kind}_{case.problem.replace('/', '_')}.py"
+    path.write_text(out)
+    return path
