@@ -36,6 +36,10 @@ def group_geometry(plan: FusionPlan, g: Group, n_inputs: int) -> dict:
         numel *= s
     if g.red is None:
         return {"numel": numel, "n_inputs": n_inputs}
+    if g.kind == "chanstats":
+        c = g.domain[1] if len(g.domain) > 1 else 1
+        return {"numel": numel, "n_inputs": n_inputs, "nrows": c, "r": numel // max(1, c),
+                "batch": g.domain[0], "inner": 1, "rows_variant": True}
     if g.kind == "pool":
         out = 1
         for s in g.out_shape:

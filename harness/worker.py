@@ -48,6 +48,14 @@ MARK = "__egg_marker__"
 
 
 # ----------------------------------------------------------------------------- helpers
+def _device(name: str) -> torch.device:
+    """The device with an explicit index (several CUDA memory APIs refuse a bare 'cuda')."""
+    dev = torch.device(name)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    return dev
+
+
 def _sync(dev: torch.device) -> None:
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
@@ -272,7 +280,7 @@ def candidate_main(conn, creq: dict) -> None:
         os.setpgid(0, os.getpgid(os.getppid()))
     except OSError:
         pass
-    dev = torch.device(creq["device"])
+    dev = _device(creq["device"])
     launches = _count_triton_launches()
     try:
         _limit_memory(creq, dev)
@@ -362,7 +370,7 @@ def judge(req: dict, chan) -> None:
               "outputs": [], "flags": [], "launches": 0, "device": req["device"]}
     proc = conn = None
     try:
-        dev = torch.device(req["device"])
+        dev = _device(req["device"])
         deadline = t_start + float(req.get("timeout_s", 600))
         tol = Tolerance(**req.get("tolerance", {}))
         mem = memory_limit_bytes(req.get("memory_limit_gb"))
@@ -651,7 +659,7 @@ def profile_server(req: dict, chan, stdin) -> None:
     from harness import gpulock
     from harness.timing import bench
 
-    dev = torch.device(req["device"])
+    dev = _device(req["device"])
     rep_ms = float(req.get("rep_ms", 200))
     prob = load_problem(req["problem"])
     init = prob.init_inputs()

@@ -92,3 +92,9 @@ def scan_config(rows: int, r: int, sm_count: int = 132) -> dict:
     while block_o > 1 and math.ceil(rows / block_o) < 2 * sm_count:
         block_o //= 2
     return {"BLOCK_O": block_o, "BLOCK_R": block_r, "num_warps": 8 if block_r * block_o >= 2048 else 4}
+
+
+def chanstats_config(channels: int, batch: int, sm_count: int = 132) -> dict:
+    """Channel x batch-chunk programs: at least 4 per SM when the batch allows it."""
+    splits = max(1, min(batch, math.ceil(4 * sm_count / max(1, channels)), 256))
+    return {"BLOCK": 1024, "num_warps": 4, "SPLITS": splits}

@@ -24,6 +24,7 @@ KIND_PRINCIPLES = {
     "pointwise": ["alg-fuse-pointwise-chain", "alg-fp32-accumulate"],
     "reduction": ["alg-reduction-prologue", "alg-reduction-epilogue", "alg-fp32-accumulate"],
     "softmax": ["alg-online-softmax", "alg-reduction-prologue", "alg-reduction-epilogue"],
+    "chanstats": ["alg-batchnorm-decompose", "tile-split-rows"],
     "scan": ["alg-scan-carry", "alg-reduction-prologue", "alg-reduction-epilogue"],
     "pool": ["alg-pool-direct", "alg-reduction-prologue", "alg-reduction-epilogue"],
     "norm": ["alg-norm-fusion", "alg-reduction-prologue", "alg-reduction-epilogue", "tile-split-rows"],
@@ -67,6 +68,8 @@ def group_config(plan: FusionPlan, g: Group, sm_count: int) -> dict:
         return H.norm_config(geo["nrows"], geo["r"], sm_count)
     if g.kind == "scan":
         return H.scan_config(geo["nrows"], geo["r"], sm_count)
+    if g.kind == "chanstats":
+        return H.chanstats_config(geo["nrows"], geo["batch"], sm_count)
     return H.softmax_config(geo["nrows"], geo["r"], geo["inner"], geo["rows_variant"])
 
 
