@@ -200,6 +200,29 @@ def _inner(g: Group) -> bool:
     return n == 1
 
 
+#: tensors that forward creates from Python values (fx keeps them as _tensor_constantN) are
+#: re-created in ModelNew.__init__ up to this many elements; larger ones cannot be embedded
+MAX_EMBEDDED_CONSTANT = 4096
+
+
+class EmitError(ValueError):
+    """The graph cannot be written as a standalone ModelNew file."""
+
+
+def _traced_constants(gm) -> list[str]:
+    lines = []
+    for n in gm.graph.nodes:
+        if n.op != "get_attr" or not re.fullmatch(r"_tensor_constant\d+", str(n.target)):
+            continue
+        t = getattr(gm, n.target)
+        if t.numel() > MAX_EMBEDDED_CONSTANT or t.device.type == "meta":
+            raise EmitError(f"forward creates a tensor constant of {t.numel()} elements")
+        dt = str(t.dtype).replace("torch.", "")
+        lines.append(f"self.register_buffer({n.target!r}, torch.tensor({t.tolist()!r}, "
+                     f"dtype=torch.{dt}), persistent=False)")
+    return lines
+
+
 def _wrapper_stub(name: str):
     def stub(*args):  # placeholder target; the emitted file defines the real wrapper
         raise RuntimeError("stub")
@@ -255,6 +278,7 @@ def emit_model(problem_source: str, plan: FusionPlan, configs: dict[str, dict] |
             graph.erase_node(m)
     graph.eliminate_dead_code()
     graph.lint()
+    init_lines = list(init_lines or []) + _traced_constants(gm)
     imports, forward = _forward_source(graph, stubs)
     body = [MARK, header.rstrip(), RUNTIME_SOURCE.rstrip(), "\n".join(imports)]
     body += kernels_src + wrappers_src

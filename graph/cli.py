@@ -629,8 +629,9 @@ def bench(folder: pathlib.Path, out_dir: pathlib.Path = typer.Option(pathlib.Pat
                                    help="problems at once (subprocesses); timings never overlap"),
           problem_timeout: float = typer.Option(900.0, "--problem-timeout",
                                                 help="wall-clock limit of one problem, seconds"),
-          verify_lock: bool = typer.Option(False, "--verify-lock",
-                                           help="verification holds the GPU lock shared (docs/bench.md)"),
+          verify_lock: Optional[bool] = typer.Option(None, "--verify-lock/--no-verify-lock",
+                                                     help="verification holds the GPU lock shared "
+                                                          "(default: on when --jobs > 1; docs/bench.md)"),
           policy: Optional[str] = typer.Option(None, "--policy"),
           model: Optional[str] = typer.Option(None, "--model", help="LLM model name"),
           base_url: Optional[str] = typer.Option(None, "--base-url", help="OpenAI-compatible URL"),
@@ -649,7 +650,8 @@ def bench(folder: pathlib.Path, out_dir: pathlib.Path = typer.Option(pathlib.Pat
                          timing_rep_ms=rep_ms)
     try:
         rep = B.run_bench(problems, folder, out_dir, settings, resume, console=out, jobs=jobs,
-                          problem_timeout_s=problem_timeout, verify_lock=verify_lock)
+                          problem_timeout_s=problem_timeout,
+                          verify_lock=(jobs > 1) if verify_lock is None else verify_lock)
     except LLMError as e:
         _fail(f"{e}\nbench stopped; the problems done so far are in {out_dir / 'results.jsonl'}: "
               "continue with egg bench ... --resume", EXIT_LLM)

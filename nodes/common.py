@@ -66,7 +66,19 @@ def author_step(state: EggState, runtime: Runtime, stage: str, ask) -> dict:
         ctx.finished, ctx.finish_reason = True, f"attempt cap ({n}) reached"
         return {**base, "stage_context": {stage: ctx}}
     policy = get_policy(settings.policy)
-    res = ask(policy)(state, settings)
+    try:
+        res = ask(policy)(state, settings)
+    except Exception as e:  # noqa: BLE001 - a policy bug ends the stage, never the run
+        from policies.llm_io import LLMError
+
+        if isinstance(e, LLMError):
+            raise  # an unreachable endpoint ends the run with its own message (resumable)
+        import traceback
+
+        where = traceback.extract_tb(e.__traceback__)[-1]
+        res = Decline(f"the {settings.policy} policy failed: {type(e).__name__}: {e} "
+                      f"({pathlib.Path(where.filename).name}:{where.lineno}); "
+                      "the best verified candidate so far is kept")
     _add_stats(ctx, getattr(res, "stats", None))
     if isinstance(res, Decline):
         ctx.finished, ctx.finish_reason = True, res.reason

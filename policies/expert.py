@@ -175,9 +175,12 @@ class ExpertPolicy:
                 return Decline("no configuration change applies")
         cid = state.new_candidate_id()
         header = f"# candidate {cid} (stage {stage}, expert policy); rewrites: {', '.join(rewrites) or 'none'}"
-        from codegen.emit import emit_model
+        from codegen.emit import EmitError, emit_model
 
-        em = emit_model(prob.source, fplan, configs, header)
+        try:
+            em = emit_model(prob.source, fplan, configs, header)
+        except EmitError as e:
+            return Decline(f"cannot write a standalone ModelNew: {e}")
         principles = sorted({p for g in fplan.groups for p in KIND_PRINCIPLES[g.kind]} | set(rewrites))
         return Draft(
             source=em.source,
@@ -213,7 +216,7 @@ class ExpertPolicy:
             out = {}
             for g in fplan.groups:
                 cfg = dict(cfg_of.get(g.id, configs[g.id]))
-                if g.kind != "pointwise":
+                if g.kind in ("reduction", "softmax"):  # the templates with a pipelined loop
                     geo = pipeline.group_geometry(fplan, g, 1)
                     iters = -(-geo["r"] // max(1, cfg.get("BLOCK_R", 1)))
                     st = H.pipeline_stages(iters)

@@ -190,3 +190,23 @@ def get_init_inputs():
 '''
     # the interpreter truncates on bf16 downcasts: allow one bf16 ulp (ENVIRONMENT.md)
     generated_matches(write_problem(src, f"lowp_{dtype}"), tmp_path, atol=2e-2, rtol=2e-2)
+
+
+def test_tensor_constant_created_in_forward(write_problem, tmp_path):
+    """fx keeps torch.tensor(python value) of forward as _tensor_constantN: ModelNew recreates it."""
+    src = '''
+import torch, torch.nn as nn
+class Model(nn.Module):
+    def __init__(self, v):
+        super().__init__()
+        self.v = v
+    def forward(self, x):
+        return (torch.min(x, torch.tensor(self.v)) + 0.5) * 2.0
+def get_inputs():
+    return [torch.randn(4, 37)]
+def get_init_inputs():
+    return [0.3]
+'''
+    comp = generated_matches(write_problem(src, "const"), tmp_path)
+    assert "register_buffer('_tensor_constant0'" in comp.emitted.source
+    assert [g.kind for g in comp.plan.groups] == ["pointwise"]
