@@ -281,8 +281,10 @@ def plan_items(state: EggState) -> list[str]:
         return ["(no plan)"]
     out = []
     for g in p.groups:
+        off = ("; TURNED OFF by the plan review: keep these ops as PyTorch code"
+               if g.kind != "library" and not g.enabled else "")
         out.append(f"- group {g.id} ({g.kind}{', template ' + g.template if g.template else ''}): "
-                   f"nodes {', '.join(g.nodes)}; {g.reason}"
+                   f"nodes {', '.join(g.nodes)}; {g.reason}{off}"
                    + (f" [{', '.join(g.principle_ids)}]" if g.principle_ids else ""))
     if p.rewrites:
         out.append(f"- rewrites: {', '.join(p.rewrites)}")

@@ -395,3 +395,14 @@ def test_replay_serves_recorded_replies_and_detects_divergence(problem, tmp_path
     # asking another role at a recorded index: the replay diverged
     with pytest.raises(LLMError, match="replay diverged at exchange 0"):
         LLMPolicy().design(planned_state(problem), s)
+
+
+def test_plan_items_tell_the_model_which_groups_review_turned_off():
+    from policies.prompts import plan_items
+    from state import EggState, FusionGroup, Plan
+
+    plan = Plan(groups=[FusionGroup(id="g0", kind="pointwise", nodes=["relu"]),
+                        FusionGroup(id="g1", kind="softmax", nodes=["softmax"], enabled=False)])
+    items = plan_items(EggState(plan=plan))
+    assert "TURNED OFF" not in items[0]
+    assert "g1" in items[1] and "TURNED OFF" in items[1] and "PyTorch" in items[1]
