@@ -184,6 +184,18 @@ def plan_fusion(gm: fx.GraphModule, disabled: set[str] | None = None) -> FusionP
         groups.append(g)
         return g
 
+    def absorb_prologue(g: Group, src: fx.Node, ok=lambda pg: True) -> None:
+        """Fold the pointwise group that produces ``src`` (over g's domain, used by nothing
+        else) into g as its prologue (principle alg-reduction-prologue)."""
+        pg = where.get(src)
+        if (pg is None or pg.kind != "pointwise" or pg.domain != g.domain
+                or not users_ok(pg, g.red, strict=True) or not ok(pg)):
+            return
+        groups.remove(pg)
+        g.members = pg.members + g.members
+        for m in pg.members:
+            where[m] = g
+
     for n in nodes:
         op = nops[n]
         shape = node_shape(n)
@@ -275,12 +287,7 @@ def plan_fusion(gm: fx.GraphModule, disabled: set[str] | None = None) -> FusionP
                 op.kind, op.why = "library", "scan along a non-innermost dim"
                 continue
             g = new_group("scan", members=[n], domain=in_shape, red=n, rdims=[d], out_shape=in_shape)
-            pg = where.get(src)
-            if pg is not None and pg.kind == "pointwise" and pg.domain == in_shape and users_ok(pg, n, strict=True):
-                groups.remove(pg)
-                g.members = pg.members + [n]
-                for m in pg.members:
-                    where[m] = g
+            absorb_prologue(g, src)
             where[n] = g
             continue
         if op.kind == "pool":
@@ -290,15 +297,14 @@ def plan_fusion(gm: fx.GraphModule, disabled: set[str] | None = None) -> FusionP
                 op.kind, op.why = "library", "pooling of a non-floating tensor"
                 continue
             g = new_group("pool", members=[n], domain=in_shape, red=n, out_shape=shape)
-            pg = where.get(src)
-            if pg is not None and pg.kind == "pointwise" and pg.domain == in_shape and users_ok(pg, n, strict=True):
+
+            def one_windowed_input(pg: Group) -> bool:  # the window loads exactly one full tensor
                 ext = {t for m in pg.members for t in nops[m].tensor_inputs if t not in pg.members}
                 full = [t for t in ext if node_shape(t) == in_shape]
-                if len(full) == 1 and all(t in full or pool_aux_pattern(in_shape, node_shape(t)) for t in ext):
-                    groups.remove(pg)
-                    g.members = pg.members + [n]
-                    for m in pg.members:
-                        where[m] = g
+                return len(full) == 1 and all(t in full or pool_aux_pattern(in_shape, node_shape(t))
+                                              for t in ext)
+
+            absorb_prologue(g, src, one_windowed_input)
             where[n] = g
             continue
         if op.kind == "norm":
@@ -308,15 +314,9 @@ def plan_fusion(gm: fx.GraphModule, disabled: set[str] | None = None) -> FusionP
                 op.kind, op.why = "library", "normalization layout not handled"
                 continue
             g = new_group("norm", members=[n], domain=in_shape, red=n, out_shape=in_shape)
-            pg = where.get(src)
-            if (pg is not None and pg.kind == "pointwise" and pg.domain == in_shape
-                    and users_ok(pg, n, strict=True)
-                    and all(norm_pattern(g, op, node_shape(t)) for m in pg.members
-                            for t in nops[m].tensor_inputs if t not in pg.members)):
-                groups.remove(pg)
-                g.members = pg.members + [n]
-                for m in pg.members:
-                    where[m] = g
+            absorb_prologue(g, src, lambda pg: all(
+                norm_pattern(g, op, node_shape(t)) for m in pg.members
+                for t in nops[m].tensor_inputs if t not in pg.members))
             where[n] = g
             continue
         if op.kind in ("reduction", "softmax"):
@@ -339,18 +339,10 @@ def plan_fusion(gm: fx.GraphModule, disabled: set[str] | None = None) -> FusionP
             keepdim = bool(op.p.get("keepdim", False))
             out_shape = tuple(1 if d in dims else s for d, s in enumerate(in_shape)) if keepdim \
                 else tuple(s for d, s in enumerate(in_shape) if d not in dims)
-            prod = [n]
-            pg = where.get(src)
-            if (pg is not None and pg.kind == "pointwise" and pg.domain == in_shape
-                    and users_ok(pg, n, strict=True)):
-                groups.remove(pg)
-                prod = pg.members + [n]
-                for m in pg.members:
-                    del where[m]
-            g = new_group(op.kind, members=prod, domain=in_shape, red=n, rdims=dims,
+            g = new_group(op.kind, members=[n], domain=in_shape, red=n, rdims=dims,
                           keepdim=keepdim, out_shape=out_shape if op.kind == "reduction" else in_shape)
-            for m in prod:
-                where[m] = g
+            absorb_prologue(g, src)
+            where[n] = g
             continue
     _merge_pointwise(groups, where, order)
     # a (values, indices) reduction whose tuple itself is used elsewhere stays torch code
