@@ -30,19 +30,27 @@ def one_line(e: BaseException) -> str:
 _one_line = one_line
 
 
-def load_module(path: str | pathlib.Path, what: str = "problem") -> types.ModuleType:
-    """Import a Python file as a fresh module (a new name each time it changes)."""
-    p = pathlib.Path(path)
+def _read_source(p: pathlib.Path, what: str) -> str:
     if not p.is_file():
         raise ProblemError(f"{what} {p}: no such file")
     try:
-        src = p.read_text()
+        return p.read_text()
     except (OSError, UnicodeDecodeError) as e:
-        raise ProblemError(f"{what} {p}: cannot be read ({_one_line(e)})") from None
+        raise ProblemError(f"{what} {p}: cannot be read ({one_line(e)})") from None
+
+
+def _parse_error(p: pathlib.Path, what: str, e: SyntaxError) -> ProblemError:
+    return ProblemError(f"{what} {p}: does not parse: line {e.lineno}: {e.msg}")
+
+
+def load_module(path: str | pathlib.Path, what: str = "problem") -> types.ModuleType:
+    """Import a Python file as a fresh module (a new name each time it changes)."""
+    p = pathlib.Path(path)
+    src = _read_source(p, what)
     try:
         code = compile(src, str(p), "exec")
     except SyntaxError as e:
-        raise ProblemError(f"{what} {p}: does not parse: line {e.lineno}: {e.msg}") from None
+        raise _parse_error(p, what, e) from None
     digest = hashlib.sha256(src.encode()).hexdigest()[:12]
     name = f"egg_{what}_{p.stem.replace('-', '_').replace('.', '_')}_{digest}"
     mod = types.ModuleType(name)
@@ -213,16 +221,11 @@ def check_candidate_file(path: str | pathlib.Path) -> str:
     import ast
 
     p = pathlib.Path(path)
-    if not p.is_file():
-        raise ProblemError(f"candidate {p}: no such file")
-    try:
-        src = p.read_text()
-    except (OSError, UnicodeDecodeError) as e:
-        raise ProblemError(f"candidate {p}: cannot be read ({one_line(e)})") from None
+    src = _read_source(p, "candidate")
     try:
         tree = ast.parse(src, str(p))
     except SyntaxError as e:
-        raise ProblemError(f"candidate {p}: does not parse: line {e.lineno}: {e.msg}") from None
+        raise _parse_error(p, "candidate", e) from None
     bound = set()
     for node in tree.body:
         if isinstance(node, ast.ClassDef):
