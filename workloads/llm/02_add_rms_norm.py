@@ -3,7 +3,7 @@ states and the updated residual stream."""
 import torch
 import torch.nn as nn
 
-# --- shapes (workloads/small/ holds this file with tiny shapes; the rest is identical)
+# --- shapes (workloads/small_shapes.py writes this file with tiny shapes)
 BATCH, SEQ, HIDDEN = 4, 2048, 4096  # Llama-3-8B: 4 sequences of 2048 tokens
 # --- end shapes
 EPS = 1e-5

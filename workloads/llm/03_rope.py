@@ -3,7 +3,7 @@ form, cos/sin tables precomputed for the sequence length)."""
 import torch
 import torch.nn as nn
 
-# --- shapes (workloads/small/ holds this file with tiny shapes; the rest is identical)
+# --- shapes (workloads/small_shapes.py writes this file with tiny shapes)
 BATCH, SEQ, Q_HEADS, KV_HEADS, HEAD_DIM = 4, 2048, 32, 8, 128  # Llama-3-8B
 # --- end shapes
 THETA = 500000.0  # Llama-3 rope_theta

@@ -3,7 +3,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-# --- shapes (workloads/small/ holds this file with tiny shapes; the rest is identical)
+# --- shapes (workloads/small_shapes.py writes this file with tiny shapes)
 TOKENS, INTERMEDIATE = 8192, 14336  # Llama-3-8B: 4 x 2048 tokens, MLP width 14336
 # --- end shapes
 

@@ -2,7 +2,7 @@
 import torch
 import torch.nn as nn
 
-# --- shapes (workloads/small/ holds this file with tiny shapes; the rest is identical)
+# --- shapes (workloads/small_shapes.py writes this file with tiny shapes)
 BATCH, VOCAB = 64, 128256  # 64 decoding sequences, Llama-3 vocabulary
 # --- end shapes
 TEMPERATURE = 0.7

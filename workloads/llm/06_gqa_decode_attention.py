@@ -4,7 +4,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-# --- shapes (workloads/small/ holds this file with tiny shapes; the rest is identical)
+# --- shapes (workloads/small_shapes.py writes this file with tiny shapes)
 BATCH, Q_HEADS, KV_HEADS, HEAD_DIM, CACHE_LEN = 8, 32, 8, 128, 8192
 # --- end shapes
 

@@ -3,7 +3,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-# --- shapes (workloads/small/ holds this file with tiny shapes; the rest is identical)
+# --- shapes (workloads/small_shapes.py writes this file with tiny shapes)
 BATCH, Q_HEADS, KV_HEADS, HEAD_DIM, SEQ = 2, 32, 8, 128, 2048
 # --- end shapes
 

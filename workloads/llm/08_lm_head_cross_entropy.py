@@ -4,7 +4,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-# --- shapes (workloads/small/ holds this file with tiny shapes; the rest is identical)
+# --- shapes (workloads/small_shapes.py writes this file with tiny shapes)
 TOKENS, HIDDEN, VOCAB = 2048, 4096, 128256  # Llama-3-8B, one 2048-token sequence
 # --- end shapes
 

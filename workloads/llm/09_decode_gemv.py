@@ -3,7 +3,7 @@
 import torch
 import torch.nn as nn
 
-# --- shapes (workloads/small/ holds this file with tiny shapes; the rest is identical)
+# --- shapes (workloads/small_shapes.py writes this file with tiny shapes)
 BATCH, HIDDEN, INTERMEDIATE = 4, 4096, 14336  # Llama-3-8B MLP, 4 sequences decoding
 # --- end shapes
 

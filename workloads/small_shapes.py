@@ -1,0 +1,54 @@
+"""Tiny-shape variants of the LLM workloads, for CPU tests and the Triton interpreter.
+
+Each problem of workloads/llm/ keeps its shapes between the markers `# --- shapes` and
+`# --- end shapes`; a variant is the same file with that block replaced by the line below, so
+the operator code exists once. Write the variants out with:
+
+    python workloads/small_shapes.py OUT_DIR       # then: egg bench OUT_DIR --device cpu
+"""
+from __future__ import annotations
+
+import pathlib
+import re
+import sys
+
+LLM = pathlib.Path(__file__).resolve().parent / "llm"
+BLOCK = re.compile(r"(# --- shapes[^\n]*\n).*?(# --- end shapes)", re.S)
+
+SMALL = {
+    "01_rms_norm": "BATCH, SEQ, HIDDEN = 2, 8, 64",
+    "02_add_rms_norm": "BATCH, SEQ, HIDDEN = 2, 8, 64",
+    "03_rope": "BATCH, SEQ, Q_HEADS, KV_HEADS, HEAD_DIM = 2, 8, 4, 2, 16",
+    "04_swiglu": "TOKENS, INTERMEDIATE = 16, 48",
+    "05_vocab_softmax": "BATCH, VOCAB = 4, 500",
+    "06_gqa_decode_attention": "BATCH, Q_HEADS, KV_HEADS, HEAD_DIM, CACHE_LEN = 2, 4, 2, 16, 64",
+    "07_causal_prefill_attention": "BATCH, Q_HEADS, KV_HEADS, HEAD_DIM, SEQ = 1, 4, 2, 16, 32",
+    "08_lm_head_cross_entropy": "TOKENS, HIDDEN, VOCAB = 16, 64, 500",
+    "09_decode_gemv": "BATCH, HIDDEN, INTERMEDIATE = 2, 64, 96",
+}
+
+
+def small_source(path: pathlib.Path) -> str:
+    src = path.read_text()
+    line = SMALL[path.stem]
+    out, n = BLOCK.subn(lambda m: f"{m.group(1)}{line}  # tiny: CPU tests\n{m.group(2)}", src)
+    if n != 1:
+        raise ValueError(f"{path.name}: expected one shapes block")
+    return out
+
+
+def write_small(out_dir: str | pathlib.Path) -> list[pathlib.Path]:
+    out = pathlib.Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for p in sorted(LLM.glob("*.py")):
+        q = out / p.name
+        q.write_text(small_source(p))
+        paths.append(q)
+    return paths
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: python workloads/small_shapes.py OUT_DIR")
+    print(f"wrote {len(write_small(sys.argv[1]))} problems to {sys.argv[1]}")
