@@ -50,16 +50,20 @@ def _attr_node(gm: fx.GraphModule, graph: fx.Graph, target: str):
     return node
 
 
+def _module_calls(gm: fx.GraphModule):
+    """(node, module) for every call of a submodule on one positional argument."""
+    for n in list(gm.graph.nodes):
+        if n.op == "call_module" and len(n.args) == 1 and not n.kwargs:
+            yield n, gm.get_submodule(n.target)
+
+
 def norm_modules_to_functionals(gm: fx.GraphModule) -> bool:
     import torch.nn as nn
     import torch.nn.functional as F
 
     graph = gm.graph
     changed = False
-    for n in list(graph.nodes):
-        if n.op != "call_module" or len(n.args) != 1 or n.kwargs:
-            continue
-        mod = gm.get_submodule(n.target)
+    for n, mod in _module_calls(gm):
         with graph.inserting_before(n):
             def wb():
                 w = _attr_node(gm, graph, f"{n.target}.weight") if getattr(mod, "weight", None) is not None else None
@@ -149,10 +153,7 @@ def batchnorm_decompose(gm: fx.GraphModule) -> bool:
 
     graph = gm.graph
     changed = False
-    for n in list(graph.nodes):
-        if n.op != "call_module" or len(n.args) != 1 or n.kwargs:
-            continue
-        mod = gm.get_submodule(n.target)
+    for n, mod in _module_calls(gm):
         if not isinstance(mod, (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)):
             continue
         x = n.args[0]

@@ -254,6 +254,15 @@ def _limit_memory(creq: dict, dev: torch.device) -> None:
         torch.cuda.set_per_process_memory_fraction(min(1.0, dlim / total), dev)
 
 
+def _send_failure(conn, e: BaseException, creq: dict, what_ran: str, category: str) -> None:
+    """Report an exception of the candidate's code: out of memory, or the given category."""
+    what = _describe_exc(e, traceback.format_exc(), creq["candidate"])
+    if _is_memory_error(e):
+        conn.send(("error", "memory", f"{what_ran} ran out of memory ({_limits(creq)}): {what}"))
+    else:
+        conn.send(("error", category, f"{what_ran} raised {what}"))
+
+
 def _limits(creq: dict) -> str:
     bits = [f"{creq[k] / 2**30:.2f} GiB {w}" for k, w in (("memory_limit_bytes", "host limit"),
                                                            ("device_memory_limit_bytes", "device limit"))
@@ -298,11 +307,7 @@ def candidate_main(conn, creq: dict) -> None:
         conn.send(("error", "memory" if "memory" in str(e).lower() else "compile", str(e)))
         return
     except BaseException as e:  # noqa: BLE001
-        what = _describe_exc(e, traceback.format_exc(), creq["candidate"])
-        if _is_memory_error(e):
-            conn.send(("error", "memory", f"building ModelNew ran out of memory ({_limits(creq)}): {what}"))
-        else:
-            conn.send(("error", "compile", "building ModelNew raised " + what))
+        _send_failure(conn, e, creq, "building ModelNew", "compile")
         return
     held = None
     while True:
@@ -324,11 +329,7 @@ def candidate_main(conn, creq: dict) -> None:
             safe = [_sendable(o) for o in flatten(out)]
             conn.send(("out", safe, wall, launches["n"] - before))
         except BaseException as e:  # noqa: BLE001
-            what = _describe_exc(e, traceback.format_exc(), creq["candidate"])
-            if _is_memory_error(e):
-                conn.send(("error", "memory", f"forward ran out of memory ({_limits(creq)}): {what}"))
-            else:
-                conn.send(("error", "runtime", "forward raised " + what))
+            _send_failure(conn, e, creq, "forward", "runtime")
             return
         ack = conn.recv()
         del out, safe
