@@ -18,6 +18,7 @@ from torch import fx
 from codegen import ops as O
 from codegen.fusion import FusionPlan, Group, group_inputs, group_outputs
 from codegen.fusion import norm_pattern, pool_aux_pattern
+from codegen.layout import init_lines as layout_init_lines
 from knowledge.templates import (RUNTIME_SOURCE, PointwiseSpec, ReductionSpec, SoftmaxSpec,
                                  chanstats, norm, pointwise, pool, reduction, scan, softmax)
 from knowledge.templates.chanstats import ChanStatsSpec
@@ -278,7 +279,8 @@ def emit_model(problem_source: str, plan: FusionPlan, configs: dict[str, dict] |
             graph.erase_node(m)
     graph.eliminate_dead_code()
     graph.lint()
-    init_lines = list(init_lines or []) + _traced_constants(gm)
+    init_lines = (list(init_lines or []) + _traced_constants(gm)
+                  + layout_init_lines(plan.channels_last_params))
     imports, forward = _forward_source(graph, stubs)
     body = [MARK, header.rstrip(), RUNTIME_SOURCE.rstrip(), "\n".join(imports)]
     body += kernels_src + wrappers_src

@@ -52,6 +52,8 @@ class FusionPlan:
     groups: list[Group]
     order: dict[fx.Node, int]
     notes: list[str] = field(default_factory=list)
+    #: parameters ModelNew re-lays out channels-last at construction (codegen.layout)
+    channels_last_params: list[str] = field(default_factory=list)
 
     def group_of(self, node: fx.Node) -> Group | None:
         for g in self.groups:

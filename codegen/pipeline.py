@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 
 from codegen.emit import Emitted, emit_model
 from codegen.fusion import FusionPlan, Group, group_inputs, plan_fusion
+from codegen import layout as L
 from codegen import rewrites as RW
 from harness.capture import capture
 from harness.problem import LoadedProblem
@@ -74,14 +75,25 @@ def group_geometry(plan: FusionPlan, g: Group, n_inputs: int) -> dict:
             "nrows": max(1, numel // max(1, r * inner)), "rows_variant": inner == 1}
 
 
-def analyze(prob: LoadedProblem, disabled: set[str] | None = None, use_rewrites: bool = True):
-    """Capture and plan, without emitting: (plan, rewrites applied, error)."""
+def analyze(prob: LoadedProblem, disabled: set[str] | None = None, use_rewrites: bool = True,
+            channels_last: bool = False):
+    """Capture and plan, without emitting: (plan, rewrites applied, error). ``channels_last``:
+    convolutions in channels-last order (codegen.layout)."""
     cap = capture(prob)
     if cap.gm is None:
         return None, [], cap.error
     RW.canonicalize(cap.gm, cap.inputs)
     applied = RW.apply_all(cap.gm) if use_rewrites else []
-    return plan_fusion(cap.gm, disabled), applied, None
+    params = L.channels_last(cap.gm) if channels_last else []
+    plan = plan_fusion(cap.gm, disabled)
+    plan.channels_last_params = params
+    return plan, applied, None
+
+
+def has_convolution(prob: LoadedProblem) -> bool:
+    """Does the captured graph hold a 2-d/3-d convolution the layout change applies to?"""
+    cap = capture(prob)
+    return cap.gm is not None and bool(L.conv_nodes(cap.gm))
 
 
 def compile_problem(prob: LoadedProblem, disabled: set[str] | None = None,

@@ -4,7 +4,8 @@ planner: capture, count, roofline, fusion groups (codegen.fusion) with the princ
 them. algorithm_designer: emit the fused ModelNew; on a failed verification back out the group
 the error names (or the newest one), on a regression the group with the least expected saving.
 tiler / memory_optimizer: launch configurations from knowledge/heuristics.py; on a GPU the
-tiler measures a pruned shortlist (policies.search).
+tiler measures a pruned shortlist (policies.search); the memory optimizer tries pipelining depth,
+then convolutions in channels-last order (codegen.layout), each kept only when measured faster.
 """
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ from knowledge.templates import all_templates
 from policies.base import Decline, Draft
 from state import Analysis, EggState, FusionGroup, KernelConfig, OpRecord, Plan, Settings
 
+PIPELINE_PRINCIPLE = "mem-pipelining"
+LAYOUT_PRINCIPLE = "mem-conv-channels-last"
 KIND_PRINCIPLES = {
     "pointwise": ["alg-fuse-pointwise-chain", "alg-fp32-accumulate"],
     "reduction": ["alg-reduction-prologue", "alg-reduction-epilogue", "alg-fp32-accumulate"],
@@ -115,7 +118,7 @@ class ExpertPolicy:
         plan.goals = {
             "algorithm": f"{len(kernels)} fused kernel(s); roofline floor {ms} ({bound}-bound)",
             "tiling": "per-kernel block sizes and warps by measured search on the GPU",
-            "memory": "pipelining depth of loop kernels",
+            "memory": "pipelining depth of loop kernels; convolutions in channels-last order",
         }
         if not kernels:
             plan.notes.append("every op is a library call: nothing to fuse")
@@ -160,12 +163,12 @@ class ExpertPolicy:
         return disabled, "retry"
 
     def _build(self, state: EggState, disabled: set[str], stage: str, decisions: list[str],
-               tweak=None) -> Draft | Decline:
+               tweak=None, channels_last: bool = False, principles_extra: tuple = ()) -> Draft | Decline:
         prob = load_problem(state.problem.path)
-        fplan, rewrites, err = pipeline.analyze(prob, disabled)
+        fplan, rewrites, err = pipeline.analyze(prob, disabled, channels_last=channels_last)
         if fplan is None:
             return Decline(f"capture failed: {err}")
-        if not fplan.groups:
+        if not fplan.groups and not fplan.channels_last_params and not channels_last:
             return Decline("no fused group left")
         sm = state.hardware.sm_count or 132
         configs = {g.id: group_config(fplan, g, sm) for g in fplan.groups}
@@ -181,7 +184,8 @@ class ExpertPolicy:
             em = emit_model(prob.source, fplan, configs, header)
         except EmitError as e:
             return Decline(f"cannot write a standalone ModelNew: {e}")
-        principles = sorted({p for g in fplan.groups for p in KIND_PRINCIPLES[g.kind]} | set(rewrites))
+        principles = sorted({p for g in fplan.groups for p in KIND_PRINCIPLES[g.kind]} | set(rewrites)
+                            | set(principles_extra))
         return Draft(
             source=em.source,
             configs=[KernelConfig(group_id=i["id"], template=i["template"], params=i["config"])
@@ -202,13 +206,42 @@ class ExpertPolicy:
         return search.tile_search(self, state, settings, base)
 
     def optimize_memory(self, state: EggState, settings: Settings) -> Draft | Decline:
-        base = state.candidate(state.best_id)
-        if base is None or base.fallback or not base.kernels:
-            return Decline("no Triton kernel to optimize")
+        """Memory variants of the best candidate so far, one per attempt, each kept only if the
+        profiler measures a gain: pipelining depth of loop kernels, then convolutions in
+        channels-last order. Both need GPU timing to be judged."""
         if state.hardware.interpreter:
-            return Decline("CPU interpreter: pipelining depth cannot be measured")
-        if any(c.stage == "memory" for c in state.candidates):
-            return Decline("pipelining depth already tried")
+            return Decline("CPU interpreter: memory variants cannot be measured")
+        tried = [c for c in state.candidates if c.stage == "memory"]
+        base = state.candidate(state.best_id)
+        has_kernels = base is not None and not base.fallback and bool(base.kernels)
+        if has_kernels and not any(PIPELINE_PRINCIPLE in c.principle_ids for c in tried):
+            draft = self._deepen(state, base)
+            if isinstance(draft, Draft):
+                return draft
+        if not any(LAYOUT_PRINCIPLE in c.principle_ids for c in tried):
+            if pipeline.has_convolution(load_problem(state.problem.path)):
+                return self._channels_last(state, base if has_kernels else None)
+        if not has_kernels:
+            return Decline("no Triton kernel and no convolution to lay out")
+        return Decline("every memory variant was tried")
+
+    def _channels_last(self, state: EggState, base) -> Draft | Decline:
+        """The best candidate's groups (none when the reference is the best) with convolutions
+        in channels-last order."""
+        if base is None:
+            disabled = {g.id for g in state.plan.groups if g.kind != "library"}
+            cfg_of = {}
+        else:
+            disabled = set(base.disabled_groups)
+            cfg_of = {c.group_id: dict(c.params) for c in base.configs}
+        return self._build(
+            state, disabled, "memory",
+            ["convolutions in channels-last order, weights re-laid out at init "
+             f"({LAYOUT_PRINCIPLE})"],
+            tweak=lambda fplan, configs: {g.id: cfg_of.get(g.id, configs[g.id]) for g in fplan.groups},
+            channels_last=True, principles_extra=(LAYOUT_PRINCIPLE,))
+
+    def _deepen(self, state: EggState, base) -> Draft | Decline:
         cfg_of = {c.group_id: dict(c.params) for c in base.configs}
 
         def deepen(fplan, configs):
@@ -227,8 +260,8 @@ class ExpertPolicy:
             return out if changed else None
 
         return self._build(state, set(base.disabled_groups), "memory",
-                           ["software pipelining depth from loop trip counts (mem-pipelining)"],
-                           tweak=deepen)
+                           [f"software pipelining depth from loop trip counts ({PIPELINE_PRINCIPLE})"],
+                           tweak=deepen, principles_extra=(PIPELINE_PRINCIPLE,))
 
 
 def template_names() -> list[str]:

@@ -1,7 +1,9 @@
 """Template: fused elementwise chain over one (broadcast) iteration domain.
 
-Inputs whose layout equals the contiguous domain are indexed by the flat offset; others
-(broadcast bias, permuted views) by a 4-d strided index after collapsing mergeable dims.
+The domain is walked in the memory order of its first dense full-size input (channels-last in,
+channels-last out, both coalesced; the standard order otherwise). Inputs laid out like the walk
+are indexed by the flat offset; others (broadcast bias, permuted views) by a 4-d strided index
+after collapsing mergeable dims.
 """
 from __future__ import annotations
 
@@ -52,7 +54,7 @@ def render(spec: PointwiseSpec, cfg: dict, kname: str, gname: str) -> Rendered:
 
     args = ", ".join(f"a{i}" for i in range(n))
     out_allocs = [
-        f"o{j} = torch.empty(shape, device=dev, dtype=torch.{dt})"
+        f"o{j} = _egg_empty(shape, order, torch.{dt}, dev)"
         for j, (_v, dt) in enumerate(spec.outputs)
     ]
     launch_args = ", ".join(
@@ -67,11 +69,11 @@ def render(spec: PointwiseSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         f"ts = ({args},)",
         "shape = torch.broadcast_shapes(*[t.shape for t in ts])",
         "dev = ts[0].device",
+        "dims, sts, flat, order = _egg_pointwise_layout(shape, ts)",
         *out_allocs,
         f"n = o0.numel()",
         "if n == 0:",
         f"    return {ret}",
-        "dims, sts, flat = _egg_pointwise_layout(shape, ts)",
         f"BLOCK = {int(cfg['BLOCK'])}",
         "grid = (triton.cdiv(n, BLOCK),)",
         f"{kname}[grid]({launch_args})",

@@ -148,7 +148,7 @@ def render(spec: PoolSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         "n_out = o0.numel()",
         "if n_out == 0:",
         f"    return {ret}",
-        f"dims, sts, flat = _egg_pointwise_layout(oshape, [{epi_ts}])" if spec.epi_inputs
+        f"dims, sts, flat, _ = _egg_pointwise_layout(oshape, [{epi_ts}], False)" if spec.epi_inputs
         else "dims, sts, flat = [1, 1, 1, 1], [], []",
         f"BLOCK = {int(cfg['BLOCK'])}",
         f"{kname}[(triton.cdiv(n_out, BLOCK),)](*ts, "

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# One resumable slice of a GPU benchmark spread over every visible GPU (for short GPU leases):
+# the list is split round-robin into one part per GPU, each part benched by its own `egg bench`
+# pinned to its GPU with its own GPU lock, and the parts' records are merged into one report.
+#
+#   bash scripts/gpu_bench_multi.sh PROBLEMS_DIR LIST_FILE STATE_DIR OUT_DIR BUDGET_S [JOBS_PER_GPU]
+#
+# STATE_DIR/part<i>/ keeps each part's results.jsonl between slices (--resume); the merged
+# results.jsonl, report.json and report.md go to STATE_DIR and OUT_DIR (bench.png to STATE_DIR),
+# each part's results.jsonl to OUT_DIR/part<i>/, the per-problem run folders (without
+# checkpoints) to OUT_DIR/runs.tgz. One GPU: the same as scripts/gpu_bench.sh.
+set -uo pipefail
+PROBLEMS=$1; LIST=$2; STATE=$3; OUT=$4; BUDGET=$5; JOBS=${6:-4}
+source scripts/gpu_env.sh
+NG=$(python3 -c "import torch; print(torch.cuda.device_count())")
+mkdir -p "$STATE" "$OUT"
+start=$(date +%s)
+pids=()
+for ((i = 0; i < NG; i++)); do
+  part="$STATE/part$i"
+  mkdir -p "$part"
+  [ -f "$part/list.txt" ] || grep -v '^\s*$' "$LIST" | awk -v n="$NG" -v i="$i" '(NR - 1) % n == i' > "$part/list.txt"
+  CUDA_VISIBLE_DEVICES=$i EGG_GPU_LOCK="/tmp/egg-gpu-lock-$i" timeout -s INT "$BUDGET" \
+    python3 -m graph.cli bench "$PROBLEMS" --list "$part/list.txt" --out "$part" --device cuda \
+    --jobs "$JOBS" --resume --problem-timeout 300 > "$part/bench.log" 2>&1 &
+  pids+=($!)
+done
+for p in "${pids[@]}"; do wait "$p"; done
+cat "$STATE"/part*/results.jsonl > "$STATE/results.jsonl" 2>/dev/null
+echo "slice: $(( $(date +%s) - start )) s on $NG GPU(s), $(wc -l < "$STATE/results.jsonl") problems done" \
+  | tee -a "$STATE/slices.txt"
+python3 -c "
+import json, pathlib, sys
+sys.path.insert(0, '.')
+from graph import bench as B
+st = pathlib.Path('$STATE')
+recs = B.read_results(st / 'results.jsonl')
+rep = B.aggregate(recs)
+(st / 'report.json').write_text(json.dumps(rep, indent=2))
+(st / 'report.md').write_text(B.report_markdown(rep, recs))
+B.plot(recs, st / 'bench.png')
+"
+cp "$STATE"/results.jsonl "$STATE"/report.json "$STATE"/report.md "$STATE"/slices.txt "$OUT"/ 2>/dev/null
+for ((i = 0; i < NG; i++)); do  # each part's records, to carry into the next slice
+  mkdir -p "$OUT/part$i" && cp "$STATE/part$i/results.jsonl" "$OUT/part$i/" 2>/dev/null
+done
+tail -n 3 "$STATE"/part*/bench.log
+tar czf "$OUT/runs.tgz" --exclude='*.sqlite' --exclude='search' -C "$STATE" . 2>/dev/null
+ls -la "$OUT"

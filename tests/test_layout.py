@@ -1,0 +1,162 @@
+"""Convolutions in channels-last order (codegen.layout, principle mem-conv-channels-last): where
+the rewrite applies, where it must not, what the generated ModelNew does with layouts, and the
+memory optimizer's choice of it. GPU speed is measured on the device (docs/results/)."""
+import torch
+import torch.nn.functional as F
+
+from codegen import layout as L
+from codegen import pipeline
+from codegen.emit import emit_model
+from harness.problem import load_module, load_problem
+from harness.verify import verify
+from policies.expert import LAYOUT_PRINCIPLE, ExpertPolicy
+from state import Settings
+
+HEAD = "import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n"
+CONV_TAIL = HEAD + '''
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3)
+        self.shift = nn.Parameter(torch.randn(8, 1, 1) * 0.1)
+
+    def forward(self, x):
+        return F.gelu(self.conv(x) + self.shift) * 0.5
+
+def get_inputs():
+    return [torch.randn(2, 3, 19, 13)]
+
+def get_init_inputs():
+    return []
+'''
+CONVT3D_REDUCE = HEAD + '''
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.ConvTranspose3d(4, 6, 3, stride=2)
+
+    def forward(self, x):
+        y = self.conv(x)
+        return y.mean(dim=(2, 3, 4)), y * 2.0
+
+def get_inputs():
+    return [torch.randn(2, 4, 5, 6, 7)]
+
+def get_init_inputs():
+    return []
+'''
+FUNCTIONAL = HEAD + '''
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(5, 2, 3, 3))
+
+    def forward(self, x):
+        return torch.relu(F.conv2d(x, self.w, padding=1)).view(x.shape[0], -1)
+
+def get_inputs():
+    return [torch.randn(3, 2, 9, 11)]
+
+def get_init_inputs():
+    return []
+'''
+CONV1D = HEAD + '''
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv1d(3, 4, 3)
+
+    def forward(self, x):
+        return torch.relu(self.conv(x))
+
+def get_inputs():
+    return [torch.randn(2, 3, 30)]
+
+def get_init_inputs():
+    return []
+'''
+
+
+def _emit(write_problem, src, name):
+    path = write_problem(src, name)
+    prob = load_problem(path)
+    plan, _rw, err = pipeline.analyze(prob, channels_last=True)
+    assert err is None
+    em = emit_model(prob.source, plan, {}, "# test")
+    cand = path.with_name(f"{name}_new.py")
+    cand.write_text(em.source)
+    return path, cand, plan, em
+
+
+def test_conv_with_pointwise_tail_runs_channels_last_and_returns_the_standard_layout(write_problem):
+    path, cand, plan, em = _emit(write_problem, CONV_TAIL, "cl_tail")
+    assert plan.channels_last_params == ["conv.weight"]
+    fwd = em.source[em.source.index("def forward(self, x):\n        x_cl"):]
+    assert "_egg_channels_last(x)" in fwd and "_egg_standard_layout(out_g0)" in fwd
+    assert "_egg_standard_layout(conv)" not in fwd  # the pointwise tail reads channels-last
+    mod = load_module(cand, "candidate")
+    torch.manual_seed(0)
+    m = mod.ModelNew()
+    assert m.conv.weight.is_contiguous(memory_format=torch.channels_last)
+    x = torch.randn(2, 3, 19, 13)
+    conv = m.conv(x.contiguous(memory_format=torch.channels_last))
+    tail = mod._egg_g0(conv, m.shift)  # the fused tail keeps the walk in memory order
+    assert tail.is_contiguous(memory_format=torch.channels_last) and not tail.is_contiguous()
+    torch.testing.assert_close(tail, F.gelu(conv + m.shift) * 0.5, atol=1e-5, rtol=1e-5)
+    out = m(x)
+    assert out.is_contiguous()
+    assert verify(str(path), str(cand), trials=2)["passed"]
+
+
+def test_reduction_consumer_gets_the_standard_layout_back(write_problem):
+    path, cand, plan, em = _emit(write_problem, CONVT3D_REDUCE, "cl_red")
+    assert "_egg_standard_layout(conv)" in em.source
+    assert verify(str(path), str(cand), trials=2)["passed"]
+
+
+def test_functional_conv_parameter_relaid_and_view_consumer_safe(write_problem):
+    path, cand, plan, em = _emit(write_problem, FUNCTIONAL, "cl_fn")
+    assert plan.channels_last_params == ["w"]
+    assert verify(str(path), str(cand), trials=2)["passed"]
+
+
+def test_not_applied_to_1d_convolutions_or_models_without_one(write_problem):
+    p1 = load_problem(write_problem(CONV1D, "c1d"))
+    assert not pipeline.has_convolution(p1)
+    plan, _rw, _err = pipeline.analyze(p1, channels_last=True)
+    assert plan.channels_last_params == []
+    assert not any(n.target is L.R._egg_channels_last for n in plan.gm.graph.nodes)
+    p2 = load_problem(write_problem(HEAD + "class Model(nn.Module):\n    def forward(self, x):\n"
+                                    "        return x.relu()\ndef get_inputs():\n    return "
+                                    "[torch.randn(2, 3, 4, 5)]\ndef get_init_inputs():\n    return []\n",
+                                    "noconv"))
+    assert not pipeline.has_convolution(p2)
+
+
+def test_memory_format_walk_of_the_pointwise_runtime():
+    from knowledge.templates import _runtime as mod
+
+    x = torch.randn(2, 3, 4, 5).contiguous(memory_format=torch.channels_last)
+    assert mod._egg_memory_order(x.shape, [x]) == [0, 2, 3, 1]
+    assert mod._egg_memory_order(x.shape, [torch.randn(3, 1, 1), x]) == [0, 2, 3, 1]
+    assert mod._egg_memory_order(x.shape, [x.contiguous()]) == [0, 1, 2, 3]
+    assert mod._egg_memory_order((2, 3, 4, 5), [x[:, :, :2]]) == [0, 1, 2, 3]  # not full-size
+    e = mod._egg_empty((2, 3, 4, 5), [0, 2, 3, 1], torch.float32, "cpu")
+    assert e.shape == (2, 3, 4, 5) and e.stride() == x.stride()
+
+
+def test_memory_optimizer_offers_channels_last_once_on_a_gpu(write_problem):
+    from tests.test_expert_stage2 import _state
+
+    st = _state(write_problem(CONV_TAIL, "mo"))
+    pol = ExpertPolicy()
+    first = pol.optimize_memory(st, Settings(device="cpu"))  # the pointwise tail has no loop
+    assert LAYOUT_PRINCIPLE in first.principle_ids and "_egg_channels_last" in first.source
+    from state import Candidate
+
+    done = Candidate(id="c2", stage="memory", author="memory_optimizer", source=first.source,
+                     principle_ids=first.principle_ids)
+    st2 = st.model_copy(update={"candidates": st.candidates + [done]})
+    assert "tried" in pol.optimize_memory(st2, Settings(device="cpu")).reason
+    cpu = st.model_copy(update={"hardware": st.hardware.model_copy(update={"interpreter": True})})
+    assert "CPU interpreter" in pol.optimize_memory(cpu, Settings(device="cpu")).reason
