@@ -160,3 +160,18 @@ def test_memory_optimizer_offers_channels_last_once_on_a_gpu(write_problem):
     assert "tried" in pol.optimize_memory(st2, Settings(device="cpu")).reason
     cpu = st.model_copy(update={"hardware": st.hardware.model_copy(update={"interpreter": True})})
     assert "CPU interpreter" in pol.optimize_memory(cpu, Settings(device="cpu")).reason
+
+
+def test_layout_conversions_are_exact_tiled_transposes():
+    from knowledge.templates import _runtime as R
+
+    for shape in [(2, 3, 5, 7), (3, 70, 9, 11), (2, 4, 3, 5, 6), (2, 129, 1, 1)]:
+        x = torch.randn(*shape)
+        fmt = R._EGG_CL[x.dim()]
+        y = R._egg_channels_last(x)
+        assert y.is_contiguous(memory_format=fmt) and torch.equal(y, x)
+        assert R._egg_channels_last(y) is y  # already channels-last: no copy
+        z = R._egg_standard_layout(y)
+        assert z.is_contiguous() and torch.equal(z, x)
+    odd = torch.randn(4, 6, 5, 3).transpose(2, 3)  # neither layout: torch's copy
+    assert torch.equal(R._egg_standard_layout(odd), odd)
