@@ -204,7 +204,8 @@ def plan_fusion(gm: fx.GraphModule, disabled: set[str] | None = None) -> FusionP
         if op.kind == "getitem" or (op.kind == "view" and op.name == "getattr"):
             src = op.operands[0] if op.operands else None
             key = op.operands[1] if len(op.operands) > 1 else None
-            slot = {0: "acc", 1: "acc_idx", "values": "acc", "indices": "acc_idx"}.get(key)
+            slot = ({0: "acc", 1: "acc_idx", "values": "acc", "indices": "acc_idx"}.get(key)
+                    if isinstance(key, (int, str)) else None)  # x[:, 0] indexes with slices
             g = where.get(src) if isinstance(src, fx.Node) else None
             if g is not None and g.red is src and slot is not None:
                 g.aliases[n] = slot

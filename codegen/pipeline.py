@@ -8,7 +8,7 @@ from codegen.fusion import FusionPlan, Group, group_inputs, plan_fusion
 from codegen import layout as L
 from codegen import rewrites as RW
 from harness.capture import capture
-from harness.problem import LoadedProblem
+from harness.problem import LoadedProblem, one_line
 
 FALLBACK_CLASS = '''
 
@@ -82,10 +82,13 @@ def analyze(prob: LoadedProblem, disabled: set[str] | None = None, use_rewrites:
     cap = capture(prob)
     if cap.gm is None:
         return None, [], cap.error
-    RW.canonicalize(cap.gm, cap.inputs)
-    applied = RW.apply_all(cap.gm) if use_rewrites else []
-    params = L.channels_last(cap.gm) if channels_last else []
-    plan = plan_fusion(cap.gm, disabled)
+    try:
+        RW.canonicalize(cap.gm, cap.inputs)
+        applied = RW.apply_all(cap.gm, cap.inputs) if use_rewrites else []
+        params = L.channels_last(cap.gm) if channels_last else []
+        plan = plan_fusion(cap.gm, disabled)
+    except Exception as e:  # noqa: BLE001 - a graph the passes cannot handle keeps the reference
+        return None, [], f"the captured graph could not be planned: {one_line(e)}"
     plan.channels_last_params = params
     return plan, applied, None
 

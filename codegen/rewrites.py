@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from torch import fx
 
-from codegen.ops import classify
+from codegen.ops import classify, node_dtype, node_shape
 
 
 def drop_dead_code(gm: fx.GraphModule) -> bool:
@@ -22,17 +22,300 @@ def drop_dead_code(gm: fx.GraphModule) -> bool:
     return changed
 
 
-RULES = [("rw-dead-code", drop_dead_code)]
+# ---------------------------------------------------------------------------------------------
+# Algebraic rules. Each keeps eager's values up to rounding (the verifier checks every rewritten
+# program under the precision contract) and NaN/Inf behaviour, and applies only to floating
+# tensors with shapes known from the trace.
+def _float(n) -> bool:
+    import torch
+
+    return isinstance(n, fx.Node) and node_dtype(n) in (torch.float32, torch.float16,
+                                                        torch.bfloat16, torch.float64)
 
 
-def apply_all(gm: fx.GraphModule) -> list[str]:
-    applied = []
-    for rid, fn in RULES:
-        if fn(gm):
-            applied.append(rid)
-    if applied:
-        gm.graph.lint()
+def _dims(dim, nd: int) -> list[int] | None:
+    if dim is None or dim == () or dim == []:
+        return list(range(nd))
+    dims = [dim] if isinstance(dim, int) else list(dim) if isinstance(dim, (list, tuple)) else None
+    if dims is None or not all(isinstance(d, int) for d in dims):
+        return None
+    return sorted({d % nd for d in dims}) if nd else None
+
+
+def _live(graph: fx.Graph):
+    """The graph's nodes, skipping those a rule erased while the walk went on."""
+    for n in list(graph.nodes):
+        if not getattr(n, "_erased", False):
+            yield n
+
+
+def _replace(n: fx.Node, new: fx.Node) -> None:
+    n.replace_all_uses_with(new)
+    n.graph.erase_node(n)
+
+
+SIZE1_REDUCTIONS = ("sum", "mean", "amax", "amin", "logsumexp", "max_dim", "min_dim")
+
+
+def size1_reductions(gm: fx.GraphModule) -> bool:
+    """rw-size1-reduction: sum, mean, amax, amin, logsumexp and max/min values over dimensions
+    that all have size 1 are the input itself, squeezed (then multiplied by 1.0: a new tensor, as
+    eager returns, and one elementwise op the fusion merges with its neighbours)."""
+    import operator
+
+    graph = gm.graph
+    changed = False
+    for n in _live(graph):
+        op = classify(n, gm)
+        if op.kind != "reduction" or op.name not in SIZE1_REDUCTIONS:
+            continue
+        x = op.operands[0]
+        shape = node_shape(x)
+        if not _float(x) or not shape:
+            continue
+        dims = _dims(op.p.get("dim"), len(shape))
+        if dims is None or any(shape[d] != 1 for d in dims):
+            continue
+        pair = op.name in ("max_dim", "min_dim")  # (values, indices): only values may be used
+        if pair and not all(u.op == "call_function" and u.target is operator.getitem
+                            and u.args[1] == 0 for u in n.users):
+            continue
+        keep = bool(op.p.get("keepdim", False))
+        with graph.inserting_before(n):
+            # squeeze, not a reshape to the traced shape: a dim that is not 1 at run time stays
+            # and the result's shape shows it
+            v = x if keep else graph.call_method("squeeze", (x, tuple(dims)))
+            v = graph.call_function(operator.mul, (v, 1.0))
+        if pair:
+            for u in list(n.users):
+                _replace(u, v)
+            graph.erase_node(n)
+        else:
+            _replace(n, v)
+        changed = True
+    return changed
+
+
+def softmax_size1(gm: fx.GraphModule) -> bool:
+    """rw-softmax-size1: softmax over a size-1 dimension is x - x + 1 (1, or NaN where x is not
+    finite, as eager gives); log_softmax is x - x."""
+    import operator
+
+    graph = gm.graph
+    changed = False
+    for n in _live(graph):
+        op = classify(n, gm)
+        if op.kind != "softmax" or op.name not in ("softmax", "log_softmax"):
+            continue
+        x = op.operands[0]
+        shape = node_shape(x)
+        dim = op.p.get("dim")
+        if not _float(x) or not shape or not isinstance(dim, int) or shape[dim % len(shape)] != 1:
+            continue
+        with graph.inserting_before(n):
+            v = graph.call_function(operator.sub, (x, x))
+            if op.name == "softmax":
+                v = graph.call_function(operator.add, (v, 1.0))
+        _replace(n, v)
+        changed = True
+    return changed
+
+
+def _scalar(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _clamp_bounds(op) -> tuple | None:
+    """(input, lo, hi) of a clamp-like op with scalar (or absent) bounds."""
+    if op.kind != "pointwise" or not op.operands or not _float(op.operands[0]):
+        return None
+    if op.name == "clamp":
+        lo, hi = op.operands[1], op.operands[2]
+    elif op.name == "relu":
+        lo, hi = 0.0, None
+    elif op.name == "relu6":
+        lo, hi = 0.0, 6.0
+    elif op.name == "hardtanh":
+        lo, hi = op.p.get("min_val", -1.0), op.p.get("max_val", 1.0)
+    else:
+        return None
+    if not all(b is None or _scalar(b) for b in (lo, hi)):
+        return None
+    return op.operands[0], lo, hi
+
+
+def merge_clamps(gm: fx.GraphModule) -> bool:
+    """rw-merge-clamps: clamp(clamp(x, a, b), c, d) = clamp(x, max(a, c), min(b, d)) for scalar
+    bounds (relu, relu6 and hardtanh are clamps), when the merged bounds do not cross (crossing
+    bounds make every value one bound, which one clamp cannot express the same way)."""
+    import torch
+
+    graph = gm.graph
+    changed = False
+    for n in _live(graph):
+        second = _clamp_bounds(classify(n, gm)) if n.op != "placeholder" else None
+        if second is None or not isinstance(second[0], fx.Node) or len(second[0].users) != 1:
+            continue
+        first = _clamp_bounds(classify(second[0], gm))
+        if first is None:
+            continue
+        los = [b for b in (first[1], second[1]) if b is not None]
+        his = [b for b in (first[2], second[2]) if b is not None]
+        lo, hi = (max(los) if los else None), (min(his) if his else None)
+        if lo is not None and hi is not None and lo > hi:
+            continue
+        inner = second[0]
+        with graph.inserting_before(n):
+            v = graph.call_function(torch.clamp, (first[0],), {"min": lo, "max": hi})
+        _replace(n, v)
+        if not inner.users:
+            graph.erase_node(inner)
+        changed = True
+    return changed
+
+
+def _scalar_step(op) -> tuple | None:
+    """(tensor operand, kind, constant) of x*s, s*x, x/s (kind 'mul', constant the factor) or
+    x+s, s+x, x-s (kind 'add', constant the addend)."""
+    if op.kind != "pointwise" or len(op.operands) != 2 or op.p.get("alpha", 1) != 1:
+        return None
+    a, b = op.operands
+    if op.name == "mul":
+        if _float(a) and _scalar(b):
+            return a, "mul", float(b)
+        if _float(b) and _scalar(a):
+            return b, "mul", float(a)
+    if op.name == "div" and _float(a) and _scalar(b) and b != 0 and op.p.get("rounding_mode") is None:
+        return a, "mul", 1.0 / float(b)
+    if op.name == "add":
+        if _float(a) and _scalar(b):
+            return a, "add", float(b)
+        if _float(b) and _scalar(a):
+            return b, "add", float(a)
+    if op.name == "sub" and _float(a) and _scalar(b):
+        return a, "add", -float(b)
+    return None
+
+
+def fold_scalar_chains(gm: fx.GraphModule) -> bool:
+    """rw-fold-scalar-chain: consecutive scalar multiplies/divides on one value become one
+    multiply, consecutive scalar adds/subtracts one add (each folded intermediate used once)."""
+    import operator
+
+    graph = gm.graph
+    changed = False
+    for n in _live(graph):
+        if n.op not in ("call_function", "call_method", "call_module"):
+            continue
+        step = _scalar_step(classify(n, gm))
+        if step is None or len(step[0].users) != 1:
+            continue
+        prev = _scalar_step(classify(step[0], gm))
+        if prev is None or prev[1] != step[1]:
+            continue
+        c = prev[2] * step[2] if step[1] == "mul" else prev[2] + step[2]
+        fn = operator.mul if step[1] == "mul" else operator.add
+        inner = step[0]
+        with graph.inserting_before(n):
+            v = graph.call_function(fn, (prev[0], c))
+        _replace(n, v)
+        if not inner.users:
+            graph.erase_node(inner)
+        changed = True
+    return changed
+
+
+def _linear_parts(gm: fx.GraphModule, n: fx.Node):
+    """(x, weight node or attr name, bias node or attr name or None) of a linear layer call."""
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    if n.op == "call_module":
+        mod = gm.get_submodule(n.target)
+        if type(mod) is nn.Linear and len(n.args) == 1 and not n.kwargs:
+            return n.args[0], f"{n.target}.weight", (f"{n.target}.bias" if mod.bias is not None else None)
+        return None
+    if n.op == "call_function" and n.target is F.linear:
+        args = list(n.args) + [n.kwargs.get(k) for k in ("weight", "bias")][len(n.args) - 1:]
+        x, w = args[0], args[1] if len(args) > 1 else None
+        b = args[2] if len(args) > 2 else None
+        if isinstance(w, fx.Node) and w.op == "get_attr" and (b is None or (
+                isinstance(b, fx.Node) and b.op == "get_attr")):
+            return x, str(w.target), (str(b.target) if b is not None else None)
+    return None
+
+
+def linear_reduce(gm: fx.GraphModule) -> bool:
+    """rw-linear-reduce: sum (or mean) over a linear layer's output features, the layer used only
+    there, is x @ W.sum(0) (+ b.sum()) (divided by N for the mean): a matrix-vector product
+    instead of a GEMM. The column sums are taken in forward, so trained weights stay exact."""
+    import operator
+
+    import torch
+
+    graph = gm.graph
+    changed = False
+    for n in _live(graph):
+        op = classify(n, gm)
+        if op.kind != "reduction" or op.name not in ("sum", "mean"):
+            continue
+        lin = op.operands[0]
+        if not isinstance(lin, fx.Node) or len(lin.users) != 1 or not _float(lin):
+            continue
+        parts = _linear_parts(gm, lin)
+        shape = node_shape(lin)
+        if parts is None or not shape or _dims(op.p.get("dim"), len(shape)) != [len(shape) - 1]:
+            continue
+        x, w, b = parts
+        nfeat = shape[-1]
+        with graph.inserting_before(n):
+            wn = _attr_node(gm, graph, w)
+            v = graph.call_function(torch.matmul, (x, graph.call_function(torch.sum, (wn, 0))))
+            if b is not None:
+                v = graph.call_function(operator.add, (v, graph.call_function(
+                    torch.sum, (_attr_node(gm, graph, b),))))
+            if op.name == "mean":
+                v = graph.call_function(operator.truediv, (v, float(nfeat)))
+            if op.p.get("keepdim", False):
+                v = graph.call_method("unsqueeze", (v, -1))
+        _replace(n, v)
+        graph.erase_node(lin)
+        changed = True
+    return changed
+
+
+RULES = [("rw-linear-reduce", linear_reduce), ("rw-size1-reduction", size1_reductions),
+         ("rw-softmax-size1", softmax_size1), ("rw-merge-clamps", merge_clamps),
+         ("rw-fold-scalar-chain", fold_scalar_chains), ("rw-dead-code", drop_dead_code)]
+
+
+def apply_all(gm: fx.GraphModule, inputs: list | None = None) -> list[str]:
+    """Apply every rule until none changes the graph (one rule's result can enable another:
+    a sum over features leaves size-1 dims behind); re-propagate shapes on meta inputs."""
+    applied: list[str] = []
+    for _round in range(8):
+        changed = False
+        for rid, fn in RULES:
+            if fn(gm):
+                gm.graph.lint()
+                changed = True
+                if rid not in applied:
+                    applied.append(rid)
+                _propagate(gm, inputs)
+        if not changed:
+            break
     return applied
+
+
+def _propagate(gm: fx.GraphModule, inputs: list | None) -> None:
+    if inputs is None:
+        return
+    import torch
+    from torch.fx.passes.shape_prop import ShapeProp
+
+    gm.recompile()
+    with torch.no_grad():
+        ShapeProp(gm).propagate(*inputs)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -112,7 +395,7 @@ def flipped_scans(gm: fx.GraphModule) -> bool:
 
     graph = gm.graph
     changed = False
-    for n in list(graph.nodes):
+    for n in _live(graph):
         f1 = _flip_dims(n)
         if f1 is None or len(f1) != 1 or len(n.users) != 1:
             continue

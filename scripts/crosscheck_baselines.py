@@ -14,6 +14,11 @@ Usage (on the GPU machine, after ``egg bench PROBLEMS --out OUT``):
     python scripts/crosscheck_baselines.py OUT/results.jsonl PROBLEMS [--out crosscheck.md]
         [--filter GLOB] [--limit N] [--timeout 600]
 
+or, anywhere, against a stored independent do_bench table of the same problems on the same GPU
+model (markdown rows ``| problem | eager ms | torch.compile ms | ... |``):
+
+    python scripts/crosscheck_baselines.py OUT/results.jsonl --reference TABLE.md [--out ...]
+
 Differences of a few percent are expected (different processes, clocks, allocator state); a
 difference beyond ~10% on a problem deserves a look at how EGG timed it.
 """
@@ -59,6 +64,33 @@ def _one(path: str) -> dict:
     return out
 
 
+def _measure(path: pathlib.Path, timeout: float) -> dict:
+    try:
+        p = subprocess.run([sys.executable, __file__, "--one", str(path)], capture_output=True,
+                           text=True, timeout=timeout)
+        return json.loads(p.stdout.strip().splitlines()[-1]) if p.returncode == 0 else \
+            {"error": (p.stderr.strip().splitlines() or ["?"])[-1][:200]}
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout:g} s"}
+    except (json.JSONDecodeError, IndexError):
+        return {"error": "no result"}
+
+
+def _reference_table(path: pathlib.Path) -> dict[str, dict]:
+    """Rows ``| problem | eager ms | compile ms | ...`` of a markdown table, in _one's format."""
+    out = {}
+    for ln in path.read_text().splitlines():
+        cells = [c.strip() for c in ln.strip().strip("|").split("|")]
+        if len(cells) < 3:
+            continue
+        try:
+            e, c = float(cells[1]), float(cells[2])
+        except ValueError:
+            continue
+        out[cells[0]] = {"eager": {"median_ms": e}, "compile": {"median_ms": c}}
+    return out
+
+
 def _diff(egg, ind) -> float | None:
     if not egg or not ind:
         return None
@@ -77,14 +109,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--filter", default=None, help="glob on problem names")
     ap.add_argument("--limit", type=int, default=0, help="at most this many problems")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per problem")
+    ap.add_argument("--reference", default=None,
+                    help="markdown table of independent eager/compile ms to compare with (no GPU)")
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.one:
         print(json.dumps(_one(a.one)))
         return 0
-    if not a.results or not a.problems:
-        ap.error("give results.jsonl and the problems folder")
-    folder = pathlib.Path(a.problems)
+    if not a.results or not (a.problems or a.reference):
+        ap.error("give results.jsonl and the problems folder (or --reference TABLE.md)")
+    table = _reference_table(pathlib.Path(a.reference)) if a.reference else None
+    folder = pathlib.Path(a.problems or ".")
     recs = []
     for ln in pathlib.Path(a.results).read_text().splitlines():
         try:
@@ -102,15 +137,10 @@ def main(argv: list[str] | None = None) -> int:
     for i, r in enumerate(recs, 1):
         path = folder / r["name"]
         print(f"[{i}/{len(recs)}] {r['name']}", file=sys.stderr, flush=True)
-        try:
-            p = subprocess.run([sys.executable, __file__, "--one", str(path)], capture_output=True,
-                               text=True, timeout=a.timeout)
-            res = json.loads(p.stdout.strip().splitlines()[-1]) if p.returncode == 0 else \
-                {"error": (p.stderr.strip().splitlines() or ["?"])[-1][:200]}
-        except subprocess.TimeoutExpired:
-            res = {"error": f"timed out after {a.timeout:g} s"}
-        except (json.JSONDecodeError, IndexError):
-            res = {"error": "no result"}
+        if table is not None:
+            res = table.get(r["name"]) or {"error": "not in the reference table"}
+        else:
+            res = _measure(path, a.timeout)
         gpu = gpu or res.get("gpu")
         ie = (res.get("eager") or {}).get("median_ms")
         ic = (res.get("compile") or {}).get("median_ms")
@@ -123,8 +153,11 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(f"| {r['name']} | {_f(r.get('eager_ms'))} | {_f(ie)} | {_f(de, '{:+.1f}')} "
                     f"| {_f(r.get('compile_ms'))} | {_f(ic)} | {_f(dc, '{:+.1f}')} | {note.replace('|', '/')[:100]} |")
     lines = [f"# Baseline cross-check ({gpu or 'GPU'})", "",
-             "EGG's eager/compile times (egg bench, its profiling process) against plain "
-             "triton.testing.do_bench in a fresh process per problem (scripts/crosscheck_baselines.py). "
+             "EGG's eager/compile times (egg bench, its profiling process) against "
+             + (f"the independent do_bench table {pathlib.Path(a.reference).name} "
+                if table is not None else
+                "triton.testing.do_bench in a fresh process per problem ") +
+             "(scripts/crosscheck_baselines.py). "
              "diff % = (EGG - independent) / independent.", "",
              f"- problems: {len(rows)}; median |diff| eager: {_f(statistics.median(eager_d) if eager_d else None, '{:.1f}%')}, "
              f"compile: {_f(statistics.median(comp_d) if comp_d else None, '{:.1f}%')}; "

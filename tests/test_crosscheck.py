@@ -40,3 +40,21 @@ def test_crosscheck_table(tmp_path, monkeypatch):
     assert "| l1/b.py | 2.000 | 2.500 | -20.0 | - | - | - | boom |" in md
     assert "cpu.py" not in md
     assert "over 10%: eager 1" in md  # +5% is not over; -20% is
+
+
+def test_crosscheck_against_a_stored_reference_table(tmp_path):
+    xc = _load()
+    res = tmp_path / "results.jsonl"
+    res.write_text("\n".join(json.dumps(r) for r in [
+        {"name": "level1/a.py", "eager_ms": 1.05, "compile_ms": 0.50},
+        {"name": "level1/b.py", "eager_ms": 2.00, "compile_ms": 1.0},
+    ]) + "\n")
+    ref = tmp_path / "ref.md"
+    ref.write_text("# t\n\n| problem | eager ms | torch.compile ms | compile speedup |\n|---|---|---|---|\n"
+                   "| level1/a.py | 1.000 | 0.400 | 2.50 |\n")
+    out = tmp_path / "x.md"
+    assert xc.main([str(res), "--reference", str(ref), "--out", str(out)]) == 0
+    md = out.read_text()
+    assert "ref.md" in md
+    assert "| level1/a.py | 1.050 | 1.000 | +5.0 | 0.500 | 0.400 | +25.0 |" in md
+    assert "| level1/b.py | 2.000 | - | - | 1.000 | - | - | not in the reference table |" in md
