@@ -423,8 +423,13 @@ def judge(req: dict, chan) -> None:
                 raise _Verdict("cheat", "the candidate process sent an unexpected message")
             _, outs, _wall, launches = msg
             _check_structure(ref, outs)  # metadata only: shapes are checked before anything is copied
-            cand = [o.clone() if isinstance(o, torch.Tensor) else o for o in outs]
-            _sync(dev)  # our copies are complete before the candidate may free its outputs
+            try:
+                cand = [o.clone() if isinstance(o, torch.Tensor) else o for o in outs]
+                _sync(dev)  # our copies are complete before the candidate may free its outputs
+            except Exception as e:  # noqa: BLE001 - e.g. CUDA IPC handles that do not open
+                raise _Verdict("runtime", f"trial {t + 1}: the candidate's outputs could not be read "
+                               f"({one_line(e)}): its channel to the judge was tampered with or its "
+                               "memory is gone") from None
             conn.send(("ack",))
             del outs, msg  # releases the candidate's output blocks (CUDA IPC reference counts)
             result["launches"] = max(result["launches"], int(launches) if isinstance(launches, int) else 0)

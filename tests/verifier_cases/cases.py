@@ -75,7 +75,8 @@ DYNAMIC = [
     Case("cheat_pickle_exploit", "rowsum", "cheat", "refuses to load", static=False),
     Case("cheat_lookup_table", "rowsum", "mismatch", "trial 1", static=False),
     Case("cheat_deferred_thread", "rowsum", "mismatch", "trial 1", static=False),
-    Case("cheat_forge_verdict", "rowsum", "mismatch", "trial 1", static=False),
+    # on a GPU the forged bytes land in the judge's CUDA IPC channel too: the outputs do not open
+    Case("cheat_forge_verdict", "rowsum", "mismatch|runtime", "trial 1", static=False),
 ]
 
 STATIC = [
