@@ -22,6 +22,8 @@ import math
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -159,8 +161,17 @@ class _Census(TorchDispatchMode):
         super().__init__()
         self.fc, self.cnt = fc, cnt
 
+    muted = False  # inside an op counted whole (attention): its decomposition is not counted
+
+    def charge(self, key: str, flops: float, name: str) -> None:
+        self.cnt.counted_flops += flops
+        self.cnt.flops_by_peak[key] = self.cnt.flops_by_peak.get(key, 0.0) + flops
+        self.cnt.ops[name] = self.cnt.ops.get(name, 0.0) + flops
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if self.muted:
+            return func(*args, **kwargs)
         before = self.fc.get_total_flops()
         out = func(*args, **kwargs)
         delta = float(self.fc.get_total_flops() - before)
@@ -182,9 +193,44 @@ class _Census(TorchDispatchMode):
         return out
 
 
+def attention_flops(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> float:
+    """FLOPs of softmax(q k^T) v as a fused attention kernel does them: two matmuls over the
+    query-key pairs it visits (with is_causal, the lower triangle torch's mask keeps)."""
+    lq, lk, d, dv = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
+    heads = math.prod(q.shape[:-2])
+    pairs = sum(min(i + 1, lk) for i in range(lq)) if causal else lq * lk
+    return float(2 * heads * pairs * (d + dv))
+
+
+class _Attention(TorchFunctionMode):
+    """Counts F.scaled_dot_product_attention as a GPU runs it (a flash/efficient kernel in the
+    inputs' dtype, skipping masked-out blocks under is_causal), not as the math decomposition
+    the meta/CPU dispatch runs, which upcasts bf16 to fp32 and masks instead of skipping."""
+
+    def __init__(self, census: _Census):
+        super().__init__()
+        self.census = census
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is not F.scaled_dot_product_attention or len(args) < 3:
+            return func(*args, **kwargs)
+        q, k, v = args[:3]
+        causal = bool(kwargs.get("is_causal", args[5] if len(args) > 5 else False))
+        dt = str(q.dtype).replace("torch.", "")
+        self.census.charge(PEAK_KEY.get(dt, "fp32"), attention_flops(q, k, v, causal),
+                           "scaled_dot_product_attention")
+        self.census.muted = True
+        try:
+            return func(*args, **kwargs)
+        finally:
+            self.census.muted = False
+
+
 def _run_counted(model, inputs, cnt: Count):
     with FlopCounterMode(display=False) as fc, torch.no_grad():
-        with _Census(fc, cnt):
+        census = _Census(fc, cnt)
+        with census, _Attention(census):
             out = model(*inputs)
     return out
 

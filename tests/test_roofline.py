@@ -179,3 +179,22 @@ def test_floor_bound_and_percent():
     assert R.percent(1.0, 4.0) == 25.0 and R.percent(None, 4.0) is None
     ms, bound = R.floor_ms(2e12, 1e6, "bfloat16", PEAKS, 1000.0)
     assert bound == "compute" and ms == pytest.approx(2e12 / 800e12 * 1e3)
+
+
+def test_attention_counted_as_a_fused_kernel_in_its_own_dtype(write_problem):
+    """SDPA on meta/CPU decomposes into fp32 math with a mask; a GPU runs a bf16 flash kernel
+    that skips the masked half. Counting the decomposition put a bf16 prefill at 1838% of
+    roofline on the H200."""
+    from harness import roofline
+    from harness.problem import load_problem
+
+    src = ("import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n"
+           "class Model(nn.Module):\n    def forward(self, q, k, v):\n"
+           "        return F.scaled_dot_product_attention(q, k, v, is_causal=CAUSAL)\n"
+           "def get_inputs():\n    return [torch.randn(2, 4, 64, 32, dtype=torch.bfloat16) for _ in range(3)]\n"
+           "def get_init_inputs():\n    return []\n")
+    full = roofline.count(load_problem(write_problem(src.replace("CAUSAL", "False"), "full")))
+    causal = roofline.count(load_problem(write_problem(src.replace("CAUSAL", "True"), "causal")))
+    assert full.flops == 2 * 2 * 4 * 64 * 64 * (32 + 32)
+    assert causal.flops == 2 * 2 * 4 * (64 * 65 // 2) * (32 + 32)
+    assert set(full.flops_by_peak) == {"bf16"} and full.estimated_flops == 0
