@@ -284,7 +284,76 @@ def linear_reduce(gm: fx.GraphModule) -> bool:
     return changed
 
 
-RULES = [("rw-linear-reduce", linear_reduce), ("rw-size1-reduction", size1_reductions),
+def _square_of(gm: fx.GraphModule, n) -> fx.Node | None:
+    """h when n is h*h, h**2, h.pow(2) or h.square() on a floating h."""
+    if not isinstance(n, fx.Node):
+        return None
+    op = classify(n, gm)
+    if op.kind != "pointwise":
+        return None
+    a = op.operands
+    if op.name == "square" and _float(a[0]):
+        return a[0]
+    if op.name == "pow" and _float(a[0]) and len(a) > 1 and a[1] == 2:
+        return a[0]
+    if op.name == "mul" and len(a) == 2 and a[0] is a[1] and _float(a[0]):
+        return a[0]
+    return None
+
+
+def _plus_scalar(gm: fx.GraphModule, n) -> tuple | None:
+    """(v, eps) when n is v + eps or eps + v with a scalar eps."""
+    step = _scalar_step(classify(n, gm)) if isinstance(n, fx.Node) else None
+    if step is None or step[1] != "add" or classify(n, gm).name != "add":
+        return None
+    return step[0], step[2]
+
+
+def rms_norm_pattern(gm: fx.GraphModule) -> bool:
+    """rw-rms-norm: h * rsqrt(mean(h^2, -1, keepdim=True) + eps) (or h / sqrt(...)) over the last
+    dimension is rms_norm(h, (H,), eps=eps): one norm-template kernel per row instead of a
+    square, a reduction and an elementwise pass that each read the rows again."""
+    import torch.nn.functional as F
+
+    graph = gm.graph
+    changed = False
+    for n in _live(graph):
+        op = classify(n, gm)
+        if op.kind != "pointwise" or op.name not in ("mul", "div") or len(op.operands) != 2:
+            continue
+        a, b = op.operands
+        for h, scale in ((a, b), (b, a)) if op.name == "mul" else ((a, b),):
+            if not _float(h) or not isinstance(scale, fx.Node) or len(scale.users) != 1:
+                continue
+            sop = classify(scale, gm)
+            want = "rsqrt" if op.name == "mul" else "sqrt"
+            if sop.kind != "pointwise" or sop.name != want:
+                continue
+            pe = _plus_scalar(gm, sop.operands[0])
+            if pe is None or len(sop.operands[0].users) != 1:
+                continue
+            mean, eps = pe
+            mop = classify(mean, gm) if isinstance(mean, fx.Node) else None
+            shape = node_shape(h)
+            if (mop is None or mop.kind != "reduction" or mop.name != "mean" or len(mean.users) != 1
+                    or not mop.p.get("keepdim") or not shape
+                    or _dims(mop.p.get("dim"), len(shape)) != [len(shape) - 1]):
+                continue
+            sq = mop.operands[0]
+            if _square_of(gm, sq) is not h or len(sq.users) != 1 or node_shape(n) != shape:
+                continue
+            with graph.inserting_before(n):
+                v = graph.call_function(F.rms_norm, (h, (shape[-1],), None, float(eps)))
+            dead = [scale, sop.operands[0], mean, sq]
+            _replace(n, v)
+            for d in dead:
+                graph.erase_node(d)
+            changed = True
+            break
+    return changed
+
+
+RULES = [("rw-rms-norm", rms_norm_pattern), ("rw-linear-reduce", linear_reduce), ("rw-size1-reduction", size1_reductions),
          ("rw-softmax-size1", softmax_size1), ("rw-merge-clamps", merge_clamps),
          ("rw-fold-scalar-chain", fold_scalar_chains), ("rw-dead-code", drop_dead_code)]
 

@@ -135,3 +135,28 @@ def test_a_graph_the_passes_cannot_handle_is_a_reason_not_a_crash(write_problem)
                    "torch.randn(4, 3)", members="        self.h = torch.randn(4, 5)\n")
     plan, applied, err = pipeline.analyze(load_problem(write_problem(src, "mutates")))
     assert plan is None and applied == [] and err.startswith("the captured graph could not be planned")
+
+
+RMS_W = "        self.w = nn.Parameter(torch.randn(48) * 0.1 + 1.0)\n"
+
+
+@pytest.mark.parametrize("body, applies", [
+    ("        h = x.float()\n        v = h.pow(2).mean(-1, keepdim=True)\n"
+     "        return self.w * (h * torch.rsqrt(v + 1e-5))\n", True),
+    ("        return x / torch.sqrt(torch.mean(x ** 2, dim=-1, keepdim=True) + 1e-6)\n", True),
+    ("        return torch.rsqrt(1e-6 + (x * x).mean(dim=2, keepdim=True)) * x\n", True),
+    # over the channels of a 4-d tensor (not the last dim), or the mean also used elsewhere
+    ("        y = x.view(2, 3, 4, 48)\n"
+     "        return y / torch.sqrt(torch.mean(y ** 2, dim=1, keepdim=True) + 1e-6)\n", False),
+    ("        v = (x * x).mean(-1, keepdim=True)\n        return x * torch.rsqrt(v + 1e-6) + v\n", False),
+])
+def test_rms_norm_pattern(write_problem, body, applies):
+    applied = _run(write_problem, _problem(body, "torch.randn(6, 4, 48)", members=RMS_W), "rms")
+    assert ("rw-rms-norm" in applied) is applies
+
+
+def test_rms_norm_pattern_makes_one_norm_kernel_of_a_llama_rmsnorm():
+    prob = load_problem("workloads/llm/01_rms_norm.py")
+    plan, applied, err = pipeline.analyze(prob)
+    assert err is None and "rw-rms-norm" in applied
+    assert [g.kind for g in plan.groups] == ["norm"]

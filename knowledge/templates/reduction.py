@@ -31,7 +31,7 @@ def signature(kname: str, n_in: int, n_out: int, tail: list[str]) -> str:
     ins = [f"P{i}" for i in range(n_in)]
     outs = [f"O{j}" for j in range(n_out)]
     strides = [f"S{i}_{d}" for i in range(n_in) for d in range(5)]
-    sig = ", ".join(ins + outs + ["NROWS", "O1", "O2", "R", "INNER"] + strides + tail)
+    sig = ", ".join(ins + outs + ["NROWS", "OD1", "OD2", "R", "INNER"] + strides + tail)
     return f"@triton.jit\ndef {kname}({sig}):\n"
 
 
@@ -45,7 +45,7 @@ def row_setup(n_in: int, rows_variant: bool) -> list[str]:
             "    rows = rows.to(tl.int64)",
             "rmask = rows < NROWS",
         ]
-        lines += [f"b{i} = _egg_index3(rows, O1, O2, S{i}_0, S{i}_1, S{i}_2)" for i in range(n_in)]
+        lines += [f"b{i} = _egg_index3(rows, OD1, OD2, S{i}_0, S{i}_1, S{i}_2)" for i in range(n_in)]
     else:
         lines = [
             "pid = tl.program_id(0)",
@@ -57,7 +57,7 @@ def row_setup(n_in: int, rows_variant: bool) -> list[str]:
             "ii = ib * BLOCK_I + tl.arange(0, BLOCK_I)",
             "imask = ii < INNER",
         ]
-        lines += [f"b{i} = _egg_index3(row, O1, O2, S{i}_0, S{i}_1, S{i}_2)" for i in range(n_in)]
+        lines += [f"b{i} = _egg_index3(row, OD1, OD2, S{i}_0, S{i}_1, S{i}_2)" for i in range(n_in)]
     return lines
 
 
@@ -155,7 +155,7 @@ def _split_kernels(spec: ReductionSpec, kname: str, cfg: dict) -> str:
         "sp = pid % SPLITS",
         "rmask = row < NROWS",
     ]
-    part += [f"b{i} = _egg_index3(row, O1, O2, S{i}_0, S{i}_1, S{i}_2)" for i in range(n_in)]
+    part += [f"b{i} = _egg_index3(row, OD1, OD2, S{i}_0, S{i}_1, S{i}_2)" for i in range(n_in)]
     part += [f"acc2 = tl.full([BLOCK_R], {ident}, {ct})", "for off in range(0, CHUNK, BLOCK_R):"]
     loop = ["rr = sp * CHUNK + off + tl.arange(0, BLOCK_R)", "m = (rr < R) & (rr < (sp + 1) * CHUNK)"]
     for i in spec.pro_inputs:
@@ -164,7 +164,7 @@ def _split_kernels(spec: ReductionSpec, kname: str, cfg: dict) -> str:
     loop += [f"v = tl.where(m, {spec.red_var}, {ident})", f"acc2 = {upd}"]
     part += ["    " + ln for ln in loop]
     part.append(f"tl.store(W + pid, {red}(acc2, 0))")
-    k_part = (f"@triton.jit\ndef {kname}_part({', '.join(ins + ['W', 'NROWS', 'O1', 'O2', 'R', 'INNER'] + strides)}, "
+    k_part = (f"@triton.jit\ndef {kname}_part({', '.join(ins + ['W', 'NROWS', 'OD1', 'OD2', 'R', 'INNER'] + strides)}, "
               "SPLITS, CHUNK, BLOCK_R: tl.constexpr):\n" + indent(part, 4) + "\n")
     outs = [f"O{j}" for j in range(len(spec.outputs))]
     fin = row_setup(n_in, True)
@@ -178,7 +178,7 @@ def _split_kernels(spec: ReductionSpec, kname: str, cfg: dict) -> str:
     fin += stmt_lines(spec.epi_stmts)
     for j, (var, _dt) in enumerate(spec.outputs):
         fin.append(f"tl.store(O{j} + rows, ({var}).to(O{j}.dtype.element_ty), mask=rmask)")
-    k_fin = (f"@triton.jit\ndef {kname}_fin({', '.join(ins + outs + ['W', 'NROWS', 'O1', 'O2', 'R', 'INNER'] + strides)}, "
+    k_fin = (f"@triton.jit\ndef {kname}_fin({', '.join(ins + outs + ['W', 'NROWS', 'OD1', 'OD2', 'R', 'INNER'] + strides)}, "
              "SPLITS, SPLITS_P2: tl.constexpr, BLOCK_O: tl.constexpr):\n" + indent(fin, 4) + "\n")
     return k_part + "\n\n" + k_fin
 
