@@ -49,6 +49,14 @@ def _live(graph: fx.Graph):
             yield n
 
 
+def _ops(gm: fx.GraphModule, kind: str, names: tuple[str, ...]):
+    """(node, its NOp) for every live node of this kind whose canonical name is in names."""
+    for n in _live(gm.graph):
+        op = classify(n, gm)
+        if op.kind == kind and op.name in names:
+            yield n, op
+
+
 def _replace(n: fx.Node, new: fx.Node) -> None:
     n.replace_all_uses_with(new)
     n.graph.erase_node(n)
@@ -65,10 +73,7 @@ def size1_reductions(gm: fx.GraphModule) -> bool:
 
     graph = gm.graph
     changed = False
-    for n in _live(graph):
-        op = classify(n, gm)
-        if op.kind != "reduction" or op.name not in SIZE1_REDUCTIONS:
-            continue
+    for n, op in _ops(gm, "reduction", SIZE1_REDUCTIONS):
         x = op.operands[0]
         shape = node_shape(x)
         if not _float(x) or not shape:
@@ -103,10 +108,7 @@ def softmax_size1(gm: fx.GraphModule) -> bool:
 
     graph = gm.graph
     changed = False
-    for n in _live(graph):
-        op = classify(n, gm)
-        if op.kind != "softmax" or op.name not in ("softmax", "log_softmax"):
-            continue
+    for n, op in _ops(gm, "softmax", ("softmax", "log_softmax")):
         x = op.operands[0]
         shape = node_shape(x)
         dim = op.p.get("dim")
@@ -255,10 +257,7 @@ def linear_reduce(gm: fx.GraphModule) -> bool:
 
     graph = gm.graph
     changed = False
-    for n in _live(graph):
-        op = classify(n, gm)
-        if op.kind != "reduction" or op.name not in ("sum", "mean"):
-            continue
+    for n, op in _ops(gm, "reduction", ("sum", "mean")):
         lin = op.operands[0]
         if not isinstance(lin, fx.Node) or len(lin.users) != 1 or not _float(lin):
             continue
@@ -317,9 +316,8 @@ def rms_norm_pattern(gm: fx.GraphModule) -> bool:
 
     graph = gm.graph
     changed = False
-    for n in _live(graph):
-        op = classify(n, gm)
-        if op.kind != "pointwise" or op.name not in ("mul", "div") or len(op.operands) != 2:
+    for n, op in _ops(gm, "pointwise", ("mul", "div")):
+        if len(op.operands) != 2:
             continue
         a, b = op.operands
         for h, scale in ((a, b), (b, a)) if op.name == "mul" else ((a, b),):

@@ -550,11 +550,27 @@ def _child(spec: dict) -> int:
     return 0
 
 
+def rewrite_reports(folder: pathlib.Path) -> dict:
+    """report.json, report.md and bench.png of a folder, again from its results.jsonl (after
+    merging or copying records between bench slices)."""
+    recs = read_results(folder / "results.jsonl")
+    rep = aggregate(recs)
+    (folder / "report.json").write_text(json.dumps(rep, indent=2))
+    (folder / "report.md").write_text(report_markdown(rep, recs))
+    plot(recs, folder / "bench.png")
+    return rep
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) == 2 and argv[0] == "one":
         return _child(json.loads(argv[1]))
-    print("usage: python -m graph.bench one SPEC_JSON (internal; use `egg bench`)", file=sys.stderr)
+    if len(argv) == 2 and argv[0] == "report":
+        rewrite_reports(pathlib.Path(argv[1]))
+        return 0
+    print("usage: python -m graph.bench one SPEC_JSON (internal; use `egg bench`)\n"
+          "       python -m graph.bench report FOLDER  (reports again from FOLDER/results.jsonl)",
+          file=sys.stderr)
     return 2
 
 

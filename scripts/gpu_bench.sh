@@ -15,17 +15,7 @@ start=$(date +%s)
 timeout -s INT "$BUDGET" python3 -m graph.cli bench "$PROBLEMS" --list "$LIST" --out "$STATE" \
   --device cuda --jobs "$JOBS" --resume --problem-timeout 300
 echo "slice: $(( $(date +%s) - start )) s, $(wc -l < "$STATE/results.jsonl") problems done" | tee -a "$STATE/slices.txt"
-python3 -c "
-import json, pathlib, sys
-sys.path.insert(0, '.')
-from graph import bench as B
-st = pathlib.Path('$STATE')
-recs = B.read_results(st / 'results.jsonl')
-rep = B.aggregate(recs)
-(st / 'report.json').write_text(json.dumps(rep, indent=2))
-(st / 'report.md').write_text(B.report_markdown(rep, recs))
-B.plot(recs, st / 'bench.png')
-"
+python3 -m graph.bench report "$STATE"
 cp "$STATE"/results.jsonl "$STATE"/report.json "$STATE"/report.md "$STATE"/bench.png "$STATE"/slices.txt "$OUT"/ 2>/dev/null
 tar czf "$OUT/runs.tgz" --exclude='*.sqlite' --exclude='search' -C "$STATE" runs logs 2>/dev/null
 ls -la "$OUT"

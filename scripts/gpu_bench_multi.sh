@@ -29,17 +29,7 @@ for p in "${pids[@]}"; do wait "$p"; done
 cat "$STATE"/part*/results.jsonl > "$STATE/results.jsonl" 2>/dev/null
 echo "slice: $(( $(date +%s) - start )) s on $NG GPU(s), $(wc -l < "$STATE/results.jsonl") problems done" \
   | tee -a "$STATE/slices.txt"
-python3 -c "
-import json, pathlib, sys
-sys.path.insert(0, '.')
-from graph import bench as B
-st = pathlib.Path('$STATE')
-recs = B.read_results(st / 'results.jsonl')
-rep = B.aggregate(recs)
-(st / 'report.json').write_text(json.dumps(rep, indent=2))
-(st / 'report.md').write_text(B.report_markdown(rep, recs))
-B.plot(recs, st / 'bench.png')
-"
+python3 -m graph.bench report "$STATE"
 cp "$STATE"/results.jsonl "$STATE"/report.json "$STATE"/report.md "$STATE"/slices.txt "$OUT"/ 2>/dev/null
 for ((i = 0; i < NG; i++)); do  # each part's records, to carry into the next slice
   mkdir -p "$OUT/part$i" && cp "$STATE/part$i/results.jsonl" "$OUT/part$i/" 2>/dev/null

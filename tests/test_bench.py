@@ -201,3 +201,22 @@ def test_egg_profile_on_cpu_is_labelled(tmp_path):
     assert r.exit_code == 0 and "not GPU timings" in r.stdout
     r = CliRunner().invoke(app, ["profile", str(tmp_path / "missing.py"), "--device", "cpu"])
     assert r.exit_code == 2
+
+
+def test_reports_are_rewritten_from_merged_records(tmp_path):
+    """`python -m graph.bench report DIR` (used by the GPU slice scripts after merging parts)."""
+    import json
+    import subprocess
+    import sys
+
+    recs = [{"name": "a.py", "correct": True, "verified": True, "fallback": False, "eager_ms": 2.0,
+             "compile_ms": 1.0, "egg_ms": 1.0, "speedup_eager": 2.0, "speedup_compile": 1.0,
+             "roofline_pct": 50.0, "wall_s": 10.0, "kernels": ["k"]},
+            {"name": "b.py", "correct": True, "verified": False, "fallback": True, "eager_ms": 1.0,
+             "compile_ms": 1.0, "egg_ms": 1.0, "speedup_eager": 1.0, "speedup_compile": 1.0,
+             "roofline_pct": 90.0, "wall_s": 20.0, "kernels": []}]
+    (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    subprocess.run([sys.executable, "-m", "graph.bench", "report", str(tmp_path)], check=True)
+    rep = json.loads((tmp_path / "report.json").read_text())
+    assert rep["problems"] == 2 and abs(rep["geomean_speedup_eager"] - 2 ** 0.5) < 1e-9
+    assert "a.py" in (tmp_path / "report.md").read_text()
