@@ -202,12 +202,14 @@ def _egg_bn_update(mean, var, x, running_mean, running_var, num_batches_tracked,
 
 
 @triton.jit
-def _egg_transpose_kernel(X, Y, A, B, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr):
+def _egg_transpose_kernel(X, Y, A, B, NA, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr):
     """Y[n, b, a] = X[n, a, b] for contiguous X (N, A, B) and Y (N, B, A): a tile is read along b
-    and written along a, both coalesced (Triton moves it through shared memory)."""
-    n = tl.program_id(2).to(tl.int64)
-    a = tl.program_id(0) * BLOCK_A + tl.arange(0, BLOCK_A)
-    b = tl.program_id(1) * BLOCK_B + tl.arange(0, BLOCK_B)
+    and written along a, both coalesced (Triton moves it through shared memory). The tiles of
+    one image are numbered along grid axis 0 (no 65535 limit), the images along axis 1."""
+    n = tl.program_id(1).to(tl.int64)
+    t = tl.program_id(0)
+    a = (t % NA) * BLOCK_A + tl.arange(0, BLOCK_A)
+    b = (t // NA) * BLOCK_B + tl.arange(0, BLOCK_B)
     m = (a[:, None] < A) & (b[None, :] < B)
     base = n * A * B
     v = tl.load(X + base + a[:, None].to(tl.int64) * B + b[None, :], mask=m)
@@ -218,8 +220,9 @@ def _egg_transpose(x, y, a, b):
     n = x.numel() // max(1, a * b)
     if n == 0:
         return y
-    grid = (triton.cdiv(a, 64), triton.cdiv(b, 64), n)
-    _egg_transpose_kernel[grid](x, y, a, b, BLOCK_A=64, BLOCK_B=64, num_warps=4)
+    na = triton.cdiv(a, 64)
+    grid = (na * triton.cdiv(b, 64), n)
+    _egg_transpose_kernel[grid](x, y, a, b, na, BLOCK_A=64, BLOCK_B=64, num_warps=4)
     return y
 
 
