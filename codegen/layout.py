@@ -26,6 +26,9 @@ CONV_FUNCTIONS = {F.conv2d, F.conv3d, F.conv_transpose2d, F.conv_transpose3d,
 FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 #: consumer kinds that take a channels-last tensor at full speed
 LAYOUT_FREE = {"pointwise", "library", "identity"}
+#: view-kind consumers that only ask for the shape
+SHAPE_QUERIES = {"size", "dim", "numel"}
+SHAPE_ATTRS = {"shape", "dtype", "device", "ndim"}
 
 
 def _conv_input(n: fx.Node):
@@ -66,6 +69,9 @@ def _needs_standard(gm: fx.GraphModule, conv: fx.Node) -> bool:
         if u.op == "output":
             continue
         op = O.classify(u, gm)
+        if op.kind == "view" and (op.name in SHAPE_QUERIES or (
+                op.name == "getattr" and u.args[1:2] and u.args[1] in SHAPE_ATTRS)):
+            continue  # x.shape, x.size(0): no data read
         if op.kind not in LAYOUT_FREE:
             return True
         if op.kind in ("pointwise", "identity"):

@@ -175,3 +175,25 @@ def test_layout_conversions_are_exact_tiled_transposes():
         assert z.is_contiguous() and torch.equal(z, x)
     odd = torch.randn(4, 6, 5, 3).transpose(2, 3)  # neither layout: torch's copy
     assert torch.equal(R._egg_standard_layout(odd), odd)
+
+
+def test_shape_queries_do_not_force_the_standard_layout(write_problem):
+    src = HEAD + '''
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3)
+
+    def forward(self, x):
+        y = self.conv(x)
+        return torch.relu(y) * (1.0 / y.size(1)) + y.shape[0]
+
+def get_inputs():
+    return [torch.randn(2, 3, 9, 9)]
+
+def get_init_inputs():
+    return []
+'''
+    path, cand, plan, em = _emit(write_problem, src, "cl_size")
+    assert "_egg_standard_layout(conv)" not in em.source
+    assert verify(str(path), str(cand), trials=2)["passed"]
