@@ -65,3 +65,17 @@ def test_template_matches_torch(name, write_problem, tmp_path):
     template, src, configs = CASES[name]
     comp = generated_matches(write_problem(src, name), tmp_path, seeds=(0, 1), configs=configs)
     assert template in {g.kind for g in comp.plan.groups}
+
+
+def test_gpu_templates_script_casts_a_case_and_verifies_it(tmp_path):
+    """scripts/gpu_templates.py (bf16 on the GPU for issue 5) on one case, in the interpreter."""
+    import importlib.util
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parent.parent
+    spec = importlib.util.spec_from_file_location("gpu_templates", root / "scripts" / "gpu_templates.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    r = mod.run_case("group_norm", "bfloat16", "cpu", 1, tmp_path)
+    assert r["ok"], r["why"]
+    assert "torch.bfloat16" in (tmp_path / "group_norm.py").read_text()
