@@ -351,7 +351,53 @@ def rms_norm_pattern(gm: fx.GraphModule) -> bool:
     return changed
 
 
-RULES = [("rw-rms-norm", rms_norm_pattern), ("rw-linear-reduce", linear_reduce), ("rw-size1-reduction", size1_reductions),
+#: consumer kinds whose Triton group can take an elementwise prologue (the bias add)
+BIAS_FUSABLE = {"pointwise", "reduction", "norm", "softmax", "pool"}
+
+
+def conv_bias_epilogue(gm: fx.GraphModule) -> bool:
+    """rw-conv-bias-epilogue: a convolution module with bias whose every consumer is a fused
+    kernel becomes the bias-free convolution plus a broadcast add of the bias. PyTorch adds a
+    cuDNN convolution's bias in a separate pass over the whole result (output.add_(bias)); as an
+    elementwise op the add joins the consumer's kernel: one read and one write of the result
+    less, the same fp32 addition."""
+    import operator
+
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    fns = {nn.Conv1d: F.conv1d, nn.Conv2d: F.conv2d, nn.Conv3d: F.conv3d,
+           nn.ConvTranspose1d: F.conv_transpose1d, nn.ConvTranspose2d: F.conv_transpose2d,
+           nn.ConvTranspose3d: F.conv_transpose3d}
+    graph = gm.graph
+    changed = False
+    for n in _live(graph):
+        if n.op != "call_module" or len(n.args) != 1 or n.kwargs:
+            continue
+        mod = gm.get_submodule(n.target)
+        fn = fns.get(type(mod))
+        shape = node_shape(n)
+        if (fn is None or mod.bias is None or mod.padding_mode != "zeros" or not _float(n)
+                or not shape or not n.users
+                or not all(classify(u, gm).kind in BIAS_FUSABLE for u in n.users)):
+            continue
+        with graph.inserting_before(n):
+            w = _attr_node(gm, graph, f"{n.target}.weight")
+            b = _attr_node(gm, graph, f"{n.target}.bias")
+            if isinstance(mod, nn.modules.conv._ConvTransposeNd):
+                args = (n.args[0], w, None, mod.stride, mod.padding, mod.output_padding, mod.groups,
+                        mod.dilation)
+            else:
+                args = (n.args[0], w, None, mod.stride, mod.padding, mod.dilation, mod.groups)
+            conv = graph.create_node("call_function", fn, args, name=f"{n.name}_nobias")
+            view = graph.call_method("view", (b, *([1, shape[1]] + [1] * (len(shape) - 2))))
+            v = graph.call_function(operator.add, (conv, view))
+        _replace(n, v)
+        changed = True
+    return changed
+
+
+RULES = [("rw-conv-bias-epilogue", conv_bias_epilogue), ("rw-rms-norm", rms_norm_pattern), ("rw-linear-reduce", linear_reduce), ("rw-size1-reduction", size1_reductions),
          ("rw-softmax-size1", softmax_size1), ("rw-merge-clamps", merge_clamps),
          ("rw-fold-scalar-chain", fold_scalar_chains), ("rw-dead-code", drop_dead_code)]
 

@@ -160,3 +160,31 @@ def test_rms_norm_pattern_makes_one_norm_kernel_of_a_llama_rmsnorm():
     plan, applied, err = pipeline.analyze(prob)
     assert err is None and "rw-rms-norm" in applied
     assert [g.kind for g in plan.groups] == ["norm"]
+
+
+CONVS = ("        self.c2 = nn.Conv2d(3, 6, 3, padding=1)\n"
+         "        self.t3 = nn.ConvTranspose3d(2, 4, 3, stride=2, output_padding=1)\n"
+         "        self.nb = nn.Conv2d(3, 6, 3, bias=False)\n"
+         "        self.next = nn.Conv2d(6, 2, 1, bias=False)\n")
+
+
+@pytest.mark.parametrize("body, inputs, applies", [
+    ("        return F.mish(self.c2(x) - 0.5)\n", "torch.randn(2, 3, 11, 9)", True),
+    ("        return torch.amin(self.c2(x), dim=1, keepdim=True)\n", "torch.randn(2, 3, 11, 9)", True),
+    ("        return self.t3(x).mean(dim=(2, 3, 4)) * 2.0\n", "torch.randn(2, 2, 4, 5, 3)", True),
+    # no bias; the result returned as it is; the result also going to another library op
+    ("        return torch.relu(self.nb(x))\n", "torch.randn(2, 3, 11, 9)", False),
+    ("        return self.c2(x)\n", "torch.randn(2, 3, 11, 9)", False),
+    ("        y = self.c2(x)\n        return torch.relu(y).sum() + self.next(y)\n",
+     "torch.randn(2, 3, 11, 9)", False),
+])
+def test_conv_bias_epilogue(write_problem, body, inputs, applies):
+    applied = _run(write_problem, _problem(body, inputs, members=CONVS), "cbias")
+    assert ("rw-conv-bias-epilogue" in applied) is applies
+
+
+def test_conv_bias_epilogue_joins_the_tail_kernel(write_problem):
+    src = _problem("        return F.mish(self.c2(x) - 0.5)\n", "torch.randn(2, 3, 11, 9)", members=CONVS)
+    plan, applied, err = pipeline.analyze(load_problem(write_problem(src, "cbias_plan")))
+    assert [g.kind for g in plan.groups] == ["pointwise"]
+    assert len(plan.groups[0].members) == 3  # bias add, the folded subtract, mish
