@@ -188,3 +188,13 @@ def test_conv_bias_epilogue_joins_the_tail_kernel(write_problem):
     plan, applied, err = pipeline.analyze(load_problem(write_problem(src, "cbias_plan")))
     assert [g.kind for g in plan.groups] == ["pointwise"]
     assert len(plan.groups[0].members) == 3  # bias add, the folded subtract, mish
+
+
+def test_every_rule_is_documented():
+    import pathlib
+
+    from codegen.rewrites import RULES
+
+    doc = (pathlib.Path(__file__).resolve().parent.parent / "docs" / "stage1.md").read_text()
+    for rid, _fn in RULES:
+        assert f"| {rid} |" in doc, rid
