@@ -455,6 +455,11 @@ class LLMPolicy:
                      configs=[KernelConfig(group_id=k, template="llm", params=v) for k, v in new.items()])
 
     def optimize_memory(self, state: EggState, settings: Settings) -> Draft | Decline:
+        best = state.candidate(state.best_id)
+        if self.hybrid and (best is None or best.fallback or not best.kernels):
+            # no kernel to revise: the expert's layout variant (channels-last convolutions of the
+            # reference) may still apply
+            return self.expert.optimize_memory(state, settings)
         base, no = self._stage2_base(state, "memory optimizations")
         if no:
             return no

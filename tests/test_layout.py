@@ -198,3 +198,16 @@ def get_init_inputs():
     path, cand, plan, em = _emit(write_problem, src, "cl_size")
     assert "_egg_standard_layout(conv" not in em.source
     assert verify(str(path), str(cand), trials=2)["passed"]
+
+
+def test_hybrid_policy_offers_the_layout_variant_when_the_reference_is_best(write_problem):
+    from policies.llm import LLMPolicy
+    from state import Candidate
+    from tests.test_expert_stage2 import _state
+
+    st = _state(write_problem(CONV_TAIL, "hy"))
+    ref = Candidate(id="c0", stage="plan", author="planner", source="", fallback=True)
+    st = st.model_copy(update={"candidates": [ref], "best_id": "c0"})
+    res = LLMPolicy(hybrid=True).optimize_memory(st, Settings(device="cpu", policy="hybrid"))
+    assert LAYOUT_PRINCIPLE in res.principle_ids and "_egg_channels_last" in res.source
+    assert "_egg_g" not in res.source.split("class ModelNew")[1].split("def forward")[1]  # no kernel
