@@ -126,6 +126,9 @@ class ExpertPolicy:
 
     # ------------------------------------------------------------------ stage 1
     def design(self, state: EggState, settings: Settings) -> Draft | Decline:
+        a = state.analysis
+        if a is not None and a.capture == "none":
+            return Decline(f"no op graph ({a.capture_error}): the reference stays the answer")
         if state.plan is None or not any(g.kind != "library" for g in state.plan.groups):
             return Decline("nothing to fuse: the reference stays the answer")
         off = {g.id for g in state.plan.groups if g.kind != "library" and not g.enabled}

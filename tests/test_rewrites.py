@@ -198,3 +198,21 @@ def test_every_rule_is_documented():
     doc = (pathlib.Path(__file__).resolve().parent.parent / "docs" / "stage1.md").read_text()
     for rid, _fn in RULES:
         assert f"| {rid} |" in doc, rid
+
+
+def test_a_plan_failure_reaches_the_run_report(write_problem, tmp_path):
+    """The expert's stage 1 says why there is no kernel (the report's Stages line shows it)."""
+    from harness.problem import describe_problem
+    from policies.expert import ExpertPolicy
+    from state import EggState, HardwareInfo, Settings
+
+    src = _problem("        self.h = self.h.to(x.device)\n        return torch.cat([x, self.h], 1).relu()\n",
+                   "torch.randn(4, 3)", members="        self.h = torch.randn(4, 5)\n")
+    path = write_problem(src, "mutates_run")
+    _prob, spec = describe_problem(path)
+    hw = HardwareInfo(device="cpu", name="cpu", profile_id="cpu-interpreter", interpreter=True)
+    st = EggState(problem_path=str(path), problem=spec, hardware=hw)
+    analysis, plan = ExpertPolicy().plan(st, Settings(device="cpu"))
+    st = st.model_copy(update={"analysis": analysis, "plan": plan})
+    res = ExpertPolicy().design(st, Settings(device="cpu"))
+    assert "could not be planned" in res.reason and "reference stays" in res.reason
