@@ -141,6 +141,8 @@ def test_memory_format_walk_of_the_pointwise_runtime():
     assert mod._egg_memory_order(x.shape, [x]) == [0, 2, 3, 1]
     assert mod._egg_memory_order(x.shape, [torch.randn(3, 1, 1), x]) == [0, 2, 3, 1]
     assert mod._egg_memory_order(x.shape, [x.contiguous()]) == [0, 1, 2, 3]
+    assert mod._egg_memory_order(x.shape, [x.contiguous(), x]) == [0, 1, 2, 3]  # the first decides
+    assert torch.relu(torch.stack([x.contiguous(), x]).select(0, 0) + x).is_contiguous()  # as eager
     assert mod._egg_memory_order((2, 3, 4, 5), [x[:, :, :2]]) == [0, 1, 2, 3]  # not full-size
     e = mod._egg_empty((2, 3, 4, 5), [0, 2, 3, 1], torch.float32, "cpu")
     assert e.shape == (2, 3, 4, 5) and e.stride() == x.stride()

@@ -51,21 +51,21 @@ def _egg_contig_strides(dims):
 
 def _egg_memory_order(shape, tensors):
     """Dims of a pointwise domain, outermost first, in the order to walk them: the memory order
-    of the first input that covers the domain densely (as eager's TensorIterator does), so that a
-    channels-last input is read, and the outputs written, in its own order; else the usual."""
+    of the first full-size input when it is dense (eager's TensorIterator lays its outputs out
+    the same way), so that a channels-last input is read, and the outputs written, in its own
+    order; the standard order otherwise."""
     order = list(range(len(shape)))
-    for t in tensors:
-        if tuple(t.shape) == tuple(shape) and not t.is_contiguous():
-            st = t.stride()
-            walk = sorted(order, key=lambda d: (-st[d], d))
-            expect = 1
-            for d in reversed(walk):  # dense: innermost stride 1, each the product of the inner
-                if shape[d] != 1 and st[d] != expect:
-                    break
-                expect *= shape[d]
-            else:
-                return walk
-    return order
+    t = next((t for t in tensors if tuple(t.shape) == tuple(shape)), None)
+    if t is None or t.is_contiguous():  # like eager: the first full-size operand decides
+        return order
+    st = t.stride()
+    walk = sorted(order, key=lambda d: (-st[d], d))
+    expect = 1
+    for d in reversed(walk):  # dense: innermost stride 1, each the product of the inner ones
+        if shape[d] != 1 and st[d] != expect:
+            return order
+        expect *= shape[d]
+    return walk
 
 
 def _egg_empty(shape, order, dtype, device):
