@@ -5,6 +5,9 @@
 #
 #   bash scripts/gpu_bench_multi.sh PROBLEMS_DIR LIST_FILE STATE_DIR OUT_DIR BUDGET_S [JOBS_PER_GPU]
 #
+# LIST_FILE: problem paths relative to PROBLEMS_DIR, one per line; or a glob under PROBLEMS_DIR
+# in quotes (e.g. 'level[12]/*.py': levels 1 and 2 of the materialized dev set).
+#
 # STATE_DIR/part<i>/ keeps each part's results.jsonl between slices (--resume); the merged
 # results.jsonl, report.json and report.md go to STATE_DIR and OUT_DIR (bench.png to STATE_DIR),
 # each part's results.jsonl to OUT_DIR/part<i>/, the per-problem run folders (without
@@ -19,7 +22,10 @@ pids=()
 for ((i = 0; i < NG; i++)); do
   part="$STATE/part$i"
   mkdir -p "$part"
-  [ -f "$part/list.txt" ] || grep -v '^\s*$' "$LIST" | awk -v n="$NG" -v i="$i" '(NR - 1) % n == i' > "$part/list.txt"
+  if [ ! -f "$part/list.txt" ]; then
+    if [ -f "$LIST" ]; then grep -v '^\s*$' "$LIST"; else (cd "$PROBLEMS" && ls -1 $LIST); fi \
+      | awk -v n="$NG" -v i="$i" '(NR - 1) % n == i' > "$part/list.txt"
+  fi
   CUDA_VISIBLE_DEVICES=$i EGG_GPU_LOCK="/tmp/egg-gpu-lock-$i" timeout -s INT "$BUDGET" \
     python3 -m graph.cli bench "$PROBLEMS" --list "$part/list.txt" --out "$part" --device cuda \
     --jobs "$JOBS" --resume --problem-timeout 300 > "$part/bench.log" 2>&1 &
