@@ -120,7 +120,8 @@ def _all_float(nodes) -> bool:
     return all(node_dtype(n) in FUSABLE_DTYPES for n in nodes)
 
 
-def _norm_dims(dim, nd: int) -> list[int] | None:
+def norm_dims(dim, nd: int) -> list[int] | None:
+    """A reduction's dim argument as sorted non-negative dims (None: all); None if not ints."""
     if dim is None or dim == () or dim == []:
         return list(range(nd))
     dims = list(dim) if isinstance(dim, (list, tuple)) else [dim]
@@ -329,7 +330,7 @@ def plan_fusion(gm: fx.GraphModule, disabled: set[str] | None = None) -> FusionP
                 op.kind, op.why = "library", "reduction input is not a floating tensor"
                 continue
             nd = len(in_shape)
-            dims = _norm_dims(op.p.get("dim"), nd)
+            dims = norm_dims(op.p.get("dim"), nd)
             if dims is None or (dims and dims != list(range(dims[0], dims[-1] + 1))):
                 op.kind, op.why = "library", "reduced dims are not adjacent"
                 continue

@@ -20,9 +20,13 @@ from torch import fx
 from codegen import ops as O
 from knowledge.templates import _runtime as R
 
-CONV_MODULES = (nn.Conv2d, nn.Conv3d, nn.ConvTranspose2d, nn.ConvTranspose3d)
-CONV_FUNCTIONS = {F.conv2d, F.conv3d, F.conv_transpose2d, F.conv_transpose3d,
-                  torch.conv2d, torch.conv3d, torch.conv_transpose2d, torch.conv_transpose3d}
+#: convolution modules and their functional forms (conv_nodes keeps the 2-d and 3-d ones)
+CONV_FUNCTIONAL = {nn.Conv1d: F.conv1d, nn.Conv2d: F.conv2d, nn.Conv3d: F.conv3d,
+                   nn.ConvTranspose1d: F.conv_transpose1d, nn.ConvTranspose2d: F.conv_transpose2d,
+                   nn.ConvTranspose3d: F.conv_transpose3d}
+CONV_MODULES = tuple(CONV_FUNCTIONAL)
+CONV_FUNCTIONS = set(CONV_FUNCTIONAL.values()) | {torch.conv2d, torch.conv3d,
+                                                  torch.conv_transpose2d, torch.conv_transpose3d}
 FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 #: consumer kinds that take a channels-last tensor at full speed
 LAYOUT_FREE = {"pointwise", "library", "identity"}

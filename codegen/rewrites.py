@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from torch import fx
 
-from codegen.ops import classify, node_dtype, node_shape
+from codegen.fusion import norm_dims
+from codegen.layout import CONV_FUNCTIONAL
+from codegen.ops import FLOAT_DTYPES, classify, node_dtype, node_shape
 
 
 def drop_dead_code(gm: fx.GraphModule) -> bool:
@@ -27,19 +29,7 @@ def drop_dead_code(gm: fx.GraphModule) -> bool:
 # program under the precision contract) and NaN/Inf behaviour, and applies only to floating
 # tensors with shapes known from the trace.
 def _float(n) -> bool:
-    import torch
-
-    return isinstance(n, fx.Node) and node_dtype(n) in (torch.float32, torch.float16,
-                                                        torch.bfloat16, torch.float64)
-
-
-def _dims(dim, nd: int) -> list[int] | None:
-    if dim is None or dim == () or dim == []:
-        return list(range(nd))
-    dims = [dim] if isinstance(dim, int) else list(dim) if isinstance(dim, (list, tuple)) else None
-    if dims is None or not all(isinstance(d, int) for d in dims):
-        return None
-    return sorted({d % nd for d in dims}) if nd else None
+    return isinstance(n, fx.Node) and node_dtype(n) in FLOAT_DTYPES
 
 
 def _live(graph: fx.Graph):
@@ -78,7 +68,7 @@ def size1_reductions(gm: fx.GraphModule) -> bool:
         shape = node_shape(x)
         if not _float(x) or not shape:
             continue
-        dims = _dims(op.p.get("dim"), len(shape))
+        dims = norm_dims(op.p.get("dim"), len(shape))
         if dims is None or any(shape[d] != 1 for d in dims):
             continue
         pair = op.name in ("max_dim", "min_dim")  # (values, indices): only values may be used
@@ -263,7 +253,7 @@ def linear_reduce(gm: fx.GraphModule) -> bool:
             continue
         parts = _linear_parts(gm, lin)
         shape = node_shape(lin)
-        if parts is None or not shape or _dims(op.p.get("dim"), len(shape)) != [len(shape) - 1]:
+        if parts is None or not shape or norm_dims(op.p.get("dim"), len(shape)) != [len(shape) - 1]:
             continue
         x, w, b = parts
         nfeat = shape[-1]
@@ -335,7 +325,7 @@ def rms_norm_pattern(gm: fx.GraphModule) -> bool:
             shape = node_shape(h)
             if (mop is None or mop.kind != "reduction" or mop.name != "mean" or len(mean.users) != 1
                     or not mop.p.get("keepdim") or not shape
-                    or _dims(mop.p.get("dim"), len(shape)) != [len(shape) - 1]):
+                    or norm_dims(mop.p.get("dim"), len(shape)) != [len(shape) - 1]):
                 continue
             sq = mop.operands[0]
             if _square_of(gm, sq) is not h or len(sq.users) != 1 or node_shape(n) != shape:
@@ -364,18 +354,14 @@ def conv_bias_epilogue(gm: fx.GraphModule) -> bool:
     import operator
 
     import torch.nn as nn
-    import torch.nn.functional as F
 
-    fns = {nn.Conv1d: F.conv1d, nn.Conv2d: F.conv2d, nn.Conv3d: F.conv3d,
-           nn.ConvTranspose1d: F.conv_transpose1d, nn.ConvTranspose2d: F.conv_transpose2d,
-           nn.ConvTranspose3d: F.conv_transpose3d}
     graph = gm.graph
     changed = False
     for n in _live(graph):
         if n.op != "call_module" or len(n.args) != 1 or n.kwargs:
             continue
         mod = gm.get_submodule(n.target)
-        fn = fns.get(type(mod))
+        fn = CONV_FUNCTIONAL.get(type(mod))
         shape = node_shape(n)
         if (fn is None or mod.bias is None or mod.padding_mode != "zeros" or not _float(n)
                 or not shape or not n.users

@@ -160,11 +160,10 @@ class _Census(TorchDispatchMode):
     def __init__(self, fc: FlopCounterMode, cnt: Count):
         super().__init__()
         self.fc, self.cnt = fc, cnt
-
-    muted = False  # inside an op counted whole (attention): its decomposition is not counted
+        self.muted = False  # inside an op counted whole (attention): its decomposition is not
 
     def charge(self, key: str, flops: float, name: str) -> None:
-        self.cnt.counted_flops += flops
+        """Book FLOPs of op ``name`` at peak ``key`` (the totals, per peak and per op)."""
         self.cnt.flops_by_peak[key] = self.cnt.flops_by_peak.get(key, 0.0) + flops
         self.cnt.ops[name] = self.cnt.ops.get(name, 0.0) + flops
 
@@ -188,8 +187,7 @@ class _Census(TorchDispatchMode):
             key = "fp32"
             self.cnt.estimated_flops += delta
         if delta:
-            self.cnt.flops_by_peak[key] = self.cnt.flops_by_peak.get(key, 0.0) + delta
-            self.cnt.ops[name] = self.cnt.ops.get(name, 0.0) + delta
+            self.charge(key, delta, name)
         return out
 
 
@@ -218,8 +216,9 @@ class _Attention(TorchFunctionMode):
         q, k, v = args[:3]
         causal = bool(kwargs.get("is_causal", args[5] if len(args) > 5 else False))
         dt = str(q.dtype).replace("torch.", "")
-        self.census.charge(PEAK_KEY.get(dt, "fp32"), attention_flops(q, k, v, causal),
-                           "scaled_dot_product_attention")
+        flops = attention_flops(q, k, v, causal)
+        self.census.cnt.counted_flops += flops
+        self.census.charge(PEAK_KEY.get(dt, "fp32"), flops, "scaled_dot_product_attention")
         self.census.muted = True
         try:
             return func(*args, **kwargs)

@@ -171,7 +171,7 @@ class ExpertPolicy:
         fplan, rewrites, err = pipeline.analyze(prob, disabled, channels_last=channels_last)
         if fplan is None:
             return Decline(f"capture failed: {err}")
-        if not fplan.groups and not fplan.channels_last_params and not channels_last:
+        if not fplan.groups and not channels_last:
             return Decline("no fused group left")
         sm = state.hardware.sm_count or 132
         configs = {g.id: group_config(fplan, g, sm) for g in fplan.groups}

@@ -229,31 +229,32 @@ def _egg_transpose(x, y, a, b):
 _EGG_CL = {4: torch.channels_last, 5: torch.channels_last_3d}
 
 
-def _egg_channels_last(x):
-    """x in channels-last memory order (NHWC, or NDHWC for 5-d), same values; no copy when it
-    already is. Convolutions run in this layout where the memory optimizer measured it faster.
-    From the standard order: one tiled transpose (C x spatial -> spatial x C per image)."""
+def _egg_relayout(x, to_channels_last):
+    """x in channels-last memory order (NHWC, or NDHWC for 5-d) or back in the standard one,
+    same values, no copy when it already is. Between the two dense orders: one tiled transpose
+    per image (C x spatial <-> spatial x C); anything else: torch's copy."""
     fmt = _EGG_CL.get(x.dim())
-    if fmt is None or x.is_contiguous(memory_format=fmt):
+    if fmt is None:
+        return x if to_channels_last else x.contiguous()
+    src, dst = (torch.contiguous_format, fmt) if to_channels_last else (fmt, torch.contiguous_format)
+    if x.is_contiguous(memory_format=dst):
         return x
-    if not x.is_contiguous() or x.shape[0] > 65535:
-        return x.contiguous(memory_format=fmt)
-    y = torch.empty_like(x, memory_format=fmt)
+    if not x.is_contiguous(memory_format=src) or x.shape[0] > 65535:
+        return x.contiguous(memory_format=dst)
+    y = torch.empty_like(x, memory_format=dst)
     c, s = x.shape[1], x[0, 0].numel()
-    return _egg_transpose(x, y, c, s)
+    return _egg_transpose(x, y, c, s) if to_channels_last else _egg_transpose(x, y, s, c)
+
+
+def _egg_channels_last(x):
+    """x in channels-last order; convolutions run in it where the memory optimizer measured it
+    faster."""
+    return _egg_relayout(x, True)
 
 
 def _egg_standard_layout(x):
-    """x in the standard (contiguous) memory order eager's results have; no copy when it is.
-    From channels-last: one tiled transpose (spatial x C -> C x spatial per image)."""
-    if x.is_contiguous():
-        return x
-    fmt = _EGG_CL.get(x.dim())
-    if fmt is None or not x.is_contiguous(memory_format=fmt) or x.shape[0] > 65535:
-        return x.contiguous()
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    c, s = x.shape[1], x[0, 0].numel()
-    return _egg_transpose(x, y, s, c)
+    """x in the standard (contiguous) order eager's results have."""
+    return _egg_relayout(x, False)
 
 
 def _egg_params_channels_last(module, names):
