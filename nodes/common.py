@@ -1,15 +1,13 @@
 """Small helpers every role node uses: settings, policy, run folder, filing candidates."""
 from __future__ import annotations
 
-import hashlib
 import pathlib
-import tempfile
 
 from langgraph.runtime import Runtime
 
 from policies import get_policy
 from policies.base import Decline, Draft
-from state import Attempt, Candidate, EggState, Settings, STAGE_NODE
+from state import Attempt, Candidate, EggState, Settings, STAGE_NODE, run_folder
 
 
 def settings_of(runtime: Runtime | None) -> Settings:
@@ -36,13 +34,8 @@ def _configurable() -> dict:
 
 
 def run_dir(settings: Settings, state: EggState) -> pathlib.Path:
-    """The run's folder; without one (Studio, plain invoke) a temp folder per problem."""
-    if settings.run_dir:
-        d = pathlib.Path(settings.run_dir)
-    else:
-        key = state.problem.sha256[:12] if state.problem else hashlib.sha256(
-            (state.problem_path + state.problem_source).encode()).hexdigest()[:12]
-        d = pathlib.Path(tempfile.gettempdir()) / "egg-runs" / key
+    """The run's folder (state.run_folder), created."""
+    d = run_folder(settings, state)
     d.mkdir(parents=True, exist_ok=True)
     return d
 

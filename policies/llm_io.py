@@ -16,18 +16,16 @@ model is built; it is never stored in the state, the settings, the records or th
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import pathlib
-import tempfile
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel
 
-from state import EggState, LLMUsage, Settings
+from state import EggState, LLMUsage, Settings, run_folder
 
 #: exit code of ``egg run`` when the model cannot be reached or keeps answering with errors
 EXIT_LLM = 3
@@ -58,15 +56,8 @@ class Reply:
 
 # ------------------------------------------------------------------------------ folders
 def exchanges_dir(settings: Settings, state: EggState) -> pathlib.Path:
-    """``<run dir>/llm``; without a run folder (Studio, plain invoke) a temp folder per problem,
-    as nodes.common.run_dir does."""
-    if settings.run_dir:
-        base = pathlib.Path(settings.run_dir)
-    else:
-        key = state.problem.sha256[:12] if state.problem else hashlib.sha256(
-            (state.problem_path + state.problem_source).encode()).hexdigest()[:12]
-        base = pathlib.Path(tempfile.gettempdir()) / "egg-runs" / key
-    return base / "llm"
+    """``<run folder>/llm`` (state.run_folder)."""
+    return run_folder(settings, state) / "llm"
 
 
 def replay_source(path: str | os.PathLike) -> pathlib.Path:

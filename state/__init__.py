@@ -5,4 +5,4 @@ from state.records import (  # noqa: F401
     LLMUsage, STAGES, STAGE_NODE, NEXT_STAGE,
 )
 from state.schema import EggState, EggInput, EggOutput, RECORD_TYPES  # noqa: F401
-from state.settings import Settings  # noqa: F401
+from state.settings import Settings, run_folder  # noqa: F401

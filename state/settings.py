@@ -106,3 +106,17 @@ def _cuda_visible() -> bool:
         return bool(torch.cuda.is_available())  # uses NVML, does not create a context
     except Exception:
         return False
+
+
+def run_folder(settings: Settings, state) -> "pathlib.Path":
+    """The run's folder: ``settings.run_dir``, or without one (Studio, plain invoke) a temp
+    folder per problem, keyed by the problem's hash. Not created here."""
+    import hashlib
+    import pathlib
+    import tempfile
+
+    if settings.run_dir:
+        return pathlib.Path(settings.run_dir)
+    key = state.problem.sha256[:12] if state.problem else hashlib.sha256(
+        (state.problem_path + state.problem_source).encode()).hexdigest()[:12]
+    return pathlib.Path(tempfile.gettempdir()) / "egg-runs" / key
