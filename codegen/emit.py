@@ -20,14 +20,15 @@ from codegen.fusion import FusionPlan, Group, group_inputs, group_outputs
 from codegen.fusion import norm_pattern, pool_aux_pattern
 from codegen.layout import init_lines as layout_init_lines
 from knowledge.templates import (RUNTIME_SOURCE, PointwiseSpec, ReductionSpec, SoftmaxSpec,
-                                 chanstats, norm, pointwise, pool, reduction, scan, softmax)
+                                 chanstats, matmul, norm, pointwise, pool, reduction, scan, softmax)
 from knowledge.templates.chanstats import ChanStatsSpec
+from knowledge.templates.matmul import MatmulSpec
 from knowledge.templates.scan import ScanSpec
 from knowledge.templates.norm import NormSpec
 from knowledge.templates.pool import PoolSpec
 
 TEMPLATES = {"pointwise": pointwise, "reduction": reduction, "softmax": softmax, "norm": norm,
-             "pool": pool, "scan": scan, "chanstats": chanstats}
+             "pool": pool, "scan": scan, "chanstats": chanstats, "matmul": matmul}
 MARK = "# ======== EGG generated below this line ========"
 #: functions of these modules are defined in every generated file under their own names
 RUNTIME_MODULES = ("egg_generated", "knowledge.templates._runtime")
@@ -108,6 +109,17 @@ def build_spec(plan: FusionPlan, g: Group):
         return _norm_spec(plan, g, red_op, ins, pro, epi, slots, outs, in_dtypes, compute)
     if g.kind == "pool":
         return _pool_spec(plan, g, red_op, ins, pro, epi, slots, outs, in_dtypes, compute)
+    if g.kind == "matmul":
+        namer = _Namer(g, slots, "acc")
+        a, b, bias = red_op.operands[:3]
+        spec = MatmulSpec(
+            in_dtypes=in_dtypes, a=slots[("pro", a)], b=slots[("pro", b)],
+            b_nk=bool(red_op.p["b_nk"]), batched=bool(red_op.p["batched"]),
+            bias=slots[("pro", bias)] if isinstance(bias, fx.Node) else None, epi_inputs=epi,
+            epi_stmts=_stmts(plan, g.epilogue(), namer, "epi"),
+            outputs=[("acc" if m is g.red else f"v_{m.name}", _dt(m)) for m in outs],
+            compute=compute)
+        return spec, ins, outs
     if g.kind == "scan":
         namer = _Namer(g, slots, "sc")
         spec = ScanSpec(op=red_op.name, reverse=red_op.p["reverse"], in_dtypes=in_dtypes,

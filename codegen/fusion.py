@@ -116,6 +116,40 @@ def pool_aux_pattern(in_shape, t_shape) -> str | None:
     return None
 
 
+#: operand dtypes the matmul template computes on tensor cores (fp32 as 3xTF32)
+MATMUL_DTYPES = {torch.float32, torch.float16, torch.bfloat16}
+
+
+def broadcasts_to(t_shape, shape) -> bool:
+    """Can a tensor of t_shape be read broadcast over shape (without growing it)?"""
+    t_shape = tuple(t_shape or ())
+    if len(t_shape) > len(shape):
+        return False
+    return all(a == b or a == 1 for a, b in zip(reversed(t_shape), reversed(tuple(shape))))
+
+
+def matmul_form(op: NOp) -> tuple[bool, bool] | str:
+    """(batched, b_nk) of a matrix product the template computes, or why it cannot."""
+    a, b, bias = op.operands[:3]
+    sa, sb = node_shape(a), node_shape(b)
+    if sa is None or sb is None or node_shape(op.node) is None:
+        return "matrix product of unknown shapes"
+    dts = {node_dtype(t) for t in (a, b, bias) if isinstance(t, fx.Node)}
+    if len(dts) != 1 or not dts <= MATMUL_DTYPES:
+        return f"matrix product over {', '.join(sorted(str(d) for d in dts))}: no tensor-core path"
+    if op.name == "linear":
+        ok = len(sa) >= 2 and len(sb) == 2 and sb[1] == sa[-1]
+        if ok and bias is not None and tuple(node_shape(bias) or ()) != (sb[0],):
+            return "linear bias is not a vector over the output features"
+        return (False, True) if ok else "linear of a vector input"
+    if len(sa) >= 2 and len(sb) == 2 and op.name in ("matmul", "mm") and sa[-1] == sb[0]:
+        return False, False
+    if op.name in ("matmul", "bmm") and len(sa) == len(sb) >= 3 and sa[:-2] == sb[:-2] \
+            and sa[-1] == sb[-2]:
+        return True, False
+    return "matrix product with broadcast batch dims or vector operands"
+
+
 def _all_float(nodes) -> bool:
     return all(node_dtype(n) in FUSABLE_DTYPES for n in nodes)
 
@@ -242,6 +276,10 @@ def plan_fusion(gm: fx.GraphModule, disabled: set[str] | None = None) -> FusionP
                     joined = True
                 elif g.kind == "pool" and shape == g.out_shape and users_ok(g, n, False):
                     joined = True
+                elif (g.kind == "matmul" and shape == g.out_shape and users_ok(g, n, False)
+                      and all(t in g.members or broadcasts_to(node_shape(t), shape)
+                              for t in op.tensor_inputs)):
+                    joined = True
                 elif (g.kind == "norm" and shape == g.domain and users_ok(g, n, False)
                       and all(t in g.members or norm_pattern(g, nops[g.red], node_shape(t))
                               for t in op.tensor_inputs)):
@@ -265,6 +303,15 @@ def plan_fusion(gm: fx.GraphModule, disabled: set[str] | None = None) -> FusionP
                     continue
                 g = new_group("pointwise", members=[n], domain=shape)
                 where[n] = g
+            continue
+        if op.kind == "matmul":
+            form = matmul_form(op)
+            if isinstance(form, str):
+                op.kind, op.why = "library", form
+                continue
+            op.p["batched"], op.p["b_nk"] = form
+            g = new_group("matmul", members=[n], domain=shape, red=n, out_shape=shape)
+            where[n] = g
             continue
         if op.kind == "chanstats":
             src = op.operands[0]
@@ -349,6 +396,13 @@ def plan_fusion(gm: fx.GraphModule, disabled: set[str] | None = None) -> FusionP
             where[n] = g
             continue
     _merge_pointwise(groups, where, order)
+    # a 16-bit product with nothing to fuse stays cuBLAS's: the template only wins by the
+    # epilogue pass it saves (principle alg-matmul-epilogue); fp32 products run as 3xTF32
+    for g in list(groups):
+        if g.kind == "matmul" and len(g.members) == 1 and node_dtype(g.red) != torch.float32:
+            groups.remove(g)
+            nops[g.red].kind = "library"
+            nops[g.red].why = "16-bit matrix product with no epilogue to fuse: cuBLAS as fast"
     # a (values, indices) reduction whose tuple itself is used elsewhere stays torch code
     for g in list(groups):
         if g.red is not None and nops[g.red].name in ("max_dim", "min_dim"):

@@ -241,6 +241,17 @@ METHODS: dict[str, str] = {
 METHODS.update({v: v for v in VIEWS})
 METHODS.update({"cumsum": "cumsum", "cumprod": "cumprod", "flip": "flip"})
 
+#: matrix products (the matmul template); operands: input, the second matrix, a linear's bias
+MATMULS: dict[str, OpDef] = {
+    "linear": _d("linear", "matmul", ["input", "weight", ("bias", None)]),
+    "matmul": _d("matmul", "matmul", ["input", "other"]),
+    "mm": _d("mm", "matmul", ["input", "mat2"]),
+    "bmm": _d("bmm", "matmul", ["input", "mat2"]),
+}
+FUNCTIONS.update({F.linear: "linear", torch.matmul: "matmul", operator.matmul: "matmul",
+                  torch.mm: "mm", torch.bmm: "bmm"})
+METHODS.update({"matmul": "matmul", "mm": "mm", "bmm": "bmm"})
+
 MODULES: dict[type, tuple[str, Callable[[nn.Module], dict]]] = {
     nn.ReLU: ("relu", lambda m: {}), nn.ReLU6: ("relu6", lambda m: {}),
     nn.Sigmoid: ("sigmoid", lambda m: {}), nn.Tanh: ("tanh", lambda m: {}),
@@ -424,6 +435,12 @@ def _from_name(name: str, node: fx.Node, args: tuple, kwargs: dict, extra: dict 
                    {"dim": b["dim"], "reverse": name.startswith("reverse_")})
     if name in POOLS:
         return pool_op(name, node, args, kwargs)
+    if name in MATMULS:
+        b = _bind(MATMULS[name], args, kwargs)
+        ops_ = [b[k] for k, _ in MATMULS[name].params]
+        if not all(isinstance(v, fx.Node) or v is None for v in ops_):
+            raise TypeError(f"{name} of a non-tensor")
+        return NOp("matmul", name, node, ops_ + [None] * (3 - len(ops_)))
     if name.startswith("adaptive_avg_pool"):  # a global average pool is a mean over space
         nd = int(name[-2])
         b = _bind(_d(name, "x", ["input", "output_size"]), args, kwargs)

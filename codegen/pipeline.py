@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 
 from codegen.emit import Emitted, emit_model
 from codegen.fusion import FusionPlan, Group, group_inputs, plan_fusion
+from codegen.ops import node_shape
 from codegen import layout as L
 from codegen import rewrites as RW
 from harness.capture import capture
@@ -41,6 +42,12 @@ def group_geometry(plan: FusionPlan, g: Group, n_inputs: int) -> dict:
         c = g.domain[1] if len(g.domain) > 1 else 1
         return {"numel": numel, "n_inputs": n_inputs, "nrows": c, "r": numel // max(1, c),
                 "batch": g.domain[0], "inner": 1, "rows_variant": True}
+    if g.kind == "matmul":
+        op = plan.nops[g.red]
+        sa = node_shape(op.operands[0])
+        m_, n_ = (g.domain[-2], g.domain[-1]) if op.p["batched"] else (numel // g.domain[-1], g.domain[-1])
+        return {"numel": numel, "n_inputs": n_inputs, "M": m_, "N": n_, "K": sa[-1],
+                "batch": numel // max(1, m_ * n_)}
     if g.kind == "pool":
         out = 1
         for s in g.out_shape:

@@ -418,8 +418,8 @@ def _propagate(gm: fx.GraphModule, inputs: list | None) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Canonicalization (not algebra): normalization modules become their functional form, with
-# get_attr nodes for weight and bias, so the fusion planner sees one op with tensor operands.
+# Canonicalization (not algebra): normalization and linear modules become their functional form,
+# with get_attr nodes for weight and bias, so the fusion planner sees one op with tensor operands.
 def _attr_node(gm: fx.GraphModule, graph: fx.Graph, target: str):
     from torch.fx.passes.shape_prop import _extract_tensor_metadata
 
@@ -439,7 +439,9 @@ def _module_calls(gm: fx.GraphModule):
             yield n, gm.get_submodule(n.target)
 
 
-def norm_modules_to_functionals(gm: fx.GraphModule) -> bool:
+def modules_to_functionals(gm: fx.GraphModule) -> bool:
+    """Norm and linear module calls as their functional forms over get_attr parameters, so
+    that one op-table entry (and one template) covers both spellings."""
     import torch.nn as nn
     import torch.nn.functional as F
 
@@ -467,6 +469,9 @@ def norm_modules_to_functionals(gm: fx.GraphModule) -> bool:
             elif hasattr(nn, "RMSNorm") and isinstance(mod, nn.RMSNorm):
                 w, _ = wb()
                 new = graph.call_function(F.rms_norm, (n.args[0], tuple(mod.normalized_shape), w, mod.eps))
+            elif type(mod) is nn.Linear:
+                w, b = wb()
+                new = graph.call_function(F.linear, (n.args[0], w, b))
             else:
                 continue
         new.meta = dict(n.meta)
@@ -574,7 +579,7 @@ def batchnorm_decompose(gm: fx.GraphModule) -> bool:
     return changed
 
 
-CANONICAL = [norm_modules_to_functionals, flipped_scans, batchnorm_decompose]
+CANONICAL = [modules_to_functionals, flipped_scans, batchnorm_decompose]
 
 
 def canonicalize(gm: fx.GraphModule, inputs: list | None = None) -> None:

@@ -3,9 +3,10 @@
 One forward call runs on meta tensors (no data, no device) under ``torch.utils.flop_counter``
 and an op census of our own:
 - FLOPs of the ops flop_counter counts (matmuls, convolutions, attention) are taken from it,
-  each charged to the peak rate its dtype runs at in eager PyTorch: fp32 matmuls at the fp32
-  (non-tensor-core) rate, since PyTorch leaves TF32 off for matmuls and the precision contract
-  forbids it; fp32 *convolutions* at the TF32 rate, since cuDNN uses TF32 by default
+  each charged to the fastest rate that keeps eager's precision: fp32 matmuls at the 3xTF32
+  rate (``tf32x3``: a third of TF32, or the fp32 CUDA-core rate where that is higher), since
+  PyTorch leaves TF32 off for matmuls, the precision contract forbids plain TF32, and 3xTF32
+  keeps fp32's accuracy (principle alg-matmul-epilogue); fp32 *convolutions* at the TF32 rate, since cuDNN uses TF32 by default
   (``torch.backends.cudnn.allow_tf32``), so eager itself runs them there; fp16/bf16/fp64 at
   their own rates.
 - FLOPs of every other op are estimated by the rules below (docs/roofline.md) and charged to
@@ -148,9 +149,17 @@ def _peak_key(name: str, args: tuple) -> str:
     if key == "fp32":
         if name in CONV_OPS and torch.backends.cudnn.allow_tf32:
             return "tf32"
-        if name not in CONV_OPS and torch.backends.cuda.matmul.allow_tf32:
-            return "tf32"
+        if name not in CONV_OPS:
+            return "tf32" if torch.backends.cuda.matmul.allow_tf32 else "tf32x3"
     return key
+
+
+def peak_of(peak_tflops: dict, key: str) -> float | None:
+    """Peak TFLOP/s of a key; ``tf32x3`` (three TF32 products per fp32 product) is derived."""
+    if key == "tf32x3" and key not in peak_tflops:
+        rate = max(peak_tflops.get("fp32") or 0.0, (peak_tflops.get("tf32") or 0.0) / 3)
+        return rate or None
+    return peak_tflops.get(key) or peak_tflops.get("fp32")
 
 
 class _Census(TorchDispatchMode):
@@ -292,7 +301,7 @@ def floor(cnt: Count, peak_tflops: dict, bw_gbs: float) -> Floor:
     t_mem = cnt.nbytes / (bw_gbs * 1e9) * 1e3
     t_cmp = 0.0
     for key, f in cnt.flops_by_peak.items():
-        peak = peak_tflops.get(key) or peak_tflops.get("fp32")
+        peak = peak_of(peak_tflops, key)
         if not peak:
             return Floor(None, "unknown", None, t_mem)
         t_cmp += f / (peak * 1e12) * 1e3

@@ -98,3 +98,25 @@ def chanstats_config(channels: int, batch: int, sm_count: int = 132) -> dict:
     """Channel x batch-chunk programs: at least 4 per SM when the batch allows it."""
     splits = max(1, min(batch, math.ceil(4 * sm_count / max(1, channels)), 256))
     return {"BLOCK": 1024, "num_warps": 4, "SPLITS": splits}
+
+
+def matmul_config(m: int, n: int, k: int, batch: int, itemsize: int, sm_count: int = 132) -> dict:
+    """Tensor-core tiles from the Triton matmul tutorials (03-matrix-multiplication, Hopper
+    configs): 128x128 tiles with BLOCK_K 64 for 2-byte operands, 32 for fp32 (same bytes per
+    stage), 8 warps, 3 stages; tiles halve along M and N while the grid would leave SMs idle
+    (tile-grid-mapping), down to 64 (the smallest warpgroup-wide tile); GROUP_M 8 for L2 reuse."""
+    bm = 128 if m > 64 else 64
+    bn = 128 if n > 64 else 64
+    while bm > 64 or bn > 64:
+        if math.ceil(m / bm) * math.ceil(n / bn) * batch >= sm_count:
+            break
+        if bn >= bm and bn > 64:
+            bn //= 2
+        else:
+            bm //= 2
+    bk = 64 if itemsize <= 2 else 32
+    while bk > 16 and bk > next_pow2(k):
+        bk //= 2
+    warps = 8 if bm * bn >= 128 * 128 else 4
+    return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "num_warps": warps,
+            "num_stages": 3 if k > 2 * bk else 2}

@@ -31,6 +31,7 @@ KIND_PRINCIPLES = {
     "scan": ["alg-scan-carry", "alg-reduction-prologue", "alg-reduction-epilogue"],
     "pool": ["alg-pool-direct", "alg-reduction-prologue", "alg-reduction-epilogue"],
     "norm": ["alg-norm-fusion", "alg-reduction-prologue", "alg-reduction-epilogue", "tile-split-rows"],
+    "matmul": ["alg-matmul-epilogue", "alg-no-lower-precision", "tile-grid-mapping"],
 }
 
 
@@ -73,6 +74,9 @@ def group_config(plan: FusionPlan, g: Group, sm_count: int) -> dict:
         return H.scan_config(geo["nrows"], geo["r"], sm_count)
     if g.kind == "chanstats":
         return H.chanstats_config(geo["nrows"], geo["batch"], sm_count)
+    if g.kind == "matmul":
+        dt = node_dtype(g.red)
+        return H.matmul_config(geo["M"], geo["N"], geo["K"], geo["batch"], dt.itemsize, sm_count)
     return H.softmax_config(geo["nrows"], geo["r"], geo["inner"], geo["rows_variant"])
 
 
@@ -156,8 +160,14 @@ class ExpertPolicy:
         if ver is not None and not ver.passed:
             m = re.search(r"_egg_(?:k_)?(g\d+)", ver.reason)
             named = m.group(1) if m and any(g.id == m.group(1) for g in enabled) else None
-            victim = named or enabled[-1].id
-            how = "named in the error" if named else "the newest group (the error names none)"
+            products = [g.id for g in enabled if g.kind == "matmul"]
+            if named:
+                victim, how = named, "named in the error"
+            elif ver.category == "precision" and products:
+                # only a matrix product changes how products round (3xTF32, alg-matmul-epilogue)
+                victim, how = products[-1], "a matrix product, after a precision failure"
+            else:
+                victim, how = enabled[-1].id, "the newest group (the error names none)"
             return disabled + [victim], f"back out {victim} ({how}) after: {ver.reason[:160]}"
         tim = state.timing(last.id)
         if tim is not None and tim.verdict == "regressed":

@@ -105,7 +105,9 @@ def test_linear_counts_and_bytes(write_problem):
     c = _count(write_problem, LINEAR)
     assert c.exact
     assert c.counted_flops == 2 * 64 * 48 * 32
-    assert c.flops_by_peak["fp32"] == c.counted_flops + 64 * 32  # fp32 matmul at the fp32 rate; relu estimated
+    # fp32 matmul at the 3xTF32 rate (precision kept, tensor cores); relu estimated at fp32
+    assert c.flops_by_peak["tf32x3"] == c.counted_flops
+    assert c.flops_by_peak["fp32"] == 64 * 32
     assert c.estimated_flops == 64 * 32
     assert "tf32" not in c.flops_by_peak
     assert c.nbytes == 4 * (64 * 48 + 48 * 32 + 32 + 64 * 32)  # input, weight, bias, output once each

@@ -54,6 +54,17 @@ CASES = {
         "x, y):\n        return F.avg_pool2d(x, 3, 2, 1), self.p(y)\n",
         "[torch.randn(2, 3, 37, 29), torch.randn(2, 3, 9, 10, 11)]",
         members="        self.p = nn.AvgPool3d(2, ceil_mode=True, count_include_pad=False)\n"), None),
+    # fp32 products run as 3xTF32 on tensor cores: the interpreter computes them exactly
+    "matmul_linear_epilogue": ("matmul", problem(
+        "x, r):\n        return F.gelu(self.fc(x)) * 0.5 + r\n",
+        "[torch.randn(183, 71), torch.randn(1, 97)]",
+        members="        self.fc = nn.Linear(71, 97)\n"), {"g0": {"BLOCK_M": 64, "BLOCK_N": 32, "BLOCK_K": 16}}),
+    "matmul_batched_transposed": ("matmul", problem(
+        "a, b):\n        return torch.relu(torch.matmul(a, b.transpose(-2, -1))), torch.bmm(a[0], b[0].transpose(1, 2)) * 2.0\n",
+        "[torch.randn(2, 3, 45, 37), torch.randn(2, 3, 29, 37)]"), {"g0": {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 16}}),
+    "matmul_folded_rows": ("matmul", problem(
+        "x, w):\n        return torch.tanh(x @ w), (x @ w.t()[:37]).sum()\n",
+        "[torch.randn(3, 41, 37), torch.randn(37, 53)]"), None),
     "scan": ("scan", problem(
         "x):\n        return torch.cumsum(x.flip(1), 1).flip(1), torch.cumsum(x, dim=-1)\n",
         "[torch.rand(183, 781)]"), None),

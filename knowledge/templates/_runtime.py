@@ -262,3 +262,14 @@ def _egg_params_channels_last(module, names):
     for name in names:
         p = module.get_parameter(name)
         p.data = _egg_channels_last(p.data)
+
+
+def _egg_mm_operand(t, shape, bt, m, n):
+    """An epilogue input of a matrix product as a (BT, M, N) view of its broadcast to the
+    output's shape: stride 0 along broadcast dims, a copy only when the folded dims cannot be
+    walked with one stride."""
+    e = t.expand(shape)
+    try:
+        return e.view(bt, m, n)
+    except RuntimeError:
+        return e.reshape(bt, m, n)

@@ -1,0 +1,170 @@
+"""Template: matrix product with a fused epilogue (linear, mm, bmm, matmul).
+
+One program computes a BLOCK_M x BLOCK_N tile of the product, accumulating in fp32 over K in
+BLOCK_K steps on tensor cores; the epilogue (a linear layer's bias, then any pointwise chain over
+the product, reading further inputs broadcast to the output) runs on the tile in registers before
+the one store (principles alg-matmul-epilogue, alg-library-tail-fusion). Programs are numbered in
+groups of GROUP_M tile rows so that consecutive programs share B panels in L2
+(tile-grid-mapping); batched products put the batch on grid axis 1.
+
+fp32 operands use 3xTF32 (``input_precision="tf32x3"``): each operand is split into a TF32 part
+and a TF32 remainder and three tensor-core products are summed, which keeps the error near fp32's
+(principle alg-no-lower-precision; the verifier's float64 guard checks it per problem). fp16 and
+bf16 operands use the tensor cores directly, as cuBLAS does.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from knowledge.schema import TemplateInfo
+from knowledge.templates import Rendered, Stmt, compute_type, indent, stmt_lines
+
+INFO = TemplateInfo(
+    name="matmul",
+    kind="matmul",
+    tunables={"BLOCK_M": [32, 64, 128, 256], "BLOCK_N": [32, 64, 128, 256],
+              "BLOCK_K": [16, 32, 64, 128], "GROUP_M": [1, 8], "num_warps": [4, 8],
+              "num_stages": [2, 3, 4, 5]},
+    defaults={"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "GROUP_M": 8, "num_warps": 8,
+              "num_stages": 3},
+    principle_ids=["alg-matmul-epilogue", "alg-no-lower-precision", "alg-fp32-accumulate",
+                   "tile-grid-mapping"],
+    description="tiled matrix product (linear/mm/bmm/matmul) with bias and pointwise epilogue",
+)
+
+
+@dataclass
+class MatmulSpec:
+    """C = A @ B (B given as [N, K] when ``b_nk``: a linear layer's weight), then the epilogue.
+
+    ``batched``: A is [..., M, K] and B [..., K, N] with equal leading dims; otherwise A's leading
+    dims fold into M and B is 2-d. The product is ``acc``; epilogue inputs are broadcast to the
+    output's shape.
+    """
+
+    in_dtypes: list[str]
+    a: int
+    b: int
+    b_nk: bool
+    batched: bool
+    bias: int | None
+    epi_inputs: list[int]
+    epi_stmts: list[Stmt]
+    outputs: list[tuple[str, str]]
+    compute: str = "fp32"
+
+
+def dot_precision(dtype: str) -> str | None:
+    """The tl.dot input precision for operands of this dtype (None: the dtype's own)."""
+    return "tf32x3" if dtype == "float32" else None
+
+
+def render(spec: MatmulSpec, cfg: dict, kname: str, gname: str) -> Rendered:
+    cfg = {**INFO.defaults, **(cfg or {})}
+    n_in = len(spec.in_dtypes)
+    ct = compute_type(spec)
+    epi = list(spec.epi_inputs)
+    params = [f"X{i}" for i in range(n_in)] + [f"O{j}" for j in range(len(spec.outputs))]
+    params += ["M", "N", "K", "sab", "sam", "sak", "sbb", "sbk", "sbn", "s_bias"]
+    for i in epi:
+        params += [f"E{i}_b", f"E{i}_m", f"E{i}_n"]
+    params += ["I64: tl.constexpr", "EVEN_K: tl.constexpr", "BLOCK_M: tl.constexpr",
+               "BLOCK_N: tl.constexpr", "BLOCK_K: tl.constexpr", "GROUP_M: tl.constexpr"]
+    prec = dot_precision(spec.in_dtypes[spec.a])
+    dot = f"tl.dot(a, b, acc, input_precision={prec!r})" if prec else "tl.dot(a, b, acc)"
+    body = [
+        "pid = tl.program_id(0)",
+        "bid = tl.program_id(1)",
+        "num_m = tl.cdiv(M, BLOCK_M)",
+        "num_n = tl.cdiv(N, BLOCK_N)",
+        "width = GROUP_M * num_n",
+        "first_m = (pid // width) * GROUP_M",
+        "rows = tl.minimum(num_m - first_m, GROUP_M)",
+        "pid_m = first_m + (pid % width) % rows",
+        "pid_n = (pid % width) // rows",
+        "rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)",
+        "rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)",
+        "rk = tl.arange(0, BLOCK_K)",
+        "if I64:",
+        "    rm = rm.to(tl.int64)",
+        "    rn = rn.to(tl.int64)",
+        "    bid = bid.to(tl.int64)",
+        # rows and columns past the edge load a valid row (the result is masked at the store),
+        # so the K loop needs no M/N masks
+        "ram = rm % M",
+        "rbn = rn % N",
+        f"a_ptrs = X{spec.a} + bid * sab + ram[:, None] * sam + rk[None, :] * sak",
+        f"b_ptrs = X{spec.b} + bid * sbb + rk[:, None] * sbk + rbn[None, :] * sbn",
+        "acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)",
+        "for k0 in range(0, tl.cdiv(K, BLOCK_K)):",
+        "    if EVEN_K:",
+        "        a = tl.load(a_ptrs)",
+        "        b = tl.load(b_ptrs)",
+        "    else:",
+        "        kr = K - k0 * BLOCK_K",
+        "        a = tl.load(a_ptrs, mask=rk[None, :] < kr, other=0.0)",
+        "        b = tl.load(b_ptrs, mask=rk[:, None] < kr, other=0.0)",
+        f"    acc = {dot}",
+        "    a_ptrs += BLOCK_K * sak",
+        "    b_ptrs += BLOCK_K * sbk",
+        "mask = (rm[:, None] < M) & (rn[None, :] < N)",
+    ]
+    if ct != "tl.float32":
+        body.append(f"acc = acc.to({ct})")
+    if spec.bias is not None:
+        body.append(f"acc = acc + tl.load(X{spec.bias} + rn * s_bias, mask=rn < N, other=0.0)"
+                    f".to({ct})[None, :]")
+    for i in epi:
+        idx = f"bid * E{i}_b + rm[:, None] * E{i}_m + rn[None, :] * E{i}_n"
+        ld = f"tl.load(X{i} + {idx}, mask=mask, other=0)"
+        body.append(f"x{i} = {ld}" if spec.in_dtypes[i] == "bool" else f"x{i} = {ld}.to({ct})")
+    body += stmt_lines(spec.epi_stmts)
+    body.append("out_idx = bid * M * N + rm[:, None] * N + rn[None, :]")
+    for j, (var, _dt) in enumerate(spec.outputs):
+        body.append(f"tl.store(O{j} + out_idx, ({var}).to(O{j}.dtype.element_ty), mask=mask)")
+    kernel = f"@triton.jit\ndef {kname}({', '.join(params)}):\n{indent(body, 4)}\n"
+
+    args = ", ".join(f"a{i}" for i in range(n_in))
+    ret = ", ".join(f"o{j}" for j in range(len(spec.outputs)))
+    w = [f"A, B = a{spec.a}, a{spec.b}", "K = A.shape[-1]"]
+    if spec.batched:
+        w += ["M, N = A.shape[-2], B.shape[-1]",
+              "shape = tuple(A.shape[:-1]) + (N,)",
+              "A3, B3 = A.reshape(-1, M, K), B.reshape(-1, K, N)",
+              "BT = A3.shape[0]",
+              "sab, sam, sak = A3.stride()",
+              "sbb, sbk, sbn = B3.stride()"]
+    else:
+        w += ["N = B.shape[0]" if spec.b_nk else "N = B.shape[1]",
+              "A3 = A.reshape(-1, K)",
+              "M, BT = A3.shape[0], 1",
+              "shape = tuple(A.shape[:-1]) + (N,)",
+              "sab, sbb = 0, 0",
+              "sam, sak = A3.stride()",
+              "sbn, sbk = B.stride()" if spec.b_nk else "sbk, sbn = B.stride()",
+              "B3 = B"]
+    w += [f"o{j} = torch.empty(shape, device=A.device, dtype=torch.{dt})"
+          for j, (_v, dt) in enumerate(spec.outputs)]
+    w += ["if o0.numel() == 0:", f"    return {ret}"]
+    launch = [f"a{i}" for i in range(n_in)]
+    launch[spec.a], launch[spec.b] = "A3", "B3"
+    estr = []
+    for i in epi:
+        w.append(f"e{i} = _egg_mm_operand(a{i}, shape, BT, M, N)")
+        launch[i] = f"e{i}"
+        estr.append(f"*e{i}.stride()")
+    bias_stride = f"a{spec.bias}.stride(0)" if spec.bias is not None else "0"
+    bm, bn, bk = (int(cfg[k]) for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K"))
+    w += [
+        "big = max(A3.numel(), B3.numel(), o0.numel()) >= 2**31 - 1",
+        f"grid = (triton.cdiv(M, {bm}) * triton.cdiv(N, {bn}), BT)",
+        f"{kname}[grid]({', '.join(launch + [f'o{j}' for j in range(len(spec.outputs))])}, "
+        f"M, N, K, sab, sam, sak, sbb, sbk, sbn, {bias_stride}"
+        + "".join(f", {s}" for s in estr)
+        + f", I64=big, EVEN_K=K % {bk} == 0, BLOCK_M={bm}, BLOCK_N={bn}, BLOCK_K={bk}, "
+        f"GROUP_M={int(cfg['GROUP_M'])}, num_warps={int(cfg['num_warps'])}, "
+        f"num_stages={int(cfg['num_stages'])})",
+        f"return {ret}",
+    ]
+    wrapper = f"def {gname}({args}):\n{indent(w, 4)}\n"
+    return Rendered(kernel, wrapper, kname, gname, cfg)

@@ -1,0 +1,130 @@
+"""The matmul template's planning rules (which products become a template kernel, what joins
+their epilogue), its launch heuristic, the 3xTF32 roofline key, and the expert's back-out of a
+product after a precision failure. The template's numerics are in tests/test_templates.py."""
+import pytest
+import torch
+
+from codegen.pipeline import analyze
+from harness import roofline
+from harness.problem import load_problem
+from knowledge import heuristics as H
+from knowledge.templates.matmul import dot_precision
+
+HEAD = "import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n"
+
+
+def _src(forward: str, inputs: str, members: str = "        pass\n") -> str:
+    return (HEAD + "class Model(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+            + members + f"    def forward(self, {forward}\n"
+            + f"def get_inputs():\n    return {inputs}\ndef get_init_inputs():\n    return []\n")
+
+
+def _plan(write_problem, src, name="p"):
+    plan, _rw, err = analyze(load_problem(write_problem(src, name)))
+    assert plan is not None, err
+    return plan
+
+
+def _lib_reasons(plan):
+    return {n.name: op.why for n, op in plan.nops.items() if op.kind == "library"}
+
+
+def test_linear_and_its_epilogue_form_one_group(write_problem):
+    plan = _plan(write_problem, _src(
+        "x, r):\n        return torch.sigmoid(self.fc(x)) * 2.0 + r\n",
+        "[torch.randn(8, 16), torch.randn(8, 1)]", "        self.fc = nn.Linear(16, 12)\n"))
+    (g,) = plan.groups
+    assert g.kind == "matmul"
+    assert [plan.nops[m].name for m in g.members] == ["linear", "sigmoid", "mul", "add"]
+    assert plan.nops[g.red].p == {"batched": False, "b_nk": True}
+
+
+def test_epilogue_input_that_does_not_broadcast_stays_out(write_problem):
+    """x @ w is [8, 8]; adding a [2, 8, 8] tensor grows the domain: not an epilogue."""
+    plan = _plan(write_problem, _src(
+        "x, w, big):\n        return (x @ w) + big\n",
+        "[torch.randn(8, 4), torch.randn(4, 8), torch.randn(2, 8, 8)]"))
+    kinds = sorted(g.kind for g in plan.groups)
+    assert kinds == ["matmul", "pointwise"]
+
+
+def test_sixteen_bit_product_without_epilogue_stays_cublas(write_problem):
+    alone = _plan(write_problem, _src(
+        "a, b):\n        return torch.mm(a, b)\n",
+        "[torch.randn(8, 4, dtype=torch.bfloat16), torch.randn(4, 8, dtype=torch.bfloat16)]"), "a")
+    assert not alone.groups
+    assert "no epilogue" in _lib_reasons(alone)["mm"]
+    fused = _plan(write_problem, _src(
+        "a, b):\n        return torch.relu(torch.mm(a, b))\n",
+        "[torch.randn(8, 4, dtype=torch.bfloat16), torch.randn(4, 8, dtype=torch.bfloat16)]"), "b")
+    assert [g.kind for g in fused.groups] == ["matmul"]
+    fp32 = _plan(write_problem, _src("a, b):\n        return torch.mm(a, b)\n",
+                                     "[torch.randn(8, 4), torch.randn(4, 8)]"), "c")
+    assert [g.kind for g in fp32.groups] == ["matmul"]  # 3xTF32 beats the CUDA cores alone
+
+
+@pytest.mark.parametrize("forward,inputs,why", [
+    ("a, b):\n        return torch.matmul(a, b)\n", "[torch.randn(2, 3, 4, 5), torch.randn(3, 5, 6)]",
+     "broadcast batch"),
+    ("a, b):\n        return torch.matmul(a, b)\n", "[torch.randn(4, 5), torch.randn(5)]", "vector"),
+    ("a, b):\n        return torch.mm(a, b)\n",
+     "[torch.randn(4, 5, dtype=torch.float64), torch.randn(5, 6, dtype=torch.float64)]", "float64"),
+])
+def test_products_the_template_does_not_take_say_why(forward, inputs, why, write_problem):
+    plan = _plan(write_problem, _src(forward, inputs))
+    assert not [g for g in plan.groups if g.kind == "matmul"]
+    assert any(why in r for r in _lib_reasons(plan).values()), _lib_reasons(plan)
+
+
+def test_batched_and_transposed_forms(write_problem):
+    plan = _plan(write_problem, _src(
+        "q, k):\n        return torch.matmul(q, k.transpose(-2, -1)) * 0.125\n",
+        "[torch.randn(2, 3, 5, 8), torch.randn(2, 3, 7, 8)]"))
+    (g,) = plan.groups
+    assert g.kind == "matmul" and plan.nops[g.red].p == {"batched": True, "b_nk": False}
+    from codegen.pipeline import group_geometry
+
+    geo = group_geometry(plan, g, 2)
+    assert (geo["M"], geo["N"], geo["K"], geo["batch"]) == (5, 7, 8, 6)
+
+
+def test_matmul_heuristic_fills_the_gpu_and_fits_k():
+    big = H.matmul_config(4096, 4096, 4096, 1, 4)
+    assert (big["BLOCK_M"], big["BLOCK_N"], big["BLOCK_K"]) == (128, 128, 32)
+    small = H.matmul_config(256, 256, 16, 1, 2)  # 4 tiles of 128: shrink to fill 132 SMs
+    assert small["BLOCK_M"] == 64 and small["BLOCK_N"] == 64 and small["BLOCK_K"] == 16
+    assert H.matmul_config(4096, 4096, 4096, 1, 2)["BLOCK_K"] == 64
+
+
+def test_fp32_products_use_3xtf32_and_the_roofline_charges_that_rate():
+    assert dot_precision("float32") == "tf32x3" and dot_precision("bfloat16") is None
+    assert roofline.peak_of({"fp32": 67, "tf32": 495}, "tf32x3") == pytest.approx(165)
+    assert roofline.peak_of({"fp32": 67}, "tf32x3") == 67  # no TF32 peak known: CUDA cores
+    assert roofline.peak_of({"fp32": 67, "tf32": 495, "tf32x3": 120}, "tf32x3") == 120
+
+
+def test_precision_failure_backs_out_the_product_first(write_problem):
+    """A 'lower precision' verdict names no kernel; only a product changes how products round,
+    so the product's group goes before the newest group."""
+    from policies.expert import ExpertPolicy
+    from state import Candidate, EggState, HardwareInfo, Settings, VerificationRecord
+    from harness.problem import describe_problem
+
+    path = write_problem(_src(
+        "x):\n        return torch.softmax(torch.relu(self.fc(x)), dim=-1)\n",
+        "[torch.randn(8, 16)]", "        self.fc = nn.Linear(16, 12)\n"), "prec")
+    _prob, spec = describe_problem(path)
+    hw = HardwareInfo(device="cuda", name="NVIDIA H200", profile_id="h200", interpreter=False,
+                      sm_count=132, mem_bandwidth_gbs=4800, peak_tflops={"fp32": 67})
+    st = EggState(problem_path=str(path), problem=spec, hardware=hw)
+    analysis, plan = ExpertPolicy().plan(st, Settings(device="cpu"))
+    kinds = {g.id: g.kind for g in plan.groups if g.kind != "library"}
+    assert sorted(kinds.values()) == ["matmul", "softmax"]
+    cand = Candidate(id="c1", stage="algorithm", author="algorithm_designer", source="x")
+    ver = VerificationRecord(candidate_id="c1", passed=False, category="precision",
+                             reason="output 0: computes with lower precision than eager")
+    st = st.model_copy(update={"analysis": analysis, "plan": plan, "candidates": [cand],
+                               "verifications": [ver]})
+    disabled, why = ExpertPolicy()._backout(st, "algorithm")
+    (victim,) = disabled
+    assert kinds[victim] == "matmul" and "precision" in why
