@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import re
 
+import torch
+
 from codegen import pipeline
 from codegen.fusion import FusionPlan, Group, group_inputs, group_outputs
 from codegen.ops import node_dtype, node_shape
@@ -59,6 +61,24 @@ def bytes_saved(plan: FusionPlan, g: Group) -> float:
     ins, _, _ = group_inputs(plan, g)
     fused = sum(_bytes(t) for t in ins) + sum(_bytes(o) for o in group_outputs(g))
     return float(max(0, eager - fused))
+
+
+def us_saved(plan: FusionPlan, g: Group, hw) -> float | None:
+    """Expected time saved by the group's kernel, in microseconds: the bytes it saves at the
+    device's bandwidth, plus, for an fp32 matrix product, its FLOPs at the fp32 CUDA-core rate
+    minus the same at the 3xTF32 rate (principle alg-matmul-epilogue)."""
+    bw = getattr(hw, "mem_bandwidth_gbs", None)
+    if not bw:
+        return None
+    us = bytes_saved(plan, g) / (bw * 1e3)
+    if g.kind == "matmul" and node_dtype(g.red) == torch.float32:
+        peaks = dict(getattr(hw, "peak_tflops", None) or {})
+        fp32, fast = peaks.get("fp32"), roofline.peak_of(peaks, "tf32x3")
+        if fp32 and fast and fast > fp32:
+            geo = pipeline.group_geometry(plan, g, 0)
+            flops = 2.0 * geo["M"] * geo["N"] * geo["K"] * geo["batch"]
+            us += flops / 1e6 * (1 / fp32 - 1 / fast)
+    return us
 
 
 def group_config(plan: FusionPlan, g: Group, sm_count: int) -> dict:
@@ -111,7 +131,8 @@ class ExpertPolicy:
                 id=g.id, kind=g.kind, template=g.template,
                 nodes=[m.name for m in g.members] + [a.name for a in g.aliases],
                 reason=f"{len(g.members)} op(s) over {tuple(g.domain)} in one pass",
-                principle_ids=KIND_PRINCIPLES[g.kind], est_bytes_saved=bytes_saved(fplan, g)))
+                principle_ids=KIND_PRINCIPLES[g.kind], est_bytes_saved=bytes_saved(fplan, g),
+                est_us_saved=us_saved(fplan, g, hw)))
         for n, op in fplan.nops.items():
             if op.kind == "library":
                 plan.groups.append(FusionGroup(
@@ -171,7 +192,8 @@ class ExpertPolicy:
             return disabled + [victim], f"back out {victim} ({how}) after: {ver.reason[:160]}"
         tim = state.timing(last.id)
         if tim is not None and tim.verdict == "regressed":
-            victim = min(enabled, key=lambda g: g.est_bytes_saved).id
+            victim = min(enabled, key=lambda g: (g.est_us_saved if g.est_us_saved is not None
+                                                 else g.est_bytes_saved)).id
             return disabled + [victim], f"back out {victim} (least expected saving) after a regression"
         return disabled, "retry"
 

@@ -98,6 +98,9 @@ class FusionGroup(BaseModel):
     reason: str = ""
     principle_ids: list[str] = Field(default_factory=list)
     est_bytes_saved: float = 0.0
+    est_us_saved: float | None = Field(
+        None, description="expected time saved (bytes at the bandwidth, plus product FLOPs moved "
+                          "from the CUDA cores to 3xTF32); None without a hardware profile")
     enabled: bool = Field(
         True, description="False: turned off at plan review; its ops stay in PyTorch")
 

@@ -128,3 +128,35 @@ def test_precision_failure_backs_out_the_product_first(write_problem):
     disabled, why = ExpertPolicy()._backout(st, "algorithm")
     (victim,) = disabled
     assert kinds[victim] == "matmul" and "precision" in why
+
+
+def test_regression_backs_out_the_group_expected_to_save_least_time(write_problem):
+    """An fp32 product's expected saving counts its FLOPs moved to 3xTF32, not only bytes: after
+    a regression the softmax group goes first (on the H200 a Gemm+BatchNorm problem lost its 2x
+    product this way when bytes alone decided)."""
+    from policies.expert import ExpertPolicy
+    from state import Candidate, EggState, HardwareInfo, Settings, TimingRecord
+    from harness.problem import describe_problem
+
+    path = write_problem(_src(
+        "x):\n        return torch.softmax(self.fc(x), dim=-1) * 2.0 + 1.0\n",
+        "[torch.randn(64, 256)]", "        self.fc = nn.Linear(256, 256)\n"), "regr")
+    _prob, spec = describe_problem(path)
+    hw = HardwareInfo(device="cuda", name="NVIDIA H200", profile_id="h200", interpreter=False,
+                      sm_count=132, mem_bandwidth_gbs=4800, peak_tflops={"fp32": 67, "tf32": 495})
+    st = EggState(problem_path=str(path), problem=spec, hardware=hw)
+    analysis, plan = ExpertPolicy().plan(st, Settings(device="cpu"))
+    by_kind = {g.kind: g for g in plan.groups if g.kind != "library"}
+    mm, sm = by_kind["matmul"], by_kind["softmax"]
+    assert mm.est_bytes_saved < sm.est_bytes_saved  # bytes alone would pick the product
+    assert mm.est_us_saved > sm.est_us_saved
+    cand = Candidate(id="c1", stage="algorithm", author="algorithm_designer", source="x")
+    tim = TimingRecord(candidate_id="c1", device="cuda", interpreter=False, candidate_ms=2.0,
+                       verdict="regressed")
+    from state import VerificationRecord
+
+    ver = VerificationRecord(candidate_id="c1", passed=True)
+    st = st.model_copy(update={"analysis": analysis, "plan": plan, "candidates": [cand],
+                               "verifications": [ver], "timings": [tim]})
+    disabled, why = ExpertPolicy()._backout(st, "algorithm")
+    assert disabled == [sm.id] and "regression" in why

@@ -63,8 +63,15 @@ CASES = {
         "a, b):\n        return torch.relu(torch.matmul(a, b.transpose(-2, -1))), torch.bmm(a[0], b[0].transpose(1, 2)) * 2.0\n",
         "[torch.randn(2, 3, 45, 37), torch.randn(2, 3, 29, 37)]"), {"g0": {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 16}}),
     "matmul_folded_rows": ("matmul", problem(
-        "x, w):\n        return torch.tanh(x @ w), (x @ w.t()[:37]).sum()\n",
+        "x, w):\n        return torch.tanh(x @ w), (x @ w.t()[:37]).sum(), torch.mm(w.t(), w)\n",
         "[torch.randn(3, 41, 37), torch.randn(37, 53)]"), None),
+    # batch norm in training mode: per-channel statistics, then the fused normalization
+    "chanstats_spatial": ("chanstats", problem(
+        "x):\n        return torch.relu(self.bn(x))\n", "[torch.randn(5, 7, 13, 11) * 3 + 1]",
+        members="        self.bn = nn.BatchNorm2d(7)\n"), {"g0": {"SPLITS": 2}}),
+    "chanstats_rows": ("chanstats", problem(
+        "x):\n        return self.bn(x) * 2.0\n", "[torch.randn(183, 97) * 3 + 1]",
+        members="        self.bn = nn.BatchNorm1d(97)\n"), {"g0": {"SPLITS": 4, "BLOCK": 512}}),
     "scan": ("scan", problem(
         "x):\n        return torch.cumsum(x.flip(1), 1).flip(1), torch.cumsum(x, dim=-1)\n",
         "[torch.rand(183, 781)]"), None),

@@ -2,8 +2,10 @@
 batch norm in training mode (principle alg-batchnorm-decompose).
 
 Kernel 1: programs over (channel, split); a split covers a range of batch entries and all of
-their spatial positions (contiguous runs of S), Welford per lane. Kernel 2: per channel, merge
-the splits' partials. The normalization itself is left to the pointwise fusion, which fuses it
+their spatial positions (contiguous runs of S), Welford per lane. Without spatial dims (an
+(N, C) input, batch norm after a linear layer) a channel's values are C apart, so kernel 1 reads
+(rows x COLS) tiles instead, coalesced along C, programs over (channel block, split). Kernel 2:
+per channel, merge the splits' partials. The normalization itself is left to the pointwise fusion, which fuses it
 with whatever elementwise work follows.
 """
 from __future__ import annotations
@@ -21,6 +23,10 @@ INFO = TemplateInfo(
     principle_ids=["alg-batchnorm-decompose", "tile-split-rows", "alg-fp32-accumulate"],
     description="per-channel mean/var over batch and space, split Welford",
 )
+
+
+#: channels per program of the (N, C) variant: 64 fp32 values are two 128-byte lines per row
+COLS = 64
 
 
 @dataclass
@@ -54,6 +60,27 @@ def render(spec: ChanStatsSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         "tl.store(WM2 + pid, m2_c)",
         "tl.store(WCNT + pid, n_c)",
     ]
+    k1c = [
+        "cs = tl.program_id(0) * COLS + tl.arange(0, COLS)",
+        "sp = tl.program_id(1)",
+        "mc = cs < C",
+        f"wm = tl.zeros([ROWS, COLS], {ct})",
+        f"w2 = tl.zeros([ROWS, COLS], {ct})",
+        f"wn = tl.zeros([ROWS, COLS], {ct})",
+        "hi = tl.minimum((sp + 1) * NPER, N)",
+        "for n0 in range(sp * NPER, hi, ROWS):",
+        "    rows = n0 + tl.arange(0, ROWS)",
+        "    m = (rows[:, None] < hi) & mc[None, :]",
+        f"    z = {load_expr('X', 'rows[:, None].to(tl.int64) * C + cs[None, :]', 'm', spec.in_dtype, ct)}",
+        "    wn = wn + m.to(tl.float32)",
+        "    d = z - wm",
+        "    wm = wm + tl.where(m, d / tl.maximum(wn, 1.0), 0.0)",
+        "    w2 = w2 + tl.where(m, d * (z - wm), 0.0)",
+        "mean_c, m2_c, n_c = tl.reduce((wm, w2, wn), 0, _egg_welford_combine)",
+        "tl.store(WMEAN + cs * SPLITS + sp, mean_c, mask=mc)",
+        "tl.store(WM2 + cs * SPLITS + sp, m2_c, mask=mc)",
+        "tl.store(WCNT + cs * SPLITS + sp, n_c, mask=mc)",
+    ]
     k2 = [
         "c = tl.program_id(0)",
         "s = tl.arange(0, SPLITS_P2)",
@@ -67,6 +94,8 @@ def render(spec: ChanStatsSpec, cfg: dict, kname: str, gname: str) -> Rendered:
     ]
     kernel = (f"@triton.jit\ndef {kname}(X, WMEAN, WM2, WCNT, N, C, S, NPER, SPLITS, BLOCK: tl.constexpr):\n"
               + indent(k1, 4) + "\n\n\n"
+              + f"@triton.jit\ndef {kname}_cols(X, WMEAN, WM2, WCNT, N, C, NPER, SPLITS, ROWS: tl.constexpr, COLS: tl.constexpr):\n"
+              + indent(k1c, 4) + "\n\n\n"
               + f"@triton.jit\ndef {kname}_fin(WMEAN, WM2, WCNT, OM, OV, SPLITS, SPLITS_P2: tl.constexpr):\n"
               + indent(k2, 4) + "\n")
     w = [
@@ -82,8 +111,13 @@ def render(spec: ChanStatsSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         "pm = torch.empty(C * splits, device=x.device, dtype=torch.float32)",
         "p2 = torch.empty_like(pm)",
         "pn = torch.empty_like(pm)",
-        f"BLOCK = min({int(cfg['BLOCK'])}, triton.next_power_of_2(max(S, 1)))",
-        f"{kname}[(C * splits,)](x, pm, p2, pn, N, C, S, nper, splits, BLOCK=BLOCK, num_warps={int(cfg['num_warps'])})",
+        "if S == 1:",
+        f"    COLS = min({COLS}, triton.next_power_of_2(C))",
+        f"    ROWS = max(1, {int(cfg['BLOCK'])} // COLS)",
+        f"    {kname}_cols[(triton.cdiv(C, COLS), splits)](x, pm, p2, pn, N, C, nper, splits, ROWS=ROWS, COLS=COLS, num_warps={int(cfg['num_warps'])})",
+        "else:",
+        f"    BLOCK = min({int(cfg['BLOCK'])}, triton.next_power_of_2(max(S, 1)))",
+        f"    {kname}[(C * splits,)](x, pm, p2, pn, N, C, S, nper, splits, BLOCK=BLOCK, num_warps={int(cfg['num_warps'])})",
         f"{kname}_fin[(C,)](pm, p2, pn, om, ov, splits, SPLITS_P2=triton.next_power_of_2(splits), num_warps=1)",
         "return om, ov",
     ]

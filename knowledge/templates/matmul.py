@@ -126,23 +126,28 @@ def render(spec: MatmulSpec, cfg: dict, kname: str, gname: str) -> Rendered:
 
     args = ", ".join(f"a{i}" for i in range(n_in))
     ret = ", ".join(f"o{j}" for j in range(len(spec.outputs)))
+    # A3 is (BT, M, K) and B3 (BT, K, N) (views: a linear weight is read through its transpose)
     w = [f"A, B = a{spec.a}, a{spec.b}", "K = A.shape[-1]"]
     if spec.batched:
         w += ["M, N = A.shape[-2], B.shape[-1]",
-              "shape = tuple(A.shape[:-1]) + (N,)",
-              "A3, B3 = A.reshape(-1, M, K), B.reshape(-1, K, N)",
-              "BT = A3.shape[0]",
-              "sab, sam, sak = A3.stride()",
-              "sbb, sbk, sbn = B3.stride()"]
+              "A3, B3 = A.reshape(-1, M, K), B.reshape(-1, K, N)"]
     else:
         w += ["N = B.shape[0]" if spec.b_nk else "N = B.shape[1]",
-              "A3 = A.reshape(-1, K)",
-              "M, BT = A3.shape[0], 1",
-              "shape = tuple(A.shape[:-1]) + (N,)",
-              "sab, sbb = 0, 0",
-              "sam, sak = A3.stride()",
-              "sbn, sbk = B.stride()" if spec.b_nk else "sbk, sbn = B.stride()",
-              "B3 = B"]
+              "A3 = A.reshape(-1, K).unsqueeze(0)",
+              "B3 = (B.t() if B.dim() == 2 else B).unsqueeze(0)" if spec.b_nk else "B3 = B.unsqueeze(0)",
+              "M = A3.shape[1]"]
+    w += ["shape = tuple(A.shape[:-1]) + (N,)", "BT = A3.shape[0]"]
+    if prec == "tf32x3":
+        # Hopper's TF32 tensor-core instructions read both operands K-major from shared memory;
+        # other layouts make Triton fall back to slower instructions. One transposing copy of an
+        # operand (2 x its bytes) is small next to the product's K-fold reuse of it.
+        w += ["if A3.stride(2) != 1 and K > 1:",
+              "    A3 = A3.contiguous()",
+              "if B3.stride(1) != 1 and K > 1:",
+              "    B3 = B3.transpose(1, 2).contiguous().transpose(1, 2)"]
+    w += ["sab, sam, sak = A3.stride()", "sbb, sbk, sbn = B3.stride()"]
+    if not spec.batched:
+        w += ["sab, sbb = 0, 0"]
     w += [f"o{j} = torch.empty(shape, device=A.device, dtype=torch.{dt})"
           for j, (_v, dt) in enumerate(spec.outputs)]
     w += ["if o0.numel() == 0:", f"    return {ret}"]
