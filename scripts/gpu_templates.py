@@ -76,15 +76,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--trials", type=int, default=3)
-    ap.add_argument("--only", default=None, help="one case name")
+    ap.add_argument("--only", default=None, help="case names, comma-separated")
     a = ap.parse_args(argv)
-    names = [a.only] if a.only else sorted(CASES)
+    names = a.only.split(",") if a.only else sorted(CASES)
+    unknown = [n for n in names if n not in CASES]
+    if unknown:
+        ap.error(f"unknown case(s) {', '.join(unknown)}; cases: {', '.join(sorted(CASES))}")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for n in names:
             r = run_case(n, a.dtype, a.device, a.trials, pathlib.Path(tmp))
             rows.append(r)
             print(f"{'ok ' if r['ok'] else 'BAD'} {n:24s} {r['s']:6.1f} s  {r['why'][:150]}", flush=True)
+            _write(a, rows)  # after every case: a run cut short keeps what it measured
+    return 0 if all(r["ok"] for r in rows) else 1
+
+
+def _write(a, rows: list[dict]) -> None:
     dev = torch.cuda.get_device_name() if a.device == "cuda" else "CPU (Triton interpreter)"
     lines = [f"# Templates in {a.dtype} on {dev}", "",
              f"`python scripts/gpu_templates.py OUT.md --dtype {a.dtype} --device {a.device} "
@@ -97,7 +105,6 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(f"| {r['name']} | {r.get('template', '-')} | {'yes' if r['ok'] else 'NO'} | "
                      f"{r.get('passed_by') or '-'} | {err} | {r['s']:.1f} | {r['why'][:160].replace('|', '/')} |")
     pathlib.Path(a.out).write_text("\n".join(lines) + "\n")
-    return 0 if all(r["ok"] for r in rows) else 1
 
 
 if __name__ == "__main__":
