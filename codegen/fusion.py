@@ -150,6 +150,23 @@ def matmul_form(op: NOp) -> tuple[bool, bool] | str:
     return "matrix product with broadcast batch dims or vector operands"
 
 
+#: a product with fewer 64x64 output tiles than this leaves most of a GPU's SMs idle unless K is
+#: split across programs; measured on the H200: a GEMV (32 tiles, K = 1M) and a 256x256 product
+#: with K = 512K ran 10x slower than cuBLAS (docs/results/matmul_l12_h200.md)
+FEW_TILES = 64
+
+
+def few_tiles(op: NOp, out_shape) -> bool:
+    """Too little parallelism over the output for the K loop: few 64x64 tiles, K > 4 (M + N)."""
+    out = tuple(out_shape)
+    k = (node_shape(op.operands[0]) or (1,))[-1]
+    n = out[-1]
+    m = out[-2] if op.p.get("batched") else _numel(out[:-1])
+    batch = _numel(out) // max(1, m * n)
+    tiles = -(-m // 64) * -(-n // 64) * batch
+    return tiles < FEW_TILES and k > 4 * (m + n)
+
+
 def _all_float(nodes) -> bool:
     return all(node_dtype(n) in FUSABLE_DTYPES for n in nodes)
 
@@ -399,10 +416,17 @@ def plan_fusion(gm: fx.GraphModule, disabled: set[str] | None = None) -> FusionP
     # a 16-bit product with nothing to fuse stays cuBLAS's: the template only wins by the
     # epilogue pass it saves (principle alg-matmul-epilogue); fp32 products run as 3xTF32
     for g in list(groups):
-        if g.kind == "matmul" and len(g.members) == 1 and node_dtype(g.red) != torch.float32:
+        if g.kind != "matmul":
+            continue
+        why = None
+        if len(g.members) == 1 and node_dtype(g.red) != torch.float32:
+            why = "16-bit matrix product with no epilogue to fuse: cuBLAS as fast"
+        elif few_tiles(nops[g.red], g.out_shape):
+            why = ("too few output tiles for a long K loop (needs split-K, not built): "
+                   "cuBLAS splits K")
+        if why:
             groups.remove(g)
-            nops[g.red].kind = "library"
-            nops[g.red].why = "16-bit matrix product with no epilogue to fuse: cuBLAS as fast"
+            nops[g.red].kind, nops[g.red].why = "library", why
     # a (values, indices) reduction whose tuple itself is used elsewhere stays torch code
     for g in list(groups):
         if g.red is not None and nops[g.red].name in ("max_dim", "min_dim"):

@@ -102,9 +102,11 @@ def chanstats_config(channels: int, batch: int, sm_count: int = 132) -> dict:
 
 def matmul_config(m: int, n: int, k: int, batch: int, itemsize: int, sm_count: int = 132) -> dict:
     """Tensor-core tiles from the Triton matmul tutorials (03-matrix-multiplication, Hopper
-    configs): 128x128 tiles with BLOCK_K 64 for 2-byte operands, 32 for fp32 (same bytes per
-    stage), 8 warps, 3 stages; tiles halve along M and N while the grid would leave SMs idle
-    (tile-grid-mapping), down to 64 (the smallest warpgroup-wide tile); GROUP_M 8 for L2 reuse."""
+    configs): 128x128x64 tiles, 8 warps, 3 stages. For fp32 (3xTF32) BLOCK_K 64 too: the
+    tiler's measured search on the H200 picked 128x128x64 / 8 warps / 3 stages for every large
+    fp32 product of dev40 (10 of 10, 1.14-1.20x over 128x128x32; docs/results/dev40_h200.md).
+    Tiles halve along M and N while the grid would leave SMs idle (tile-grid-mapping), down to
+    64 (the smallest warpgroup-wide tile); GROUP_M 8 for L2 reuse."""
     bm = 128 if m > 64 else 64
     bn = 128 if n > 64 else 64
     while bm > 64 or bn > 64:
@@ -114,7 +116,7 @@ def matmul_config(m: int, n: int, k: int, batch: int, itemsize: int, sm_count: i
             bn //= 2
         else:
             bm //= 2
-    bk = 64 if itemsize <= 2 else 32
+    bk = 64
     while bk > 16 and bk > next_pow2(k):
         bk //= 2
     warps = 8 if bm * bn >= 128 * 128 else 4

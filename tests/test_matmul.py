@@ -90,7 +90,7 @@ def test_batched_and_transposed_forms(write_problem):
 
 def test_matmul_heuristic_fills_the_gpu_and_fits_k():
     big = H.matmul_config(4096, 4096, 4096, 1, 4)
-    assert (big["BLOCK_M"], big["BLOCK_N"], big["BLOCK_K"]) == (128, 128, 32)
+    assert (big["BLOCK_M"], big["BLOCK_N"], big["BLOCK_K"]) == (128, 128, 64)
     small = H.matmul_config(256, 256, 16, 1, 2)  # 4 tiles of 128: shrink to fill 132 SMs
     assert small["BLOCK_M"] == 64 and small["BLOCK_N"] == 64 and small["BLOCK_K"] == 16
     assert H.matmul_config(4096, 4096, 4096, 1, 2)["BLOCK_K"] == 64
@@ -160,3 +160,29 @@ def test_regression_backs_out_the_group_expected_to_save_least_time(write_proble
                                "verifications": [ver], "timings": [tim]})
     disabled, why = ExpertPolicy()._backout(st, "algorithm")
     assert disabled == [sm.id] and "regression" in why
+
+
+def test_k_major_operands_are_aligned_or_copied_padded():
+    from knowledge.templates._runtime import _egg_k_major
+
+    ok = torch.randn(2, 5, 8)
+    assert _egg_k_major(ok) is ok  # K contiguous, rows of 32 bytes: read in place
+    odd = torch.randn(2, 5, 7)  # rows of 28 bytes: not 16-byte aligned
+    got = _egg_k_major(odd)
+    assert got.stride() == (5 * 8, 8, 1) and torch.equal(got, odd)
+    t = torch.randn(1, 8, 6).transpose(1, 2)  # K strided: transposed copy
+    got = _egg_k_major(t)
+    assert got.stride(2) == 1 and torch.equal(got, t)
+    half = torch.randn(1, 3, 12, dtype=torch.bfloat16)[:, :, :9]  # bf16: 8 elements per 16 bytes
+    got = _egg_k_major(half)
+    assert got.stride(1) == 16 and torch.equal(got, half)
+
+
+def test_few_output_tiles_with_a_long_k_loop_stay_cublas(write_problem):
+    """Without split-K a GEMV-like product keeps most SMs idle (10x slower on the H200)."""
+    gemv = _plan(write_problem, _src("a, b):\n        return torch.matmul(a, b)\n",
+                                     "[torch.randn(64, 4096), torch.randn(4096, 1)]"), "gemv")
+    assert not gemv.groups and "split-K" in _lib_reasons(gemv)["matmul"]
+    square = _plan(write_problem, _src("a, b):\n        return torch.matmul(a, b)\n",
+                                       "[torch.randn(64, 256), torch.randn(256, 64)]"), "sq")
+    assert [g.kind for g in square.groups] == ["matmul"]  # K = 256 <= 4 (M + N): kept

@@ -273,3 +273,18 @@ def _egg_mm_operand(t, shape, bt, m, n):
         return e.view(bt, m, n)
     except RuntimeError:
         return e.reshape(bt, m, n)
+
+
+def _egg_k_major(x):
+    """x (BT, R, K) read K-major: K contiguous and every other stride a multiple of 16 bytes, as
+    Hopper's asynchronous copies and TF32 tensor-core reads want; otherwise one copy into a
+    buffer whose rows are padded to 16 bytes (the padding is never read)."""
+    bt, r, k = x.shape
+    al = max(1, 16 // x.element_size())
+    if (x.stride(2) == 1 and x.stride(1) % al == 0 and (bt == 1 or x.stride(0) % al == 0)
+            and x.data_ptr() % 16 == 0):
+        return x
+    kp = -(-k // al) * al
+    buf = torch.empty((bt, r, kp), dtype=x.dtype, device=x.device)[:, :, :k]
+    buf.copy_(x)
+    return buf

@@ -138,13 +138,13 @@ def render(spec: MatmulSpec, cfg: dict, kname: str, gname: str) -> Rendered:
               "M = A3.shape[1]"]
     w += ["shape = tuple(A.shape[:-1]) + (N,)", "BT = A3.shape[0]"]
     if prec == "tf32x3":
-        # Hopper's TF32 tensor-core instructions read both operands K-major from shared memory;
-        # other layouts make Triton fall back to slower instructions. One transposing copy of an
-        # operand (2 x its bytes) is small next to the product's K-fold reuse of it.
-        w += ["if A3.stride(2) != 1 and K > 1:",
-              "    A3 = A3.contiguous()",
-              "if B3.stride(1) != 1 and K > 1:",
-              "    B3 = B3.transpose(1, 2).contiguous().transpose(1, 2)"]
+        # Hopper's TF32 tensor-core instructions read both operands K-major from shared memory,
+        # and its asynchronous copies want 16-byte aligned rows; other layouts make Triton fall
+        # back to slower instructions (measured on the H200: 2x on a transposed A). One copy of
+        # an operand (2 x its bytes) is small next to the product's K-fold reuse of it.
+        w += ["if K > 1:",
+              "    A3 = _egg_k_major(A3)",
+              "    B3 = _egg_k_major(B3.transpose(1, 2)).transpose(1, 2)"]
     w += ["sab, sam, sak = A3.stride()", "sbb, sbk, sbn = B3.stride()"]
     if not spec.batched:
         w += ["sab, sbb = 0, 0"]
