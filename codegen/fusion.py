@@ -435,12 +435,26 @@ def plan_fusion(gm: fx.GraphModule, disabled: set[str] | None = None) -> FusionP
                 nops[g.red].kind, nops[g.red].why = "library", "the (values, indices) tuple escapes"
     # renumber in emission order (position of the last member)
     groups.sort(key=lambda g: max(order[m] for m in g.members + list(g.aliases)))
+    kept = []
     for i, g in enumerate(groups):
         g.id = f"g{i}"
-        if disabled and g.id in disabled:
-            g.disabled = True
-    plan = FusionPlan(gm, nops, [g for g in groups if not g.disabled], order)
-    return plan
+        if not (disabled and g.id in disabled):
+            kept.append(g)
+            continue
+        g.disabled = True
+        tail = g.epilogue() if g.kind == "matmul" else []
+        if tail and tail_id(g.id) not in disabled:
+            # a backed-out product stays cuBLAS's; its epilogue is still one fused pass over the
+            # product (principle alg-library-tail-fusion), under an id of its own
+            nops[g.red].kind = "library"
+            nops[g.red].why = f"matrix product backed out ({g.id}): cuBLAS, epilogue fused after it"
+            kept.append(Group(id=tail_id(g.id), kind="pointwise", members=tail, domain=g.out_shape))
+    return FusionPlan(gm, nops, kept, order)
+
+
+def tail_id(group_id: str) -> str:
+    """Id of the fused tail a backed-out matrix product leaves (its epilogue as pointwise)."""
+    return f"{group_id}t"
 
 
 def group_inputs(plan: FusionPlan, g: Group) -> tuple[list[fx.Node], list[int], list[int]]:

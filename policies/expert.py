@@ -14,7 +14,7 @@ import re
 import torch
 
 from codegen import pipeline
-from codegen.fusion import FusionPlan, Group, group_inputs, group_outputs
+from codegen.fusion import FusionPlan, Group, group_inputs, group_outputs, tail_id
 from codegen.ops import node_dtype, node_shape
 from harness import roofline
 from harness.problem import load_problem
@@ -175,12 +175,18 @@ class ExpertPolicy:
         last = mine[-1]
         disabled = list(last.disabled_groups)
         enabled = [g for g in state.plan.groups if g.kind != "library" and g.id not in disabled]
-        if not enabled:
+        # a backed-out product's epilogue runs on as a fused tail (codegen.fusion.tail_id)
+        tails = [tail_id(g.id) for g in state.plan.groups
+                 if g.kind == "matmul" and len(g.nodes) > 1 and g.id in disabled
+                 and tail_id(g.id) not in disabled]
+        if not enabled and not tails:
             return None, None
+        newest = enabled[-1].id if enabled else tails[-1]
         ver = state.verification(last.id)
         if ver is not None and not ver.passed:
-            m = re.search(r"_egg_(?:k_)?(g\d+)", ver.reason)
-            named = m.group(1) if m and any(g.id == m.group(1) for g in enabled) else None
+            m = re.search(r"_egg_(?:k_)?(g\d+t?)", ver.reason)
+            live = {g.id for g in enabled} | set(tails)
+            named = m.group(1) if m and m.group(1) in live else None
             products = [g.id for g in enabled if g.kind == "matmul"]
             if named:
                 victim, how = named, "named in the error"
@@ -188,12 +194,15 @@ class ExpertPolicy:
                 # only a matrix product changes how products round (3xTF32, alg-matmul-epilogue)
                 victim, how = products[-1], "a matrix product, after a precision failure"
             else:
-                victim, how = enabled[-1].id, "the newest group (the error names none)"
+                victim, how = newest, "the newest group (the error names none)"
             return disabled + [victim], f"back out {victim} ({how}) after: {ver.reason[:160]}"
         tim = state.timing(last.id)
         if tim is not None and tim.verdict == "regressed":
-            victim = min(enabled, key=lambda g: (g.est_us_saved if g.est_us_saved is not None
-                                                 else g.est_bytes_saved)).id
+            if enabled:
+                victim = min(enabled, key=lambda g: (g.est_us_saved if g.est_us_saved is not None
+                                                     else g.est_bytes_saved)).id
+            else:
+                victim = newest
             return disabled + [victim], f"back out {victim} (least expected saving) after a regression"
         return disabled, "retry"
 

@@ -186,3 +186,62 @@ def test_few_output_tiles_with_a_long_k_loop_stay_cublas(write_problem):
     square = _plan(write_problem, _src("a, b):\n        return torch.matmul(a, b)\n",
                                        "[torch.randn(64, 256), torch.randn(256, 64)]"), "sq")
     assert [g.kind for g in square.groups] == ["matmul"]  # K = 256 <= 4 (M + N): kept
+
+
+def test_backed_out_product_keeps_its_epilogue_as_a_fused_tail(write_problem, tmp_path):
+    """Disabling a product group leaves cuBLAS's product and a pointwise tail (id g0t) with the
+    epilogue, which computes the same values; disabling the tail too leaves torch code."""
+    from codegen.pipeline import compile_problem
+    from tests.helpers import load_module
+
+    path = write_problem(_src(
+        "x):\n        return torch.sigmoid(self.fc(x)) * 2.0\n",
+        "[torch.randn(8, 16)]", "        self.fc = nn.Linear(16, 12)\n"), "tail")
+    prob = load_problem(path)
+    comp = compile_problem(prob, disabled={"g0"})
+    (g,) = comp.plan.groups
+    assert g.id == "g0t" and g.kind == "pointwise"
+    assert [comp.plan.nops[m].name for m in g.members] == ["sigmoid", "mul"]
+    assert "backed out" in _lib_reasons(comp.plan)["linear"]
+    out = tmp_path / "cand.py"
+    out.write_text(comp.emitted.source)
+    mod = load_module(out, "cand_tail")
+    torch.manual_seed(0)
+    ref = prob.Model()
+    new = mod.ModelNew()
+    new.load_state_dict(ref.state_dict())
+    x = torch.randn(8, 16)
+    torch.testing.assert_close(new(x), ref(x))
+    assert not compile_problem(prob, disabled={"g0", "g0t"}).plan.groups
+
+
+def test_backout_walks_from_the_product_to_its_tail(write_problem):
+    from policies.expert import ExpertPolicy
+    from state import Candidate, EggState, HardwareInfo, Settings, TimingRecord, VerificationRecord
+    from harness.problem import describe_problem
+
+    path = write_problem(_src(
+        "x):\n        return torch.sigmoid(self.fc(x)) * 2.0\n",
+        "[torch.randn(8, 16)]", "        self.fc = nn.Linear(16, 12)\n"), "walk")
+    _prob, spec = describe_problem(path)
+    hw = HardwareInfo(device="cuda", name="NVIDIA H200", profile_id="h200", interpreter=False,
+                      sm_count=132, mem_bandwidth_gbs=4800, peak_tflops={"fp32": 67, "tf32": 495})
+    st = EggState(problem_path=str(path), problem=spec, hardware=hw)
+    analysis, plan = ExpertPolicy().plan(st, Settings(device="cpu"))
+    st = st.model_copy(update={"analysis": analysis, "plan": plan})
+    steps = []
+    disabled: list[str] = []
+    for i in range(3):
+        cid = f"c{i + 1}"
+        cand = Candidate(id=cid, stage="algorithm", author="algorithm_designer", source="x",
+                         disabled_groups=list(disabled))
+        st = st.model_copy(update={
+            "candidates": st.candidates + [cand],
+            "verifications": st.verifications + [VerificationRecord(candidate_id=cid, passed=True)],
+            "timings": st.timings + [TimingRecord(candidate_id=cid, device="cuda", interpreter=False,
+                                                  candidate_ms=1.0, verdict="regressed")]})
+        disabled, why = ExpertPolicy()._backout(st, "algorithm")
+        steps.append(disabled)
+        if disabled is None:
+            break
+    assert steps == [["g0"], ["g0", "g0t"], None]
