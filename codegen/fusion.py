@@ -150,21 +150,20 @@ def matmul_form(op: NOp) -> tuple[bool, bool] | str:
     return "matrix product with broadcast batch dims or vector operands"
 
 
-#: a product with fewer 64x64 output tiles than this leaves most of a GPU's SMs idle unless K is
-#: split across programs; measured on the H200: a GEMV (32 tiles, K = 1M) and a 256x256 product
-#: with K = 512K ran 10x slower than cuBLAS (docs/results/matmul_l12_h200.md)
-FEW_TILES = 64
+#: a product with fewer rows or columns than this is a matrix-vector product in all but name: a
+#: tensor-core tile (64 wide at least) wastes most of its work; measured on the H200: a GEMV
+#: (N = 1, K = 1M) ran 10x slower than cuBLAS (docs/results/matmul_l12_h200.md)
+VECTOR_LIKE = 16
 
 
-def few_tiles(op: NOp, out_shape) -> bool:
-    """Too little parallelism over the output for the K loop: few 64x64 tiles, K > 4 (M + N)."""
+def vector_like(op: NOp, out_shape) -> bool:
+    """Is the product a matrix-vector product over a large matrix: M or N below VECTOR_LIKE and
+    at least a million elements in the matrix (tiny products are launch-bound either way)?"""
     out = tuple(out_shape)
-    k = (node_shape(op.operands[0]) or (1,))[-1]
     n = out[-1]
     m = out[-2] if op.p.get("batched") else _numel(out[:-1])
-    batch = _numel(out) // max(1, m * n)
-    tiles = -(-m // 64) * -(-n // 64) * batch
-    return tiles < FEW_TILES and k > 4 * (m + n)
+    k = (node_shape(op.operands[0]) or (1,))[-1]
+    return min(m, n) < VECTOR_LIKE and max(m, n) * k >= 1 << 20
 
 
 def _all_float(nodes) -> bool:
@@ -421,9 +420,9 @@ def plan_fusion(gm: fx.GraphModule, disabled: set[str] | None = None) -> FusionP
         why = None
         if len(g.members) == 1 and node_dtype(g.red) != torch.float32:
             why = "16-bit matrix product with no epilogue to fuse: cuBLAS as fast"
-        elif few_tiles(nops[g.red], g.out_shape):
-            why = ("too few output tiles for a long K loop (needs split-K, not built): "
-                   "cuBLAS splits K")
+        elif vector_like(nops[g.red], g.out_shape):
+            why = (f"matrix-vector product (fewer than {VECTOR_LIKE} rows or columns): "
+                   "tensor-core tiles would waste most of their work; cuBLAS's GEMV")
         if why:
             groups.remove(g)
             nops[g.red].kind, nops[g.red].why = "library", why

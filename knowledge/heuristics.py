@@ -106,7 +106,8 @@ def matmul_config(m: int, n: int, k: int, batch: int, itemsize: int, sm_count: i
     tiler's measured search on the H200 picked 128x128x64 / 8 warps / 3 stages for every large
     fp32 product of dev40 (10 of 10, 1.14-1.20x over 128x128x32; docs/results/dev40_h200.md).
     Tiles halve along M and N while the grid would leave SMs idle (tile-grid-mapping), down to
-    64 (the smallest warpgroup-wide tile); GROUP_M 8 for L2 reuse."""
+    64 (the smallest warpgroup-wide tile); GROUP_M 8 for L2 reuse; SPLIT_K for few tiles over a
+    long K (not yet measured on a GPU: the profiler backs a losing split out)."""
     bm = 128 if m > 64 else 64
     bn = 128 if n > 64 else 64
     while bm > 64 or bn > 64:
@@ -120,5 +121,12 @@ def matmul_config(m: int, n: int, k: int, batch: int, itemsize: int, sm_count: i
     while bk > 16 and bk > next_pow2(k):
         bk //= 2
     warps = 8 if bm * bn >= 128 * 128 else 4
+    # few output tiles and a long K loop: split K so that every SM gets about two programs,
+    # each running at least 4 BLOCK_K steps (the partials cost 8 bytes per output per split)
+    tiles = math.ceil(m / bm) * math.ceil(n / bn) * batch
+    split = 1
+    if tiles < sm_count:
+        split = max(1, min(64, math.ceil(2 * sm_count / tiles), k // (4 * bk)))
+        split = 1 << (split.bit_length() - 1)
     return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "num_warps": warps,
-            "num_stages": 3 if k > 2 * bk else 2}
+            "num_stages": 3 if k > 2 * bk else 2, "SPLIT_K": split}

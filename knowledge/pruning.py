@@ -152,7 +152,8 @@ def programs(kind: str, cfg: dict, geo: dict) -> int:
         return geo.get("nrows", 1) * math.ceil(geo.get("inner", 1) / max(1, cfg.get("BLOCK_I", 1)))
     if m == "matmul":
         return (math.ceil(geo.get("M", 1) / cfg.get("BLOCK_M", 64))
-                * math.ceil(geo.get("N", 1) / cfg.get("BLOCK_N", 64)) * geo.get("batch", 1))
+                * math.ceil(geo.get("N", 1) / cfg.get("BLOCK_N", 64)) * geo.get("batch", 1)
+                * int(cfg.get("SPLIT_K", 1) or 1))
     if m == "attention":
         return math.ceil(geo.get("M", 1) / cfg.get("BLOCK_M", 64)) * geo.get("batch_heads", 1)
     return max(1, math.ceil(geo.get("numel", 1) / max(1, tile_elems(kind, cfg, geo))))

@@ -178,14 +178,19 @@ def test_k_major_operands_are_aligned_or_copied_padded():
     assert got.stride(1) == 16 and torch.equal(got, half)
 
 
-def test_few_output_tiles_with_a_long_k_loop_stay_cublas(write_problem):
-    """Without split-K a GEMV-like product keeps most SMs idle (10x slower on the H200)."""
+def test_vector_like_products_stay_cublas_and_long_k_ones_split(write_problem):
+    """A GEMV in tensor-core tiles wastes most of the tile (10x slower on the H200); a product
+    with few output tiles and a long K loop runs split-K instead."""
     gemv = _plan(write_problem, _src("a, b):\n        return torch.matmul(a, b)\n",
-                                     "[torch.randn(64, 4096), torch.randn(4096, 1)]"), "gemv")
-    assert not gemv.groups and "split-K" in _lib_reasons(gemv)["matmul"]
-    square = _plan(write_problem, _src("a, b):\n        return torch.matmul(a, b)\n",
-                                       "[torch.randn(64, 256), torch.randn(256, 64)]"), "sq")
-    assert [g.kind for g in square.groups] == ["matmul"]  # K = 256 <= 4 (M + N): kept
+                                     "[torch.randn(256, 4096), torch.randn(4096, 1)]"), "gemv")
+    assert not gemv.groups and "matrix-vector" in _lib_reasons(gemv)["matmul"]
+    longk = _plan(write_problem, _src("a, b):\n        return torch.matmul(a, b)\n",
+                                      "[torch.randn(256, 8192), torch.randn(8192, 256)]"), "lk")
+    assert [g.kind for g in longk.groups] == ["matmul"]
+    cfg = H.matmul_config(256, 256, 524288, 1, 4)
+    assert cfg["SPLIT_K"] == 16  # 16 tiles of 64x64: 16 splits = 256 programs for 132 SMs
+    assert H.matmul_config(4096, 4096, 4096, 1, 4)["SPLIT_K"] == 1
+    assert H.matmul_config(256, 256, 128, 1, 4)["SPLIT_K"] == 1  # K too short to split
 
 
 def test_backed_out_product_keeps_its_epilogue_as_a_fused_tail(write_problem, tmp_path):

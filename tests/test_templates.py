@@ -62,6 +62,11 @@ CASES = {
     "matmul_batched_transposed": ("matmul", problem(
         "a, b):\n        return torch.relu(torch.matmul(a, b.transpose(-2, -1))), torch.bmm(a[0], b[0].transpose(1, 2)) * 2.0\n",
         "[torch.randn(2, 3, 45, 37), torch.randn(2, 3, 29, 37)]"), {"g0": {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 16}}),
+    "matmul_split_k": ("matmul", problem(
+        "x, r):\n        return torch.relu(self.fc(x)) + r\n",
+        "[torch.randn(37, 301), torch.randn(37, 45)]",
+        members="        self.fc = nn.Linear(301, 45)\n"),
+        {"g0": {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 16, "SPLIT_K": 4}}),
     "matmul_folded_rows": ("matmul", problem(
         "x, w):\n        return torch.tanh(x @ w), (x @ w.t()[:37]).sum(), torch.mm(w.t(), w)\n",
         "[torch.randn(3, 41, 37), torch.randn(37, 53)]"), None),

@@ -5,7 +5,9 @@ BLOCK_K steps on tensor cores; the epilogue (a linear layer's bias, then any poi
 the product, reading further inputs broadcast to the output) runs on the tile in registers before
 the one store (principles alg-matmul-epilogue, alg-library-tail-fusion). Programs are numbered in
 groups of GROUP_M tile rows so that consecutive programs share B panels in L2
-(tile-grid-mapping); batched products put the batch on grid axis 1.
+(tile-grid-mapping); batched products put the batch on grid axis 1. Products with few output
+tiles and a long K loop split K (SPLIT_K > 1): each program sums one range of K into an fp32
+partial, and a second kernel adds the partials in a fixed order and applies the epilogue.
 
 fp32 operands use 3xTF32 (``input_precision="tf32x3"``): each operand is split into a TF32 part
 and a TF32 remainder and three tensor-core products are summed, which keeps the error near fp32's
@@ -24,9 +26,9 @@ INFO = TemplateInfo(
     kind="matmul",
     tunables={"BLOCK_M": [32, 64, 128, 256], "BLOCK_N": [32, 64, 128, 256],
               "BLOCK_K": [16, 32, 64, 128], "GROUP_M": [1, 8], "num_warps": [4, 8],
-              "num_stages": [2, 3, 4, 5]},
-    defaults={"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "GROUP_M": 8, "num_warps": 8,
-              "num_stages": 3},
+              "num_stages": [2, 3, 4, 5], "SPLIT_K": [1, 2, 4, 8, 16, 32, 64]},
+    defaults={"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8,
+              "num_stages": 3, "SPLIT_K": 1},
     principle_ids=["alg-matmul-epilogue", "alg-no-lower-precision", "alg-fp32-accumulate",
                    "tile-grid-mapping"],
     description="tiled matrix product (linear/mm/bmm/matmul) with bias and pointwise epilogue",
@@ -59,22 +61,45 @@ def dot_precision(dtype: str) -> str | None:
     return "tf32x3" if dtype == "float32" else None
 
 
+def _epilogue(spec: MatmulSpec, ct: str, rm: str, rn: str, bias_row: str) -> list[str]:
+    """Bias, epilogue loads and statements and the stores, on output indices ``bid``, ``rm``,
+    ``rn`` (tile-shaped in the product kernel, flat in the split-K sum) under ``mask``."""
+    lines = []
+    if ct != "tl.float32":
+        lines.append(f"acc = acc.to({ct})")
+    if spec.bias is not None:
+        lines.append(f"acc = acc + tl.load(X{spec.bias} + rn * s_bias, mask=rn < N, other=0.0)"
+                     f".to({ct}){bias_row}")
+    for i in spec.epi_inputs:
+        idx = f"bid * E{i}_b + {rm} * E{i}_m + {rn} * E{i}_n"
+        ld = f"tl.load(X{i} + {idx}, mask=mask, other=0)"
+        lines.append(f"x{i} = {ld}" if spec.in_dtypes[i] == "bool" else f"x{i} = {ld}.to({ct})")
+    lines += stmt_lines(spec.epi_stmts)
+    lines.append(f"out_idx = bid * M * N + {rm} * N + {rn}")
+    for j, (var, _dt) in enumerate(spec.outputs):
+        lines.append(f"tl.store(O{j} + out_idx, ({var}).to(O{j}.dtype.element_ty), mask=mask)")
+    return lines
+
+
 def render(spec: MatmulSpec, cfg: dict, kname: str, gname: str) -> Rendered:
     cfg = {**INFO.defaults, **(cfg or {})}
     n_in = len(spec.in_dtypes)
     ct = compute_type(spec)
     epi = list(spec.epi_inputs)
-    params = [f"X{i}" for i in range(n_in)] + [f"O{j}" for j in range(len(spec.outputs))]
-    params += ["M", "N", "K", "sab", "sam", "sak", "sbb", "sbk", "sbn", "s_bias"]
+    common = [f"X{i}" for i in range(n_in)] + [f"O{j}" for j in range(len(spec.outputs))]
+    common += ["M", "N", "s_bias"]
     for i in epi:
-        params += [f"E{i}_b", f"E{i}_m", f"E{i}_n"]
-    params += ["I64: tl.constexpr", "EVEN_K: tl.constexpr", "BLOCK_M: tl.constexpr",
-               "BLOCK_N: tl.constexpr", "BLOCK_K: tl.constexpr", "GROUP_M: tl.constexpr"]
+        common += [f"E{i}_b", f"E{i}_m", f"E{i}_n"]
+    params = common + ["P", "K", "sab", "sam", "sak", "sbb", "sbk", "sbn", "K_SPLIT",
+                       "I64: tl.constexpr", "EVEN_K: tl.constexpr", "SPLIT_K: tl.constexpr",
+                       "BLOCK_M: tl.constexpr", "BLOCK_N: tl.constexpr", "BLOCK_K: tl.constexpr",
+                       "GROUP_M: tl.constexpr"]
     prec = dot_precision(spec.in_dtypes[spec.a])
     dot = f"tl.dot(a, b, acc, input_precision={prec!r})" if prec else "tl.dot(a, b, acc)"
     body = [
         "pid = tl.program_id(0)",
-        "bid = tl.program_id(1)",
+        "bid = tl.program_id(1) // SPLIT_K",
+        "sk = tl.program_id(1) % SPLIT_K",
         "num_m = tl.cdiv(M, BLOCK_M)",
         "num_n = tl.cdiv(N, BLOCK_N)",
         "width = GROUP_M * num_n",
@@ -93,36 +118,46 @@ def render(spec: MatmulSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         # so the K loop needs no M/N masks
         "ram = rm % M",
         "rbn = rn % N",
-        f"a_ptrs = X{spec.a} + bid * sab + ram[:, None] * sam + rk[None, :] * sak",
-        f"b_ptrs = X{spec.b} + bid * sbb + rk[:, None] * sbk + rbn[None, :] * sbn",
+        # split-K: this program sums K_SPLIT values of K (a multiple of BLOCK_K) from sk * K_SPLIT
+        "k_lo = sk * K_SPLIT",
+        "k_hi = tl.minimum(k_lo + K_SPLIT, K)",
+        f"a_ptrs = X{spec.a} + bid * sab + ram[:, None] * sam + (k_lo + rk[None, :]) * sak",
+        f"b_ptrs = X{spec.b} + bid * sbb + (k_lo + rk[:, None]) * sbk + rbn[None, :] * sbn",
         "acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)",
-        "for k0 in range(0, tl.cdiv(K, BLOCK_K)):",
+        "for k0 in range(k_lo, k_hi, BLOCK_K):",
         "    if EVEN_K:",
         "        a = tl.load(a_ptrs)",
         "        b = tl.load(b_ptrs)",
         "    else:",
-        "        kr = K - k0 * BLOCK_K",
+        "        kr = k_hi - k0",
         "        a = tl.load(a_ptrs, mask=rk[None, :] < kr, other=0.0)",
         "        b = tl.load(b_ptrs, mask=rk[:, None] < kr, other=0.0)",
         f"    acc = {dot}",
         "    a_ptrs += BLOCK_K * sak",
         "    b_ptrs += BLOCK_K * sbk",
         "mask = (rm[:, None] < M) & (rn[None, :] < N)",
+        "if SPLIT_K == 1:",
     ]
-    if ct != "tl.float32":
-        body.append(f"acc = acc.to({ct})")
-    if spec.bias is not None:
-        body.append(f"acc = acc + tl.load(X{spec.bias} + rn * s_bias, mask=rn < N, other=0.0)"
-                    f".to({ct})[None, :]")
-    for i in epi:
-        idx = f"bid * E{i}_b + rm[:, None] * E{i}_m + rn[None, :] * E{i}_n"
-        ld = f"tl.load(X{i} + {idx}, mask=mask, other=0)"
-        body.append(f"x{i} = {ld}" if spec.in_dtypes[i] == "bool" else f"x{i} = {ld}.to({ct})")
-    body += stmt_lines(spec.epi_stmts)
-    body.append("out_idx = bid * M * N + rm[:, None] * N + rn[None, :]")
-    for j, (var, _dt) in enumerate(spec.outputs):
-        body.append(f"tl.store(O{j} + out_idx, ({var}).to(O{j}.dtype.element_ty), mask=mask)")
+    body += ["    " + ln for ln in _epilogue(spec, ct, "rm[:, None]", "rn[None, :]", "[None, :]")]
+    body += ["else:  # fp32 partial sums, added up (and the epilogue applied) by the _sum kernel",
+             "    nbt = tl.num_programs(1) // SPLIT_K",
+             "    p_idx = ((sk * nbt + bid) * M + rm[:, None]) * N + rn[None, :]",
+             "    tl.store(P + p_idx, acc, mask=mask)"]
     kernel = f"@triton.jit\ndef {kname}({', '.join(params)}):\n{indent(body, 4)}\n"
+    sbody = [
+        "offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)",
+        "if I64:",
+        "    offs = offs.to(tl.int64)",
+        "mask = offs < TOTAL",
+        "acc = tl.zeros([BLOCK], dtype=tl.float32)",
+        "for s in range(0, SPLITS):",
+        "    acc += tl.load(P + s * TOTAL + offs, mask=mask, other=0.0)",
+        "bid = offs // (M * N)",
+        "rm = (offs // N) % M",
+        "rn = offs % N",
+    ] + _epilogue(spec, ct, "rm", "rn", "")
+    sparams = common + ["P", "TOTAL", "SPLITS", "I64: tl.constexpr", "BLOCK: tl.constexpr"]
+    kernel += (f"\n\n@triton.jit\ndef {kname}_sum({', '.join(sparams)}):\n{indent(sbody, 4)}\n")
 
     args = ", ".join(f"a{i}" for i in range(n_in))
     ret = ", ".join(f"o{j}" for j in range(len(spec.outputs)))
@@ -160,15 +195,25 @@ def render(spec: MatmulSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         estr.append(f"*e{i}.stride()")
     bias_stride = f"a{spec.bias}.stride(0)" if spec.bias is not None else "0"
     bm, bn, bk = (int(cfg[k]) for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K"))
+    head = ", ".join(launch + [f"o{j}" for j in range(len(spec.outputs))]
+                     + ["M", "N", bias_stride] + estr)
     w += [
         "big = max(A3.numel(), B3.numel(), o0.numel()) >= 2**31 - 1",
-        f"grid = (triton.cdiv(M, {bm}) * triton.cdiv(N, {bn}), BT)",
-        f"{kname}[grid]({', '.join(launch + [f'o{j}' for j in range(len(spec.outputs))])}, "
-        f"M, N, K, sab, sam, sak, sbb, sbk, sbn, {bias_stride}"
-        + "".join(f", {s}" for s in estr)
-        + f", I64=big, EVEN_K=K % {bk} == 0, BLOCK_M={bm}, BLOCK_N={bn}, BLOCK_K={bk}, "
+        # split-K: K cut into SPLIT_K ranges of whole BLOCK_K steps (principle alg-matmul-epilogue)
+        f"steps = triton.cdiv(K, {bk})",
+        f"split = max(1, min({int(cfg.get('SPLIT_K', 1))}, steps))",
+        f"k_split = triton.cdiv(steps, split) * {bk}",
+        "split = triton.cdiv(K, k_split) if K else 1",
+        "part = torch.empty((split, BT, M, N), device=A.device, dtype=torch.float32) if split > 1 else o0",
+        f"grid = (triton.cdiv(M, {bm}) * triton.cdiv(N, {bn}), BT * split)",
+        f"{kname}[grid]({head}, part, K, sab, sam, sak, sbb, sbk, sbn, k_split, I64=big, "
+        f"EVEN_K=K % {bk} == 0, SPLIT_K=split, BLOCK_M={bm}, BLOCK_N={bn}, BLOCK_K={bk}, "
         f"GROUP_M={int(cfg['GROUP_M'])}, num_warps={int(cfg['num_warps'])}, "
         f"num_stages={int(cfg['num_stages'])})",
+        "if split > 1:",
+        "    total = BT * M * N",
+        f"    {kname}_sum[(triton.cdiv(total, 1024),)]({head}, part, total, split, "
+        "I64=part.numel() >= 2**31 - 1, BLOCK=1024, num_warps=4)",
         f"return {ret}",
     ]
     wrapper = f"def {gname}({args}):\n{indent(w, 4)}\n"
