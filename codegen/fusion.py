@@ -238,15 +238,30 @@ def plan_fusion(gm: fx.GraphModule, disabled: set[str] | None = None) -> FusionP
         return g
 
     def absorb_prologue(g: Group, src: fx.Node, ok=lambda pg: True) -> None:
-        """Fold the pointwise group that produces ``src`` (over g's domain, used by nothing
-        else) into g as its prologue (principle alg-reduction-prologue)."""
+        """Fold the pointwise group that produces ``src`` (over g's domain) into g as its
+        prologue (principle alg-reduction-prologue): all of it when nothing else uses its
+        values, else the members only g's reduction-like op uses (directly or through each
+        other); the rest stays a pointwise kernel whose outputs g reads (e.g. a residual sum
+        that is also returned stays, its cast to fp32 for the norm moves into the norm)."""
         pg = where.get(src)
-        if (pg is None or pg.kind != "pointwise" or pg.domain != g.domain
-                or not users_ok(pg, g.red, strict=True) or not ok(pg)):
+        if pg is None or pg.kind != "pointwise" or pg.domain != g.domain:
             return
-        groups.remove(pg)
-        g.members = pg.members + g.members
-        for m in pg.members:
+        if users_ok(pg, g.red, strict=True):
+            move = list(pg.members)
+        else:
+            moving: set[fx.Node] = set()
+            for m in reversed(pg.members):
+                if m.users and all(u in moving or u is g.red for u in m.users):
+                    moving.add(m)
+            move = [m for m in pg.members if m in moving]
+        if not move or not ok(Group(id="", kind="pointwise", members=move, domain=pg.domain)):
+            return
+        if len(move) == len(pg.members):
+            groups.remove(pg)
+        else:
+            pg.members = [m for m in pg.members if m not in move]
+        g.members = move + g.members
+        for m in move:
             where[m] = g
 
     for n in nodes:

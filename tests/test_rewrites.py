@@ -216,3 +216,30 @@ def test_a_plan_failure_reaches_the_run_report(write_problem, tmp_path):
     st = st.model_copy(update={"analysis": analysis, "plan": plan})
     res = ExpertPolicy().design(st, Settings(device="cpu"))
     assert "could not be planned" in res.reason and "reference stays" in res.reason
+
+
+def test_prologue_moves_into_the_norm_when_the_rest_is_returned(write_problem):
+    """Residual add + RMSNorm: the sum is returned, so it stays a pointwise kernel; its fp32
+    cast, used only by the norm, moves into the norm's prologue instead of being written out in
+    fp32 (seen on the H200: an fp32 copy of the residual stream written and read back)."""
+    from codegen.fusion import group_outputs
+    from codegen.ops import node_dtype
+
+    src = ("import torch\nimport torch.nn as nn\nclass Model(nn.Module):\n"
+           "    def __init__(self):\n        super().__init__()\n"
+           "        self.weight = nn.Parameter(torch.ones(64, dtype=torch.bfloat16))\n"
+           "    def forward(self, x, residual):\n        residual = x + residual\n"
+           "        h = residual.to(torch.float32)\n"
+           "        variance = h.pow(2).mean(-1, keepdim=True)\n"
+           "        h = h * torch.rsqrt(variance + 1e-5)\n"
+           "        return self.weight * h.to(residual.dtype), residual\n"
+           "def get_inputs():\n    return [torch.randn(2, 8, 64, dtype=torch.bfloat16), "
+           "torch.randn(2, 8, 64, dtype=torch.bfloat16)]\n"
+           "def get_init_inputs():\n    return []\n")
+    plan, _rw, err = pipeline.analyze(load_problem(write_problem(src, "addrms")))
+    assert plan is not None, err
+    pw, nm = sorted(plan.groups, key=lambda g: g.kind != "pointwise")
+    assert (pw.kind, nm.kind) == ("pointwise", "norm")
+    assert [plan.nops[m].name for m in pw.members] == ["add"]
+    assert [str(node_dtype(o)) for o in group_outputs(pw)] == ["torch.bfloat16"]
+    assert plan.nops[nm.members[0]].name == "cast"
