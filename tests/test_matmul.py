@@ -29,6 +29,20 @@ def _lib_reasons(plan):
     return {n.name: op.why for n, op in plan.nops.items() if op.kind == "library"}
 
 
+def _planned_state(write_problem, forward: str, inputs: str, members: str, name: str):
+    """An H200-like state with the expert's plan of a problem (no GPU needed)."""
+    from harness.problem import describe_problem
+    from policies.expert import ExpertPolicy
+    from state import EggState, HardwareInfo, Settings
+
+    _prob, spec = describe_problem(write_problem(_src(forward, inputs, members), name))
+    hw = HardwareInfo(device="cuda", name="NVIDIA H200", profile_id="h200", interpreter=False,
+                      sm_count=132, mem_bandwidth_gbs=4800, peak_tflops={"fp32": 67, "tf32": 495})
+    st = EggState(problem_path=spec.path, problem=spec, hardware=hw)
+    analysis, plan = ExpertPolicy().plan(st, Settings(device="cpu"))
+    return st.model_copy(update={"analysis": analysis, "plan": plan})
+
+
 def test_linear_and_its_epilogue_form_one_group(write_problem):
     plan = _plan(write_problem, _src(
         "x, r):\n        return torch.sigmoid(self.fc(x)) * 2.0 + r\n",
@@ -107,24 +121,16 @@ def test_precision_failure_backs_out_the_product_first(write_problem):
     """A 'lower precision' verdict names no kernel; only a product changes how products round,
     so the product's group goes before the newest group."""
     from policies.expert import ExpertPolicy
-    from state import Candidate, EggState, HardwareInfo, Settings, VerificationRecord
-    from harness.problem import describe_problem
+    from state import Candidate, VerificationRecord
 
-    path = write_problem(_src(
-        "x):\n        return torch.softmax(torch.relu(self.fc(x)), dim=-1)\n",
-        "[torch.randn(8, 16)]", "        self.fc = nn.Linear(16, 12)\n"), "prec")
-    _prob, spec = describe_problem(path)
-    hw = HardwareInfo(device="cuda", name="NVIDIA H200", profile_id="h200", interpreter=False,
-                      sm_count=132, mem_bandwidth_gbs=4800, peak_tflops={"fp32": 67})
-    st = EggState(problem_path=str(path), problem=spec, hardware=hw)
-    analysis, plan = ExpertPolicy().plan(st, Settings(device="cpu"))
-    kinds = {g.id: g.kind for g in plan.groups if g.kind != "library"}
+    st = _planned_state(write_problem, "x):\n        return torch.softmax(torch.relu(self.fc(x)), dim=-1)\n",
+                        "[torch.randn(8, 16)]", "        self.fc = nn.Linear(16, 12)\n", "prec")
+    kinds = {g.id: g.kind for g in st.plan.groups if g.kind != "library"}
     assert sorted(kinds.values()) == ["matmul", "softmax"]
     cand = Candidate(id="c1", stage="algorithm", author="algorithm_designer", source="x")
     ver = VerificationRecord(candidate_id="c1", passed=False, category="precision",
                              reason="output 0: computes with lower precision than eager")
-    st = st.model_copy(update={"analysis": analysis, "plan": plan, "candidates": [cand],
-                               "verifications": [ver]})
+    st = st.model_copy(update={"candidates": [cand], "verifications": [ver]})
     disabled, why = ExpertPolicy()._backout(st, "algorithm")
     (victim,) = disabled
     assert kinds[victim] == "matmul" and "precision" in why
@@ -135,29 +141,19 @@ def test_regression_backs_out_the_group_expected_to_save_least_time(write_proble
     a regression the softmax group goes first (on the H200 a Gemm+BatchNorm problem lost its 2x
     product this way when bytes alone decided)."""
     from policies.expert import ExpertPolicy
-    from state import Candidate, EggState, HardwareInfo, Settings, TimingRecord
-    from harness.problem import describe_problem
+    from state import Candidate, TimingRecord, VerificationRecord
 
-    path = write_problem(_src(
-        "x):\n        return torch.softmax(self.fc(x), dim=-1) * 2.0 + 1.0\n",
-        "[torch.randn(64, 256)]", "        self.fc = nn.Linear(256, 256)\n"), "regr")
-    _prob, spec = describe_problem(path)
-    hw = HardwareInfo(device="cuda", name="NVIDIA H200", profile_id="h200", interpreter=False,
-                      sm_count=132, mem_bandwidth_gbs=4800, peak_tflops={"fp32": 67, "tf32": 495})
-    st = EggState(problem_path=str(path), problem=spec, hardware=hw)
-    analysis, plan = ExpertPolicy().plan(st, Settings(device="cpu"))
-    by_kind = {g.kind: g for g in plan.groups if g.kind != "library"}
+    st = _planned_state(write_problem, "x):\n        return torch.softmax(self.fc(x), dim=-1) * 2.0 + 1.0\n",
+                        "[torch.randn(64, 256)]", "        self.fc = nn.Linear(256, 256)\n", "regr")
+    by_kind = {g.kind: g for g in st.plan.groups if g.kind != "library"}
     mm, sm = by_kind["matmul"], by_kind["softmax"]
     assert mm.est_bytes_saved < sm.est_bytes_saved  # bytes alone would pick the product
     assert mm.est_us_saved > sm.est_us_saved
     cand = Candidate(id="c1", stage="algorithm", author="algorithm_designer", source="x")
     tim = TimingRecord(candidate_id="c1", device="cuda", interpreter=False, candidate_ms=2.0,
                        verdict="regressed")
-    from state import VerificationRecord
-
     ver = VerificationRecord(candidate_id="c1", passed=True)
-    st = st.model_copy(update={"analysis": analysis, "plan": plan, "candidates": [cand],
-                               "verifications": [ver], "timings": [tim]})
+    st = st.model_copy(update={"candidates": [cand], "verifications": [ver], "timings": [tim]})
     disabled, why = ExpertPolicy()._backout(st, "algorithm")
     assert disabled == [sm.id] and "regression" in why
 
@@ -222,18 +218,10 @@ def test_backed_out_product_keeps_its_epilogue_as_a_fused_tail(write_problem, tm
 
 def test_backout_walks_from_the_product_to_its_tail(write_problem):
     from policies.expert import ExpertPolicy
-    from state import Candidate, EggState, HardwareInfo, Settings, TimingRecord, VerificationRecord
-    from harness.problem import describe_problem
+    from state import Candidate, TimingRecord, VerificationRecord
 
-    path = write_problem(_src(
-        "x):\n        return torch.sigmoid(self.fc(x)) * 2.0\n",
-        "[torch.randn(8, 16)]", "        self.fc = nn.Linear(16, 12)\n"), "walk")
-    _prob, spec = describe_problem(path)
-    hw = HardwareInfo(device="cuda", name="NVIDIA H200", profile_id="h200", interpreter=False,
-                      sm_count=132, mem_bandwidth_gbs=4800, peak_tflops={"fp32": 67, "tf32": 495})
-    st = EggState(problem_path=str(path), problem=spec, hardware=hw)
-    analysis, plan = ExpertPolicy().plan(st, Settings(device="cpu"))
-    st = st.model_copy(update={"analysis": analysis, "plan": plan})
+    st = _planned_state(write_problem, "x):\n        return torch.sigmoid(self.fc(x)) * 2.0\n",
+                        "[torch.randn(8, 16)]", "        self.fc = nn.Linear(16, 12)\n", "walk")
     steps = []
     disabled: list[str] = []
     for i in range(3):
