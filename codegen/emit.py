@@ -20,7 +20,9 @@ from codegen.fusion import FusionPlan, Group, group_inputs, group_outputs
 from codegen.fusion import norm_pattern, pool_aux_pattern
 from codegen.layout import init_lines as layout_init_lines
 from knowledge.templates import (RUNTIME_SOURCE, PointwiseSpec, ReductionSpec, SoftmaxSpec,
-                                 chanstats, matmul, norm, pointwise, pool, reduction, scan, softmax)
+                                 attention, chanstats, matmul, norm, pointwise, pool, reduction,
+                                 scan, softmax)
+from knowledge.templates.attention import AttentionSpec
 from knowledge.templates.chanstats import ChanStatsSpec
 from knowledge.templates.matmul import MatmulSpec
 from knowledge.templates.scan import ScanSpec
@@ -28,7 +30,8 @@ from knowledge.templates.norm import NormSpec
 from knowledge.templates.pool import PoolSpec
 
 TEMPLATES = {"pointwise": pointwise, "reduction": reduction, "softmax": softmax, "norm": norm,
-             "pool": pool, "scan": scan, "chanstats": chanstats, "matmul": matmul}
+             "pool": pool, "scan": scan, "chanstats": chanstats, "matmul": matmul,
+             "attention": attention}
 MARK = "# ======== EGG generated below this line ========"
 #: functions of these modules are defined in every generated file under their own names
 RUNTIME_MODULES = ("egg_generated", "knowledge.templates._runtime")
@@ -109,6 +112,11 @@ def build_spec(plan: FusionPlan, g: Group):
         return _norm_spec(plan, g, red_op, ins, pro, epi, slots, outs, in_dtypes, compute)
     if g.kind == "pool":
         return _pool_spec(plan, g, red_op, ins, pro, epi, slots, outs, in_dtypes, compute)
+    if g.kind == "attention":
+        ins = list(red_op.operands[:3])  # q, k, v in the wrapper's order (a tensor may repeat)
+        p = red_op.p
+        spec = AttentionSpec(dtype=_dt(ins[0]), causal=p["causal"], scale=p["scale"], gqa=p["gqa"])
+        return spec, ins, outs
     if g.kind == "matmul":
         namer = _Namer(g, slots, "acc")
         a, b, bias = red_op.operands[:3]

@@ -150,6 +150,31 @@ def matmul_form(op: NOp) -> tuple[bool, bool] | str:
     return "matrix product with broadcast batch dims or vector operands"
 
 
+#: head dims the attention template holds in registers (BLOCK_D = next power of two)
+MAX_HEAD_DIM = 256
+
+
+def attention_form(op: NOp) -> str | None:
+    """Why the attention template cannot take this scaled_dot_product_attention (None: it can)."""
+    q, k, v = op.operands[:3]
+    sq, sk, sv = node_shape(q), node_shape(k), node_shape(v)
+    if sq is None or sk is None or sv is None:
+        return "attention of unknown shapes"
+    dts = {node_dtype(t) for t in (q, k, v)}
+    if dts != {torch.float32}:
+        # 16-bit: eager runs FlashAttention / cuDNN kernels; fp64: no tensor-core path
+        return f"attention over {', '.join(sorted(str(d) for d in dts))}: PyTorch's fused kernels"
+    if not (len(sq) == len(sk) == len(sv) and len(sq) in (3, 4)):
+        return "attention operands are not all 3-d or all 4-d"
+    if sk != sv or sq[0] != sk[0] or sq[-1] != sk[-1]:
+        return "attention with different batch, head dims or key/value shapes"
+    if sq[-1] > MAX_HEAD_DIM:
+        return f"head dim {sq[-1]} above {MAX_HEAD_DIM}: the query block would not fit registers"
+    if len(sq) == 4 and sq[1] != sk[1] and not (op.p.get("gqa") and sq[1] % sk[1] == 0):
+        return "attention heads differ without grouped-query attention"
+    return None
+
+
 #: a product with fewer rows or columns than this is a matrix-vector product in all but name: a
 #: tensor-core tile (64 wide at least) wastes most of its work; measured on the H200: a GEMV
 #: (N = 1, K = 1M) ran 10x slower than cuBLAS (docs/results/matmul_l12_h200.md)
@@ -342,6 +367,14 @@ def plan_fusion(gm: fx.GraphModule, disabled: set[str] | None = None) -> FusionP
                 continue
             op.p["batched"], op.p["b_nk"] = form
             g = new_group("matmul", members=[n], domain=shape, red=n, out_shape=shape)
+            where[n] = g
+            continue
+        if op.kind == "attention":
+            why = attention_form(op)
+            if why:
+                op.kind, op.why = "library", why
+                continue
+            g = new_group("attention", members=[n], domain=shape, red=n, out_shape=shape)
             where[n] = g
             continue
         if op.kind == "chanstats":

@@ -249,7 +249,9 @@ MATMULS: dict[str, OpDef] = {
     "bmm": _d("bmm", "matmul", ["input", "mat2"]),
 }
 FUNCTIONS.update({F.linear: "linear", torch.matmul: "matmul", operator.matmul: "matmul",
-                  torch.mm: "mm", torch.bmm: "bmm"})
+                  torch.mm: "mm", torch.bmm: "bmm", F.scaled_dot_product_attention: "sdpa"})
+SDPA = _d("sdpa", "attention", ["query", "key", "value", ("attn_mask", None), ("dropout_p", 0.0),
+                                ("is_causal", False), ("scale", None), ("enable_gqa", False)])
 METHODS.update({"matmul": "matmul", "mm": "mm", "bmm": "bmm"})
 
 MODULES: dict[type, tuple[str, Callable[[nn.Module], dict]]] = {
@@ -435,6 +437,16 @@ def _from_name(name: str, node: fx.Node, args: tuple, kwargs: dict, extra: dict 
                    {"dim": b["dim"], "reverse": name.startswith("reverse_")})
     if name in POOLS:
         return pool_op(name, node, args, kwargs)
+    if name == "sdpa":
+        b = _bind(SDPA, args, kwargs)
+        if b["attn_mask"] is not None or b["dropout_p"] not in (0, 0.0):
+            raise TypeError("attention with a mask or dropout")
+        if not all(isinstance(b[k], fx.Node) for k in ("query", "key", "value")):
+            raise TypeError("attention of a non-tensor")
+        if not all(isinstance(b[k], (bool, float, int, type(None))) for k in ("is_causal", "scale", "enable_gqa")):
+            raise TypeError("attention with traced flags")
+        return NOp("attention", "sdpa", node, [b["query"], b["key"], b["value"]],
+                   {"causal": bool(b["is_causal"]), "scale": b["scale"], "gqa": bool(b["enable_gqa"])})
     if name in MATMULS:
         b = _bind(MATMULS[name], args, kwargs)
         ops_ = [b[k] for k, _ in MATMULS[name].params]

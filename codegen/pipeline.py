@@ -42,6 +42,10 @@ def group_geometry(plan: FusionPlan, g: Group, n_inputs: int) -> dict:
         c = g.domain[1] if len(g.domain) > 1 else 1
         return {"numel": numel, "n_inputs": n_inputs, "nrows": c, "r": numel // max(1, c),
                 "batch": g.domain[0], "inner": 1, "rows_variant": True}
+    if g.kind == "attention":
+        sq, sk = (node_shape(t) for t in plan.nops[g.red].operands[:2])
+        return {"numel": numel, "n_inputs": n_inputs, "M": sq[-2], "N": sk[-2],
+                "head_dim": sq[-1], "batch_heads": numel // max(1, sq[-2] * sq[-1])}
     if g.kind == "matmul":
         op = plan.nops[g.red]
         sa = node_shape(op.operands[0])

@@ -227,7 +227,8 @@ class _Attention(TorchFunctionMode):
         dt = str(q.dtype).replace("torch.", "")
         flops = attention_flops(q, k, v, causal)
         self.census.cnt.counted_flops += flops
-        self.census.charge(PEAK_KEY.get(dt, "fp32"), flops, "scaled_dot_product_attention")
+        key = PEAK_KEY.get(dt, "fp32")  # fp32: at the 3xTF32 rate, as fp32 matmuls
+        self.census.charge("tf32x3" if key == "fp32" else key, flops, "scaled_dot_product_attention")
         self.census.muted = True
         try:
             return func(*args, **kwargs)

@@ -130,3 +130,15 @@ def matmul_config(m: int, n: int, k: int, batch: int, itemsize: int, sm_count: i
         split = 1 << (split.bit_length() - 1)
     return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "num_warps": warps,
             "num_stages": 3 if k > 2 * bk else 2, "SPLIT_K": split}
+
+
+def attention_config(m: int, n: int, head_dim: int, batch_heads: int, sm_count: int = 132) -> dict:
+    """Flash-attention tiles after Triton's 06-fused-attention tutorial: 64 query rows x 64 keys
+    (fp32 operands: half the tutorial's 128-row bf16 block, same shared memory), 4 warps; 32 keys
+    per step for head dims above 128 (registers), and fewer query rows when the grid would leave
+    SMs idle (decode: a handful of query rows per head)."""
+    bm = 64
+    while bm > 16 and math.ceil(m / bm) * batch_heads < sm_count:
+        bm //= 2
+    bn = 32 if head_dim > 128 else 64
+    return {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": 4, "num_stages": 2}

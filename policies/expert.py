@@ -37,6 +37,7 @@ KIND_PRINCIPLES = {
     "pool": ["alg-pool-direct", "alg-reduction-prologue", "alg-reduction-epilogue"],
     "norm": ["alg-norm-fusion", "alg-reduction-prologue", "alg-reduction-epilogue", "tile-split-rows"],
     "matmul": ["alg-matmul-epilogue", "alg-no-lower-precision", "tile-grid-mapping"],
+    "attention": ["alg-flash-attention", "alg-online-softmax", "alg-no-lower-precision"],
 }
 
 
@@ -97,6 +98,8 @@ def group_config(plan: FusionPlan, g: Group, sm_count: int) -> dict:
         return H.scan_config(geo["nrows"], geo["r"], sm_count)
     if g.kind == "chanstats":
         return H.chanstats_config(geo["nrows"], geo["batch"], sm_count)
+    if g.kind == "attention":
+        return H.attention_config(geo["M"], geo["N"], geo["head_dim"], geo["batch_heads"], sm_count)
     if g.kind == "matmul":
         dt = node_dtype(g.red)
         return H.matmul_config(geo["M"], geo["N"], geo["K"], geo["batch"], dt.itemsize, sm_count)

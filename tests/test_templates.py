@@ -77,6 +77,16 @@ CASES = {
     "chanstats_rows": ("chanstats", problem(
         "x):\n        return self.bn(x) * 2.0\n", "[torch.randn(183, 97) * 3 + 1]",
         members="        self.bn = nn.BatchNorm1d(97)\n"), {"g0": {"SPLITS": 4, "BLOCK": 512}}),
+    # fp32 flash attention: irregular sequence lengths (blocks cut at both edges), causal with
+    # more queries than keys, grouped-query heads, 3-d operands and a head dim of 40
+    "attention": ("attention", problem(
+        "q, k, v, q3, k3):\n        return (F.scaled_dot_product_attention(q, k, v),\n"
+        "                F.scaled_dot_product_attention(q, k[:, :, :29], v[:, :, :29], is_causal=True, scale=0.3),\n"
+        "                F.scaled_dot_product_attention(q, k[:, :2], v[:, :2], enable_gqa=True),\n"
+        "                F.scaled_dot_product_attention(q3, k3, k3))\n",
+        "[torch.randn(2, 4, 37, 40), torch.randn(2, 4, 45, 40), torch.randn(2, 4, 45, 40), "
+        "torch.randn(3, 19, 16), torch.randn(3, 23, 16)]"),
+        {g: {"BLOCK_M": 16, "BLOCK_N": 16} for g in ("g0", "g1", "g2", "g3")}),
     "scan": ("scan", problem(
         "x):\n        return torch.cumsum(x.flip(1), 1).flip(1), torch.cumsum(x, dim=-1)\n",
         "[torch.rand(183, 781)]"), None),

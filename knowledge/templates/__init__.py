@@ -103,8 +103,8 @@ def stmt_lines(stmts: list[Stmt]) -> list[str]:
 
 
 def all_templates() -> dict[str, TemplateInfo]:
-    from knowledge.templates import (chanstats, matmul, norm, pointwise, pool, reduction, scan,
-                                     softmax)
+    from knowledge.templates import (attention, chanstats, matmul, norm, pointwise, pool,
+                                     reduction, scan, softmax)
 
     return {m.INFO.name: m.INFO for m in (pointwise, reduction, softmax, norm, pool, scan,
-                                          chanstats, matmul)}
+                                          chanstats, matmul, attention)}

@@ -1,0 +1,51 @@
+"""Which scaled_dot_product_attention calls the flash-attention template takes, and why not the
+others. Its numerics (causal, GQA, 3-d, irregular lengths) are in tests/test_templates.py."""
+import pytest
+
+from codegen.pipeline import analyze, group_geometry
+from harness.problem import load_problem
+from knowledge import heuristics as H
+
+HEAD = "import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n"
+
+
+def _plan(write_problem, call: str, inputs: str, name: str):
+    src = (HEAD + "class Model(nn.Module):\n    def forward(self, q, k, v):\n"
+           f"        return {call}\n"
+           f"def get_inputs():\n    return {inputs}\ndef get_init_inputs():\n    return []\n")
+    plan, _rw, err = analyze(load_problem(write_problem(src, name)))
+    assert plan is not None, err
+    return plan
+
+
+def test_fp32_attention_is_one_flash_kernel(write_problem):
+    plan = _plan(write_problem, "F.scaled_dot_product_attention(q, k, v, is_causal=True)",
+                 "[torch.randn(2, 3, 50, 32)] * 3", "ok")
+    (g,) = plan.groups
+    assert g.kind == "attention" and plan.nops[g.red].p["causal"] is True
+    geo = group_geometry(plan, g, 1)
+    assert (geo["M"], geo["N"], geo["head_dim"], geo["batch_heads"]) == (50, 50, 32, 6)
+
+
+@pytest.mark.parametrize("call,inputs,why", [
+    ("F.scaled_dot_product_attention(q, k, v)",
+     "[torch.randn(2, 3, 50, 32, dtype=torch.bfloat16)] * 3", "PyTorch's fused kernels"),
+    ("F.scaled_dot_product_attention(q, k, v, attn_mask=q[..., :1] > 0)",
+     "[torch.randn(2, 3, 50, 50)] * 3", "mask"),
+    ("F.scaled_dot_product_attention(q, k, v)", "[torch.randn(1, 2, 8, 512)] * 3", "head dim 512"),
+    ("F.scaled_dot_product_attention(q, k, v)",
+     "[torch.randn(1, 2, 8, 16), torch.randn(1, 2, 9, 16), torch.randn(1, 2, 9, 24)]",
+     "key/value shapes"),
+])
+def test_attention_the_template_does_not_take_says_why(call, inputs, why, write_problem):
+    plan = _plan(write_problem, call, inputs, "no")
+    assert not [g for g in plan.groups if g.kind == "attention"]
+    reasons = {n.name: op.why for n, op in plan.nops.items() if op.kind == "library"}
+    assert any(why in r for r in reasons.values()), reasons
+
+
+def test_attention_heuristic_keeps_the_gpu_busy():
+    assert H.attention_config(4096, 4096, 128, 64)["BLOCK_M"] == 64
+    decode = H.attention_config(16, 8192, 128, 32)  # few query rows: smaller query blocks
+    assert decode["BLOCK_M"] == 16
+    assert H.attention_config(1024, 1024, 256, 64)["BLOCK_N"] == 32
