@@ -111,4 +111,6 @@ def test_gpu_templates_script_casts_a_case_and_verifies_it(tmp_path):
     spec.loader.exec_module(mod)
     r = mod.run_case("group_norm", "bfloat16", "cpu", 1, tmp_path)
     assert r["ok"], r["why"]
+    r = mod.run_case("attention", "bfloat16", "cpu", 1, tmp_path)  # fp32-only: runs in fp32
+    assert r["ok"] and r["dtype"] == "float32", r["why"]
     assert "torch.bfloat16" in (tmp_path / "group_norm.py").read_text()
