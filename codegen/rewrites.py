@@ -383,7 +383,58 @@ def conv_bias_epilogue(gm: fx.GraphModule) -> bool:
     return changed
 
 
-RULES = [("rw-conv-bias-epilogue", conv_bias_epilogue), ("rw-rms-norm", rms_norm_pattern), ("rw-linear-reduce", linear_reduce), ("rw-size1-reduction", size1_reductions),
+def loss_decompose(gm: fx.GraphModule) -> bool:
+    """rw-loss-decompose: a loss function (functional or module) with constant arguments the
+    decomposition accepts -> its definition in elementwise ops and reductions
+    (codegen.losses), which the pointwise and reduction templates fuse into one or two passes."""
+    from codegen import losses as LS
+
+    graph = gm.graph
+    changed = False
+    for n in _live(graph):
+        call = LS.call_of(n, gm)
+        if call is None:
+            continue
+        name, tensors, kw = call
+        kw = LS.normalized(kw)
+        shapes = [node_shape(t) for t in tensors]
+        if kw is None or any(s is None for s in shapes):
+            continue
+        fn, _torch_fn, accepts = LS.LOSSES[name]
+        if not accepts([tuple(s) for s in shapes], [node_dtype(t) for t in tensors], kw):
+            continue
+
+        try:
+            sub = _trace_loss(fn, kw, len(tensors))
+        except Exception:  # noqa: BLE001 - an argument the decomposition cannot take: keep the call
+            continue
+        val_map = dict(zip([p for p in sub.graph.nodes if p.op == "placeholder"], tensors))
+        with graph.inserting_before(n):
+            out = graph.graph_copy(sub.graph, val_map)
+        _replace(n, out)
+        changed = True
+    return changed
+
+
+def _trace_loss(fn, kw: dict, n_tensors: int) -> fx.GraphModule:
+    """fx graph of fn(tensors..., **kw) with kw baked in as constants."""
+    import torch.nn as nn
+
+    if n_tensors == 2:
+        class Two(nn.Module):
+            def forward(self, a, b):
+                return fn(a, b, **kw)
+
+        return fx.symbolic_trace(Two())
+
+    class Three(nn.Module):
+        def forward(self, a, b, c):
+            return fn(a, b, c, **kw)
+
+    return fx.symbolic_trace(Three())
+
+
+RULES = [("rw-loss-decompose", loss_decompose), ("rw-conv-bias-epilogue", conv_bias_epilogue), ("rw-rms-norm", rms_norm_pattern), ("rw-linear-reduce", linear_reduce), ("rw-size1-reduction", size1_reductions),
          ("rw-softmax-size1", softmax_size1), ("rw-merge-clamps", merge_clamps),
          ("rw-fold-scalar-chain", fold_scalar_chains), ("rw-dead-code", drop_dead_code)]
 

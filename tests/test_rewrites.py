@@ -243,3 +243,68 @@ def test_prologue_moves_into_the_norm_when_the_rest_is_returned(write_problem):
     assert [plan.nops[m].name for m in pw.members] == ["add"]
     assert [str(node_dtype(o)) for o in group_outputs(pw)] == ["torch.bfloat16"]
     assert plan.nops[nm.members[0]].name == "cast"
+
+
+LOSS_PROBLEM = HEAD + '''class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.smooth = nn.SmoothL1Loss(beta=0.5)
+        self.ce = nn.CrossEntropyLoss(reduction="sum")
+
+    def forward(self, x, t, a, b, c):
+        return (F.cross_entropy(x, t), self.ce(x, t), F.kl_div(torch.log(a), b, reduction="batchmean"),
+                F.kl_div(a, torch.log(b), None, None, "mean", True), self.smooth(a, b),
+                F.triplet_margin_loss(a, b, c, margin=0.5), F.mse_loss(a, b, reduction="sum"),
+                F.binary_cross_entropy_with_logits(a - 0.5, b), F.huber_loss(a, b, delta=0.3),
+                F.binary_cross_entropy(torch.sigmoid(a), b), F.soft_margin_loss(a, c - 0.5),
+                F.l1_loss(a, b, reduction="none"), F.smooth_l1_loss(a, b, beta=0.0))
+
+
+def get_inputs():
+    t = torch.randint(0, 37, (23,))
+    t[3] = -100  # ignored by cross_entropy
+    return [torch.randn(23, 37), t, torch.rand(19, 41).softmax(-1), torch.rand(19, 41).softmax(-1),
+            torch.rand(19, 41)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
+def test_loss_decompose_matches_every_loss(write_problem, tmp_path):
+    """Every decomposed loss (functional and module, each reduction) against torch on three
+    seeds; no loss call is left, and the elementwise parts became reduction prologues."""
+    from codegen import losses as LS
+    from tests.helpers import generated_matches
+
+    comp = generated_matches(write_problem(LOSS_PROBLEM, "losses"), tmp_path, seeds=(0, 1, 2))
+    assert "rw-loss-decompose" in comp.rewrites
+    left = [n for n in comp.plan.gm.graph.nodes
+            if n.target in LS.FUNCTIONALS or (n.op == "call_module" and n.target in ("smooth", "ce"))]
+    assert not left
+    assert sum(g.kind == "reduction" for g in comp.plan.groups) >= 12
+
+
+@pytest.mark.parametrize("call,inputs", [
+    ("F.cross_entropy(x, t, label_smoothing=0.1)", "torch.randn(8, 5), torch.randint(0, 5, (8,))"),
+    ("F.cross_entropy(x, t.softmax(-1))", "torch.randn(8, 5), torch.randn(8, 5)"),  # soft targets
+    ("F.cross_entropy(x, t)", "torch.randn(8, 5, 3), torch.randint(0, 5, (8, 3))"),  # not 2-d
+    ("F.mse_loss(x, t)", "torch.randn(8, 5), torch.randn(5)"),  # broadcast
+    ("F.triplet_margin_loss(x, t, t + 1, p=1)", "torch.randn(8, 5), torch.randn(8, 5)"),
+])
+def test_loss_decompose_leaves_other_arguments_alone(call, inputs, write_problem):
+    src = (HEAD + f"class Model(nn.Module):\n    def forward(self, x, t):\n        return {call}\n"
+           f"def get_inputs():\n    return [{inputs}]\ndef get_init_inputs():\n    return []\n")
+    plan, applied, err = pipeline.analyze(load_problem(write_problem(src, "keep")))
+    assert err is None and "rw-loss-decompose" not in applied
+
+
+def test_loss_module_with_class_weights_keeps_the_library_call(write_problem):
+    src = (HEAD + "class Model(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+           "        self.ce = nn.CrossEntropyLoss(weight=torch.linspace(0.5, 1.5, 5))\n"
+           "    def forward(self, x, t):\n        return self.ce(x, t)\n"
+           "def get_inputs():\n    return [torch.randn(8, 5), torch.randint(0, 5, (8,))]\n"
+           "def get_init_inputs():\n    return []\n")
+    plan, applied, err = pipeline.analyze(load_problem(write_problem(src, "wce")))
+    assert err is None and "rw-loss-decompose" not in applied
