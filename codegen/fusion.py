@@ -262,16 +262,18 @@ def plan_fusion(gm: fx.GraphModule, disabled: set[str] | None = None) -> FusionP
         groups.append(g)
         return g
 
-    def absorb_prologue(g: Group, src: fx.Node, ok=lambda pg: True) -> None:
+    def absorb_prologue(g: Group, src: fx.Node, ok=lambda pg: True, outputs: bool = False) -> None:
         """Fold the pointwise group that produces ``src`` (over g's domain) into g as its
         prologue (principle alg-reduction-prologue): all of it when nothing else uses its
         values, else the members only g's reduction-like op uses (directly or through each
         other); the rest stays a pointwise kernel whose outputs g reads (e.g. a residual sum
-        that is also returned stays, its cast to fp32 for the norm moves into the norm)."""
+        that is also returned stays, its cast to fp32 for the norm moves into the norm).
+        ``outputs``: g's template also stores prologue values that are used after g (the norm
+        template does), so the whole chain moves when its other users run after g."""
         pg = where.get(src)
         if pg is None or pg.kind != "pointwise" or pg.domain != g.domain:
             return
-        if users_ok(pg, g.red, strict=True):
+        if users_ok(pg, g.red, strict=True) or (outputs and users_ok(pg, g.red, strict=False)):
             move = list(pg.members)
         else:
             moving: set[fx.Node] = set()
@@ -431,7 +433,7 @@ def plan_fusion(gm: fx.GraphModule, disabled: set[str] | None = None) -> FusionP
             g = new_group("norm", members=[n], domain=in_shape, red=n, out_shape=in_shape)
             absorb_prologue(g, src, lambda pg: all(
                 norm_pattern(g, op, node_shape(t)) for m in pg.members
-                for t in nops[m].tensor_inputs if t not in pg.members))
+                for t in nops[m].tensor_inputs if t not in pg.members), outputs=True)
             where[n] = g
             continue
         if op.kind in ("reduction", "softmax"):

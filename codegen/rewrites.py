@@ -630,7 +630,24 @@ def batchnorm_decompose(gm: fx.GraphModule) -> bool:
     return changed
 
 
-CANONICAL = [modules_to_functionals, flipped_scans, batchnorm_decompose]
+def fold_dtype_queries(gm: fx.GraphModule) -> bool:
+    """``x.dtype`` of a traced tensor is a constant: written in place of the query, so that
+    ``h.to(x.dtype)`` does not make x's producer wait for a metadata read (a query is a user the
+    fusion planner must order before the kernel that produces x)."""
+    import operator
+
+    changed = False
+    for n in list(gm.graph.nodes):
+        if (n.op == "call_function" and n.target in (getattr, operator.attrgetter)
+                and len(n.args) == 2 and n.args[1] == "dtype" and isinstance(n.args[0], fx.Node)
+                and node_dtype(n.args[0]) is not None):
+            n.replace_all_uses_with(node_dtype(n.args[0]))
+            gm.graph.erase_node(n)
+            changed = True
+    return changed
+
+
+CANONICAL = [modules_to_functionals, flipped_scans, batchnorm_decompose, fold_dtype_queries]
 
 
 def canonicalize(gm: fx.GraphModule, inputs: list | None = None) -> None:
