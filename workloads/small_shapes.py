@@ -49,6 +49,8 @@ def write_small(out_dir: str | pathlib.Path) -> list[pathlib.Path]:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit("usage: python workloads/small_shapes.py OUT_DIR")
+    if len(sys.argv) != 2 or sys.argv[1].startswith("-"):
+        print(__doc__)
+        sys.exit(0 if len(sys.argv) == 2 and sys.argv[1] in ("-h", "--help") else
+                 "usage: python workloads/small_shapes.py OUT_DIR")
     print(f"wrote {len(write_small(sys.argv[1]))} problems to {sys.argv[1]}")
