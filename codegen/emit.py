@@ -16,7 +16,7 @@ import torch
 from torch import fx
 
 from codegen import ops as O
-from codegen.fusion import FusionPlan, Group, group_inputs, group_outputs
+from codegen.fusion import FusionPlan, Group, group_inputs, group_outputs, group_slots
 from codegen.fusion import norm_pattern, pool_aux_pattern
 from codegen.layout import init_lines as layout_init_lines
 from knowledge.templates import (RUNTIME_SOURCE, PointwiseSpec, ReductionSpec, SoftmaxSpec,
@@ -84,7 +84,8 @@ def _stmts(plan: FusionPlan, nodes: list[fx.Node], namer: _Namer, role: str) -> 
     out = []
     for m in nodes:
         op = plan.nops[m]
-        args = [namer(o, role, op, i) for i, o in enumerate(op.operands)]
+        r = "roll" if op.name == "rotate_half" else role  # its operand's rolled slot
+        args = [namer(o, r, op, i) for i, o in enumerate(op.operands)]
         expr = args[0] if op.name == "identity" else O.emit(op, args)
         out.append((f"v_{m.name}", expr))
     return out
@@ -92,10 +93,8 @@ def _stmts(plan: FusionPlan, nodes: list[fx.Node], namer: _Namer, role: str) -> 
 
 def build_spec(plan: FusionPlan, g: Group):
     """The template spec of a group and its external inputs (in wrapper argument order)."""
-    ins, pro, epi = group_inputs(plan, g)
-    slots = {}
-    for i, t in enumerate(ins):
-        slots[("epi" if i in epi else "pro", t)] = i
+    ins, slots = group_slots(plan, g)
+    _ins, pro, epi = group_inputs(plan, g)
     outs = group_outputs(g)
     in_dtypes = [_dt(t) for t in ins]
     compute = _compute(list(ins) + g.members)
@@ -103,7 +102,8 @@ def build_spec(plan: FusionPlan, g: Group):
         namer = _Namer(g, slots, "")
         stmts = _stmts(plan, g.members, namer, "pro")
         outputs = [(f"v_{m.name}", _dt(m)) for m in outs]
-        return PointwiseSpec(in_dtypes, stmts, outputs, compute), ins, outs
+        rolls = {i: int(O.node_shape(t)[-1]) for (role, t), i in slots.items() if role == "roll"}
+        return PointwiseSpec(in_dtypes, stmts, outputs, compute, rolls), ins, outs
     red_op = plan.nops[g.red]
     if g.kind == "chanstats":  # outputs in the wrapper's order: (mean, var)
         outs = sorted(g.aliases, key=lambda a: g.aliases[a] != "mean")

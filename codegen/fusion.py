@@ -205,7 +205,14 @@ def norm_dims(dim, nd: int) -> list[int] | None:
     return sorted(d % nd for d in dims) if nd else []
 
 
-def _merge_pointwise(groups: list, where: dict, order: dict) -> None:
+def rolls_internal(members, nops) -> bool:
+    """Would a rotate-half read a value computed in the same kernel? It is a load of its operand
+    at another column, so the operand must come from memory (a kernel input)."""
+    inside = set(members)
+    return any(nops[m].name == "rotate_half" and nops[m].operands[0] in inside for m in members)
+
+
+def _merge_pointwise(groups: list, where: dict, order: dict, nops: dict) -> None:
     """Merge a pointwise group into a pointwise consumer group over the same domain when every
     other user of its values runs after the consumer's kernel (so nothing needs them earlier)."""
     changed = True
@@ -226,7 +233,7 @@ def _merge_pointwise(groups: list, where: dict, order: dict) -> None:
                     continue
                 ok = all(u in a.members or u in b.members or order[u] > last_b
                          for m in a.members for u in m.users)
-                if not ok:
+                if not ok or rolls_internal(a.members + b.members, nops):
                     continue
                 b.members = sorted(a.members + b.members, key=lambda m: order[m])
                 for m in a.members:
@@ -281,8 +288,9 @@ def plan_fusion(gm: fx.GraphModule, disabled: set[str] | None = None) -> FusionP
                 if m.users and all(u in moving or u is g.red for u in m.users):
                     moving.add(m)
             move = [m for m in pg.members if m in moving]
-        if not move or not ok(Group(id="", kind="pointwise", members=move, domain=pg.domain)):
-            return
+        if (not move or any(nops[m].name == "rotate_half" for m in move)
+                or not ok(Group(id="", kind="pointwise", members=move, domain=pg.domain))):
+            return  # (a rotate-half is a rolled load only the pointwise template makes)
         if len(move) == len(pg.members):
             groups.remove(pg)
         else:
@@ -315,6 +323,8 @@ def plan_fusion(gm: fx.GraphModule, disabled: set[str] | None = None) -> FusionP
                 op.kind, op.why = "library", "dtype not handled by the pointwise template"
                 continue
             cands = [where[t] for t in op.tensor_inputs if t in where]
+            if op.name == "rotate_half":  # its operand must stay a kernel input
+                cands = []
             cands.sort(key=lambda g: max(order[m] for m in g.members + list(g.aliases)))
             joined = False
             for g in reversed(cands):
@@ -342,6 +352,8 @@ def plan_fusion(gm: fx.GraphModule, disabled: set[str] | None = None) -> FusionP
                       and all(t in g.members or norm_pattern(g, nops[g.red], node_shape(t))
                               for t in op.tensor_inputs)):
                     joined = True
+                if joined and rolls_internal(g.members + [n], nops):
+                    joined = False
                 if joined:
                     g.members.append(n)
                     where[n] = g
@@ -350,7 +362,8 @@ def plan_fusion(gm: fx.GraphModule, disabled: set[str] | None = None) -> FusionP
                 # no producer in a group: join an open group over the same domain (horizontal
                 # fusion: shared loads, one launch less) if the program order allows it
                 for g in reversed(groups):
-                    if g.kind == "pointwise" and g.domain == shape and users_ok(g, n, strict=False):
+                    if (g.kind == "pointwise" and g.domain == shape and users_ok(g, n, strict=False)
+                            and not rolls_internal(g.members + [n], nops)):
                         g.members.append(n)
                         where[n] = g
                         joined = True
@@ -461,7 +474,7 @@ def plan_fusion(gm: fx.GraphModule, disabled: set[str] | None = None) -> FusionP
             absorb_prologue(g, src)
             where[n] = g
             continue
-    _merge_pointwise(groups, where, order)
+    _merge_pointwise(groups, where, order, nops)
     # a 16-bit product with nothing to fuse stays cuBLAS's: the template only wins by the
     # epilogue pass it saves (principle alg-matmul-epilogue); fp32 products run as 3xTF32
     for g in list(groups):
@@ -506,24 +519,32 @@ def tail_id(group_id: str) -> str:
     return f"{group_id}t"
 
 
-def group_inputs(plan: FusionPlan, g: Group) -> tuple[list[fx.Node], list[int], list[int]]:
-    """External tensor inputs of a group, and which of them the prologue / epilogue read.
-
-    A tensor read both before and after the reduction gets two slots: the prologue reads it on
-    the full domain, the epilogue on the reduced domain.
-    """
+def group_slots(plan: FusionPlan, g: Group) -> tuple[list[fx.Node], dict[tuple[str, fx.Node], int]]:
+    """External tensor inputs of a group and the slot of each (role, tensor): role "pro" (the
+    full domain, before a reduction-like op), "epi" (after it, on its result's domain) or "roll"
+    (a rotate-half's operand, loaded at the rolled column). A tensor read in two roles gets two
+    slots."""
     inside = set(g.members) | set(g.aliases)
     pro_nodes = set(g.prologue()) | ({g.red} if g.red is not None else set())
     slots: dict[tuple[str, fx.Node], int] = {}
     ins: list[fx.Node] = []
     for m in g.members:
         role = "epi" if g.red is not None and m not in pro_nodes else "pro"
+        if plan.nops[m].name == "rotate_half":
+            role = "roll"
         for t in plan.nops[m].tensor_inputs:
             if t in inside or (role, t) in slots:
                 continue
             slots[(role, t)] = len(ins)
             ins.append(t)
-    pro = sorted(i for (role, _t), i in slots.items() if role == "pro")
+    return ins, slots
+
+
+def group_inputs(plan: FusionPlan, g: Group) -> tuple[list[fx.Node], list[int], list[int]]:
+    """External tensor inputs of a group, and which of them the prologue / epilogue read
+    (group_slots: a tensor read both before and after the reduction gets two slots)."""
+    ins, slots = group_slots(plan, g)
+    pro = sorted(i for (role, _t), i in slots.items() if role in ("pro", "roll"))
     epi = sorted(i for (role, _t), i in slots.items() if role == "epi")
     return ins, pro, epi
 

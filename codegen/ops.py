@@ -157,9 +157,10 @@ chanstats = RT._egg_chanstats
 bn_update = RT._egg_bn_update
 reverse_cumsum = RT._egg_reverse_cumsum
 reverse_cumprod = RT._egg_reverse_cumprod
+rotate_half = RT._egg_rotate_half
 FUNCTIONS.update({torch.cumsum: "cumsum", torch.cumprod: "cumprod", torch.flip: "flip",
                   reverse_cumsum: "reverse_cumsum", reverse_cumprod: "reverse_cumprod",
-                  chanstats: "chanstats"})
+                  chanstats: "chanstats", rotate_half: "rotate_half"})
 
 POOLS: dict[str, OpDef] = {}
 for _nd in (1, 2, 3):
@@ -423,6 +424,12 @@ def _from_name(name: str, node: fx.Node, args: tuple, kwargs: dict, extra: dict 
         return NOp("pointwise", "fill", node, [b["input"]], {"value": value})
     if name == "flip":
         return NOp("view", "flip", node, list(args) + list(kwargs.values()))
+    if name == "rotate_half":
+        shape = node_shape(args[0]) if isinstance(args[0], fx.Node) else None
+        if shape is None or not shape or shape[-1] % 2:
+            raise TypeError("rotate-half of an odd or unknown last dim")
+        # a rolled load of its operand: pointwise, but only where the operand is a kernel input
+        return NOp("pointwise", "rotate_half", node, [args[0]], {"size": int(shape[-1])})
     if name == "chanstats":
         if node_dtype(args[0]) not in FLOAT_DTYPES:
             raise TypeError("channel statistics of a non-floating tensor")
@@ -604,6 +611,9 @@ def emit(op: NOp, a: list[str | None]) -> str:
         return simple[n].format(x, a[1])
     if n == "where":
         return f"tl.where({a[0]}, {a[1]}, {a[2]})"
+    if n == "rotate_half":  # x is the operand loaded at column (j + D/2) % D (pointwise template)
+        d = int(p["size"])
+        return f"tl.where((offs % {d}) < {d // 2}, -({x}), {x})"
     if n == "fill":
         return f"(tl.zeros_like({x}) + {lit(p['value'])})"
     if n == "pow":

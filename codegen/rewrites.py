@@ -383,6 +383,109 @@ def conv_bias_epilogue(gm: fx.GraphModule) -> bool:
     return changed
 
 
+def _static_int(v) -> int | None:
+    """An int, or an fx value computed from traced shapes (x.shape[i], x.size(i), // and *)."""
+    import operator
+
+    if isinstance(v, int) and not isinstance(v, bool):
+        return v
+    if not isinstance(v, fx.Node):
+        return None
+    if v.op == "call_function" and v.target in (operator.floordiv, operator.mul) and len(v.args) == 2:
+        a, b = (_static_int(x) for x in v.args)
+        if a is None or b is None or (v.target is operator.floordiv and b == 0):
+            return None
+        return a // b if v.target is operator.floordiv else a * b
+    if v.op == "call_function" and v.target is operator.getitem and isinstance(v.args[1], int):
+        src = v.args[0]
+        if (isinstance(src, fx.Node) and src.op == "call_function" and src.target is getattr
+                and src.args[1] == "shape" and node_shape(src.args[0]) is not None):
+            return int(node_shape(src.args[0])[v.args[1]])
+    if v.op == "call_method" and v.target == "size" and len(v.args) == 2 and isinstance(v.args[1], int):
+        sh = node_shape(v.args[0])
+        return int(sh[v.args[1]]) if sh is not None else None
+    return None
+
+
+def _half_of(v):
+    """(x, "first" | "second") when v is the first or second half of x's last dim: x[..., :h],
+    x[..., h:] (h = D/2, also with explicit full slices) or x.chunk(2, -1)[i]; else None."""
+    import operator
+
+    import torch
+
+    if not isinstance(v, fx.Node) or v.op != "call_function" or v.target is not operator.getitem:
+        return None
+    src, idx = v.args
+    if not isinstance(src, fx.Node):
+        return None
+    if isinstance(idx, int) and idx in (0, 1):  # chunk(2, dim=-1)[i]
+        is_chunk = ((src.op == "call_method" and src.target == "chunk")
+                    or (src.op == "call_function" and src.target is torch.chunk))
+        if not is_chunk:
+            return None
+        x = src.args[0]
+        rest = list(src.args[1:]) + [src.kwargs.get(k) for k in ("chunks", "dim") if k in src.kwargs]
+        shape = node_shape(x) if isinstance(x, fx.Node) else None
+        if shape is None or len(rest) != 2 or rest[0] != 2 or rest[1] not in (-1, len(shape) - 1):
+            return None
+        return (x, "first" if idx == 0 else "second") if shape[-1] % 2 == 0 else None
+    shape = node_shape(src)
+    if not isinstance(idx, tuple) or shape is None or not shape:
+        return None
+    if len(idx) == 2 and idx[0] is Ellipsis:
+        sl = idx[1]
+    elif len(idx) == len(shape) and all(i == slice(None) for i in idx[:-1]):
+        sl = idx[-1]
+    else:
+        return None
+    if not isinstance(sl, slice) or sl.step not in (None, 1):
+        return None
+    d = int(shape[-1])
+    start = 0 if sl.start is None else _static_int(sl.start)
+    stop = d if sl.stop is None else _static_int(sl.stop)
+    if d % 2 or start is None or stop is None:
+        return None
+    if (start, stop) == (0, d // 2):
+        return src, "first"
+    if (start, stop) == (d // 2, d):
+        return src, "second"
+    return None
+
+
+def rotate_half_pattern(gm: fx.GraphModule) -> bool:
+    """rw-rotate-half: cat((-x2, x1), dim=-1) with x1, x2 the halves of x's last dim (RoPE's
+    rotate-half) -> rotate_half(x), which a pointwise kernel computes as one load of x at the
+    rolled column: the slices, the negation and the cat are no pass of their own."""
+    import torch
+
+    from codegen import ops as O
+
+    graph = gm.graph
+    changed = False
+    for n in _live(graph):
+        if n.op != "call_function" or n.target is not torch.cat:
+            continue
+        parts = n.args[0] if n.args else n.kwargs.get("tensors")
+        dim = n.args[1] if len(n.args) > 1 else n.kwargs.get("dim", 0)
+        shape = node_shape(n)
+        if (shape is None or not isinstance(parts, (list, tuple)) or len(parts) != 2
+                or dim not in (-1, len(shape) - 1) or not isinstance(parts[0], fx.Node)):
+            continue
+        neg = classify(parts[0], gm)
+        if neg.kind != "pointwise" or neg.name != "neg":
+            continue
+        second, first = _half_of(neg.operands[0]), _half_of(parts[1])
+        if (second is None or first is None or second[0] is not first[0]
+                or (second[1], first[1]) != ("second", "first") or not _float(first[0])):
+            continue
+        with graph.inserting_before(n):
+            new = graph.call_function(O.rotate_half, (first[0],))
+        _replace(n, new)
+        changed = True
+    return changed
+
+
 def loss_decompose(gm: fx.GraphModule) -> bool:
     """rw-loss-decompose: a loss function (functional or module) with constant arguments the
     decomposition accepts -> its definition in elementwise ops and reductions
@@ -434,7 +537,8 @@ def _trace_loss(fn, kw: dict, n_tensors: int) -> fx.GraphModule:
     return fx.symbolic_trace(Three())
 
 
-RULES = [("rw-loss-decompose", loss_decompose), ("rw-conv-bias-epilogue", conv_bias_epilogue), ("rw-rms-norm", rms_norm_pattern), ("rw-linear-reduce", linear_reduce), ("rw-size1-reduction", size1_reductions),
+RULES = [("rw-loss-decompose", loss_decompose), ("rw-rotate-half", rotate_half_pattern),
+         ("rw-conv-bias-epilogue", conv_bias_epilogue), ("rw-rms-norm", rms_norm_pattern), ("rw-linear-reduce", linear_reduce), ("rw-size1-reduction", size1_reductions),
          ("rw-softmax-size1", softmax_size1), ("rw-merge-clamps", merge_clamps),
          ("rw-fold-scalar-chain", fold_scalar_chains), ("rw-dead-code", drop_dead_code)]
 

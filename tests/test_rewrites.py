@@ -319,3 +319,50 @@ def test_loss_module_with_class_weights_keeps_the_library_call(write_problem):
            "def get_init_inputs():\n    return []\n")
     plan, applied, err = pipeline.analyze(load_problem(write_problem(src, "wce")))
     assert err is None and "rw-loss-decompose" not in applied
+
+
+ROPE = HEAD + '''class Model(nn.Module):
+    def forward(self, x, cos, sin):
+        h = x.shape[-1] // 2
+        r1 = torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+        a, b = (x * 2.0).chunk(2, dim=-1)
+        r2 = torch.cat([-b, a], -1)
+        return x * cos + r1 * sin, r2 * sin + 1.0
+def get_inputs():
+    return [torch.randn(2, 3, 7, 10), torch.randn(7, 10), torch.randn(7, 10)]
+def get_init_inputs():
+    return []
+'''
+
+
+def test_rotate_half_is_a_rolled_load(write_problem, tmp_path):
+    """RoPE's rotate-half, by slices at a shape-derived half and by chunk: no cat or slice is
+    left, x * cos + rotate_half(x) * sin is one kernel; the half of a computed value (2x) is
+    rolled from memory (the multiply's result), never inside the kernel that computes it."""
+    from tests.helpers import generated_matches
+
+    path = write_problem(ROPE, "rope")
+    plan, applied, err = pipeline.analyze(load_problem(path))
+    assert err is None and "rw-rotate-half" in applied
+    names = [plan.nops[n].name for n in plan.gm.graph.nodes]
+    assert "cat" not in " ".join(str(n.target) for n in plan.gm.graph.nodes)
+    assert names.count("rotate_half") == 2
+    for g in plan.groups:
+        for m in g.members:
+            if plan.nops[m].name == "rotate_half":
+                assert plan.nops[m].operands[0] not in g.members
+    generated_matches(path, tmp_path, seeds=(0, 1))
+
+
+@pytest.mark.parametrize("cat", [
+    "torch.cat((x[..., 5:], -x[..., :5]), dim=-1)",  # the sign on the other half
+    "torch.cat((-x[..., 4:], x[..., :4]), dim=-1)",  # not the halves
+    "torch.cat((-x[:, :, :3], x[:, :, 3:]), dim=2)",  # another dim, wrong order
+    "torch.cat((-y[..., 5:], x[..., :5]), dim=-1)",  # halves of two tensors
+])
+def test_rotate_half_left_alone(cat, write_problem):
+    src = (HEAD + f"class Model(nn.Module):\n    def forward(self, x, y):\n        return {cat} * 2.0\n"
+           "def get_inputs():\n    return [torch.randn(2, 3, 6, 10), torch.randn(2, 3, 6, 10)]\n"
+           "def get_init_inputs():\n    return []\n")
+    plan, applied, err = pipeline.analyze(load_problem(write_problem(src, "norot")))
+    assert err is None and "rw-rotate-half" not in applied

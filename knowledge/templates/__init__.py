@@ -26,6 +26,8 @@ class PointwiseSpec:
     stmts: list[Stmt]
     outputs: list[tuple[str, str]]  # (variable, torch dtype name)
     compute: str = "fp32"
+    #: inputs loaded at the column rolled by half their last dim D (slot -> D): a rotate-half
+    rolls: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass

@@ -288,3 +288,10 @@ def _egg_k_major(x):
     buf = torch.empty((bt, r, kp), dtype=x.dtype, device=x.device)[:, :, :k]
     buf.copy_(x)
     return buf
+
+
+def _egg_rotate_half(x):
+    """RoPE's rotate-half: torch.cat((-x[..., h:], x[..., :h]), dim=-1), h = x.shape[-1] // 2.
+    Inside a pointwise kernel it is one load of x at the column rolled by h (rw-rotate-half)."""
+    h = x.shape[-1] // 2
+    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)

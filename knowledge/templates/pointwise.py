@@ -3,7 +3,8 @@
 The domain is walked in the memory order of its first dense full-size input (channels-last in,
 channels-last out, both coalesced; the standard order otherwise). Inputs laid out like the walk
 are indexed by the flat offset; others (broadcast bias, permuted views) by a 4-d strided index
-after collapsing mergeable dims.
+after collapsing mergeable dims. A rotate-half operand (RoPE) is loaded at the column rolled by
+half its last dim, with the domain walked in its standard order.
 """
 from __future__ import annotations
 
@@ -40,11 +41,16 @@ def render(spec: PointwiseSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         "mask = offs < N",
     ]
     for i in range(n):
+        at = "offs"
+        if i in spec.rolls:  # rotate-half operand: the column rolled by D/2 within its row of D
+            d = spec.rolls[i]
+            body.append(f"offs_r{i} = offs - offs % {d} + (offs % {d} + {d // 2}) % {d}")
+            at = f"offs_r{i}"
         body += [
             f"if F{i}:",
-            f"    i{i} = offs",
+            f"    i{i} = {at}",
             "else:",
-            f"    i{i} = _egg_index4(offs, D1, D2, D3, S{i}_0, S{i}_1, S{i}_2, S{i}_3)",
+            f"    i{i} = _egg_index4({at}, D1, D2, D3, S{i}_0, S{i}_1, S{i}_2, S{i}_3)",
             f"x{i} = {load_expr(f'P{i}', f'i{i}', 'mask', spec.in_dtypes[i], ct)}",
         ]
     body += stmt_lines(spec.stmts)
@@ -69,7 +75,8 @@ def render(spec: PointwiseSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         f"ts = ({args},)",
         "shape = torch.broadcast_shapes(*[t.shape for t in ts])",
         "dev = ts[0].device",
-        "dims, sts, flat, order = _egg_pointwise_layout(shape, ts)",
+        # rolled loads index the domain in its standard order (columns of the last dim)
+        f"dims, sts, flat, order = _egg_pointwise_layout(shape, ts{', False' if spec.rolls else ''})",
         *out_allocs,
         f"n = o0.numel()",
         "if n == 0:",
