@@ -6,9 +6,13 @@ floating tensor gets its input converted to channels-last order (``_egg_channels
 when it already is), its weight re-laid out once at construction (the returned parameter names,
 for ``_egg_params_channels_last`` in ``ModelNew.__init__``), and its result handed on in that
 order only to consumers that handle any order at the speed of the standard one (pointwise
-chains, which the pointwise template walks in memory order, and torch ops). Anything else
-(reductions, norms, pools, views) and every 4-d/5-d result of the model get the standard order
-back (``_egg_standard_layout``), so callers see eager's layout.
+chains, which the pointwise template walks in memory order, and torch ops). When the pointwise
+chain ends in reductions (sum, mean, amax, amin, logsumexp, max/min over dims, softmax), the
+chain and the reductions are re-expressed over the (N, *S, C) view of the result, a contiguous
+view: the chain fuses into the reduction as its prologue and reads the result once, where a
+conversion back would read and write it once more. Anything else (norms, pools, views) and every
+4-d/5-d result of the model get the standard order back (``_egg_standard_layout``), so callers
+see eager's layout.
 """
 from __future__ import annotations
 
@@ -83,6 +87,140 @@ def _needs_standard(gm: fx.GraphModule, conv: fx.Node) -> bool:
     return False
 
 
+#: reductions that run on the channels-last data itself, over its (N, *S, C) view
+VIEW_REDUCTIONS = {"sum", "mean", "amax", "amin", "logsumexp", "max_dim", "min_dim", "softmax",
+                   "log_softmax"}
+
+
+def _nhwc_chain(gm: fx.GraphModule, conv: fx.Node):
+    """(chain, reductions) when every consumer reached from the convolution through pointwise ops
+    is a reduction of VIEW_REDUCTIONS (with integer dims), a layout-free op or a result, and at
+    least one is such a reduction; None otherwise. The chain holds the pointwise ops."""
+    nd = len(O.node_shape(conv) or ())
+    chain: list[fx.Node] = []
+    reds: list[fx.Node] = []
+    seen, todo = {conv}, list(conv.users)
+    while todo:
+        u = todo.pop()
+        if u in seen:
+            continue
+        seen.add(u)
+        if u.op == "output":
+            continue
+        op = O.classify(u, gm)
+        if op.kind in ("pointwise", "identity"):
+            if O.node_shape(u) is None or len(O.node_shape(u)) != nd or any(
+                    len(O.node_shape(t) or ()) > nd for t in op.tensor_inputs):
+                return None
+            chain.append(u)
+            todo.extend(u.users)
+        elif (op.kind in ("reduction", "softmax") and op.name in VIEW_REDUCTIONS
+              and u.op in ("call_function", "call_method")):
+            dims = op.p.get("dim")
+            dl = list(dims) if isinstance(dims, (list, tuple)) else [dims]
+            positional = "dim" in u.kwargs or len(u.args) > 1
+            if (dims is None or not dl or not all(isinstance(d, int) for d in dl)
+                    or op.operands[0] not in seen or not positional):
+                return None
+            reds.append(u)
+        elif op.kind == "library" or (op.kind == "view" and (op.name in SHAPE_QUERIES or (
+                op.name == "getattr" and u.args[1:2] and u.args[1] in SHAPE_ATTRS))):
+            continue
+        else:
+            return None
+    return (chain, reds) if reds else None
+
+
+def _meta(node: fx.Node, shape, dtype) -> None:
+    from torch.fx.passes.shape_prop import _extract_tensor_metadata
+
+    node.meta["tensor_meta"] = _extract_tensor_metadata(torch.empty(shape, dtype=dtype, device="meta"))
+
+
+def _to_nhwc(gm: fx.GraphModule, conv: fx.Node, chain: list[fx.Node], reds: list[fx.Node]) -> None:
+    """Re-express conv -> pointwise chain -> reductions over the (N, *S, C) view of the
+    channels-last result (a contiguous view): the chain's other operands get the same view, each
+    reduction's dims are mapped into it and its result is viewed back in the logical order, and
+    every other consumer of a chain value sees it viewed back. The pointwise chain then fuses
+    into the reduction as its prologue, one pass over the convolution's result instead of a
+    layout conversion and a pass."""
+    g = gm.graph
+    nd = len(O.node_shape(conv))
+    perm = [0, *range(2, nd), 1]
+    inv = [perm.index(i) for i in range(nd)]
+    members = set(chain)
+
+    def view(x: fx.Node, order: list[int], before: fx.Node | None = None, after: fx.Node | None = None):
+        with (g.inserting_before(before) if before is not None else g.inserting_after(after)):
+            v = g.call_method("permute", (x, *order))
+        sh = O.node_shape(x)
+        _meta(v, [sh[i] for i in order], O.node_dtype(x))
+        return v
+
+    outside = {u for n in [conv] + chain for u in n.users
+               if u not in members and u not in reds}
+    back = {}  # chain value -> its logical-order view, for consumers outside the chain
+    conv_v = view(conv, perm, after=conv)
+    new_of = {conv: conv_v}
+    for m in sorted(chain, key=lambda n: list(g.nodes).index(n)):
+        for a in m.all_input_nodes:
+            if a in new_of:
+                m.replace_input_with(a, new_of[a])
+            elif a not in members and len(O.node_shape(a) or ()) >= 1:
+                with g.inserting_before(m):
+                    t = g.create_node("call_function", R._egg_nhwc_operand, (a, nd),
+                                      name=f"{a.name}_nhwc")
+                sh = (1,) * (nd - len(O.node_shape(a))) + tuple(O.node_shape(a))
+                _meta(t, [sh[i] for i in perm], O.node_dtype(a))
+                m.replace_input_with(a, t)
+        sh = O.node_shape(m)
+        _meta(m, [sh[i] for i in perm], O.node_dtype(m))
+        new_of[m] = m
+    for x in [conv] + chain:
+        for u in [u for u in outside if x in u.all_input_nodes]:
+            if x not in back:
+                back[x] = view(new_of[x], inv, after=new_of[x])
+            u.replace_input_with(x, back[x])
+    for r in reds:
+        _reduce_in_view(gm, r, new_of, perm, nd)
+
+
+def _reduce_in_view(gm: fx.GraphModule, r: fx.Node, new_of: dict, perm: list[int], nd: int) -> None:
+    """Point reduction r at the (N, *S, C) view of its input, with its dims mapped, and view its
+    result(s) back in the logical order."""
+    g = gm.graph
+    op = O.classify(r, gm)
+    src = op.operands[0]
+    dims = op.p["dim"]
+    dl = [d % nd for d in (list(dims) if isinstance(dims, (list, tuple)) else [dims])]
+    new_dims = sorted(perm.index(d) for d in dl)
+    keep = bool(op.p.get("keepdim", False)) or op.kind == "softmax"
+    r.replace_input_with(src, new_of[src])
+    nd_dim = new_dims if isinstance(dims, (list, tuple)) else new_dims[0]
+    if "dim" in r.kwargs:
+        r.update_kwarg("dim", nd_dim)
+    else:
+        args = list(r.args)
+        args[1] = nd_dim
+        r.args = tuple(args)
+    # the reduced result's dims, in the view's order, and the permutation back to logical order
+    kept_view = [perm[i] for i in range(nd) if keep or i not in new_dims]
+    order_back = [kept_view.index(d) for d in sorted(kept_view)]
+    vshape = [O.node_shape(new_of[src])[i] for i in range(nd)]
+    out_shape = [1 if i in new_dims else s for i, s in enumerate(vshape)] if keep else \
+        [s for i, s in enumerate(vshape) if i not in new_dims]
+    values = [r] if op.name not in ("max_dim", "min_dim") else list(r.users)
+    for v in values:
+        dt = O.node_dtype(v)
+        _meta(v, out_shape, dt)
+        if order_back == list(range(len(order_back))):
+            continue
+        with g.inserting_after(v):
+            b = g.call_method("permute", (v, *order_back))
+        _meta(b, [out_shape[i] for i in order_back], dt)
+        v.replace_all_uses_with(b, delete_user_cb=lambda u, b=b: u is not b)
+
+
 def channels_last(gm: fx.GraphModule) -> list[str]:
     """Rewrite the graph's convolutions to channels-last (module docstring); returns the names of
     the parameters to re-lay out at construction. No convolution: the graph is left as it is."""
@@ -99,7 +237,10 @@ def channels_last(gm: fx.GraphModule) -> list[str]:
                 params.append(str(w.target))
             elif isinstance(w, fx.Node):
                 n.replace_input_with(w, _insert(gm, R._egg_channels_last, w, before=n))
-        if _needs_standard(gm, n):
+        viewed = _nhwc_chain(gm, n)
+        if viewed is not None:
+            _to_nhwc(gm, n, *viewed)
+        elif _needs_standard(gm, n):
             std = _insert(gm, R._egg_standard_layout, n)
             n.replace_all_uses_with(std, delete_user_cb=lambda u, s=std: u is not s)
     if convs:

@@ -109,9 +109,70 @@ def test_conv_with_pointwise_tail_runs_channels_last_and_returns_the_standard_la
     assert verify(str(path), str(cand), trials=2)["passed"]
 
 
-def test_reduction_consumer_gets_the_standard_layout_back(write_problem):
-    path, cand, plan, em = _emit(write_problem, CONVT3D_REDUCE, "cl_red")
-    assert "_egg_standard_layout(conv_nobias)" in em.source
+def test_reduction_consumer_reads_the_channels_last_result_through_its_nhwc_view(write_problem):
+    """conv -> bias -> mean over space: the reduction runs over the (N, *S, C) view of the
+    channels-last result with the bias add as its prologue: no layout conversion, one pass."""
+    src = CONVT3D_REDUCE.replace("return y.mean(dim=(2, 3, 4)), y * 2.0",
+                                 "return torch.relu(y).mean(dim=(2, 3, 4))")
+    path, cand, plan, em = _emit(write_problem, src, "cl_red")
+    assert "_egg_standard_layout(conv_nobias)" not in em.source
+    assert "conv_nobias.permute(0, 2, 3, 4, 1)" in em.source
+    (red,) = plan.groups
+    assert red.kind == "reduction" and red.domain == (2, 11, 13, 15, 6)  # N, D, H, W, C
+    assert [plan.nops[m].name for m in red.prologue()] == ["add", "relu"]  # bias + relu, fused
+    assert verify(str(path), str(cand), trials=2)["passed"]
+    # the result also returned: the bias add is written once and read back by the reduction
+    path, cand, plan, em = _emit(write_problem, CONVT3D_REDUCE, "cl_red2")
+    assert "_egg_standard_layout(conv_nobias)" not in em.source
+    assert verify(str(path), str(cand), trials=2)["passed"]
+
+
+def test_view_reductions_of_every_kind_and_escaping_values(write_problem):
+    """min over C (values), mean over space (keepdim), softmax over C of a scaled value, and the
+    chain's value returned itself: each consumer sees eager's shapes and values."""
+    src = HEAD + '''
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3)
+        self.shift = nn.Parameter(torch.randn(8, 1, 1) * 0.1)
+
+    def forward(self, x):
+        y = F.gelu(self.conv(x) + self.shift)
+        m = torch.min(y, dim=1, keepdim=True)[0]
+        return torch.tanh(m), y.mean(dim=(2, 3), keepdim=True) * 2.0, torch.softmax(y * 2.0, dim=1), y
+
+def get_inputs():
+    return [torch.randn(2, 3, 11, 9)]
+
+def get_init_inputs():
+    return []
+'''
+    path, cand, plan, em = _emit(write_problem, src, "cl_views")
+    assert "_egg_standard_layout(conv" not in em.source
+    assert {g.kind for g in plan.groups} >= {"reduction", "softmax"}
+    assert verify(str(path), str(cand), trials=2)["passed"]
+
+
+def test_norm_consumer_gets_the_standard_layout_back(write_problem):
+    src = HEAD + '''
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3)
+        self.gn = nn.GroupNorm(2, 8)
+
+    def forward(self, x):
+        return self.gn(torch.relu(self.conv(x)))
+
+def get_inputs():
+    return [torch.randn(2, 3, 11, 9)]
+
+def get_init_inputs():
+    return []
+'''
+    path, cand, plan, em = _emit(write_problem, src, "cl_norm")
+    assert "_egg_standard_layout(conv" in em.source
     assert verify(str(path), str(cand), trials=2)["passed"]
 
 

@@ -295,3 +295,12 @@ def _egg_rotate_half(x):
     Inside a pointwise kernel it is one load of x at the column rolled by h (rw-rotate-half)."""
     h = x.shape[-1] // 2
     return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+
+
+def _egg_nhwc_operand(t, nd):
+    """An operand broadcast against an (N, C, *S) tensor, as seen from its (N, *S, C) view: padded
+    to nd dims and permuted the same way (a view, no copy)."""
+    if not isinstance(t, torch.Tensor) or t.dim() == 0:
+        return t
+    t = t.reshape((1,) * (nd - t.dim()) + tuple(t.shape))
+    return t.permute(0, *range(2, nd), 1)
