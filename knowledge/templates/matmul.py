@@ -198,13 +198,13 @@ def render(spec: MatmulSpec, cfg: dict, kname: str, gname: str) -> Rendered:
     head = ", ".join(launch + [f"o{j}" for j in range(len(spec.outputs))]
                      + ["M", "N", bias_stride] + estr)
     w += [
-        "big = max(A3.numel(), B3.numel(), o0.numel()) >= 2**31 - 1",
         # split-K: K cut into SPLIT_K ranges of whole BLOCK_K steps (principle alg-matmul-epilogue)
         f"steps = triton.cdiv(K, {bk})",
         f"split = max(1, min({int(cfg.get('SPLIT_K', 1))}, steps))",
         f"k_split = triton.cdiv(steps, split) * {bk}",
         "split = triton.cdiv(K, k_split) if K else 1",
         "part = torch.empty((split, BT, M, N), device=A.device, dtype=torch.float32) if split > 1 else o0",
+        "big = max(A3.numel(), B3.numel(), part.numel()) >= 2**31 - 1",
         f"grid = (triton.cdiv(M, {bm}) * triton.cdiv(N, {bn}), BT * split)",
         f"{kname}[grid]({head}, part, K, sab, sam, sak, sbb, sbk, sbn, k_split, I64=big, "
         f"EVEN_K=K % {bk} == 0, SPLIT_K=split, BLOCK_M={bm}, BLOCK_N={bn}, BLOCK_K={bk}, "
