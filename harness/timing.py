@@ -135,9 +135,18 @@ def noise_verdict(new: dict, best: dict, min_rel: float = MIN_REL_DIFF) -> str:
 
     The relative spread of a timing is (p80 - p20) / median. A difference of medians within the
     larger spread of the two, or under ``min_rel`` (2%), is noise: never a win, never a
-    regression. Routers and the tiler's search act on this verdict only.
+    regression; unless the two distributions do not overlap between their 20th and 80th
+    percentiles (the new p80 below the best's p20, or its p20 above the best's p80): one wide
+    timing (a sub-0.1 ms kernel on a busy host) does not hide a clear difference. Routers and
+    the tiler's search act on this verdict only.
     """
     m_new, m_best = new["median_ms"], best["median_ms"]
+    n20, n80, b20, b80 = (t.get(k) for t in (new, best) for k in ("p20_ms", "p80_ms"))
+    if None not in (n20, n80, b20, b80) and abs(m_new - m_best) >= min_rel * m_best:
+        if n80 < b20 and m_new < m_best:
+            return "improved"
+        if n20 > b80 and m_new > m_best:
+            return "regressed"
 
     def rel(t: dict, m: float) -> float:
         p20, p80 = t.get("p20_ms"), t.get("p80_ms")

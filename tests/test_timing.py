@@ -28,6 +28,11 @@ def _t(med, p20=None, p80=None):
     (_t(0.90, 0.80, 1.00), _t(1.00), "noise"),    # inside the new timing's 22% spread
     (_t(1.10), _t(1.00, 0.85, 1.15), "noise"),    # inside the best's 30% spread
     (_t(0.60, 0.55, 0.65), _t(1.00, 0.95, 1.05), "improved"),
+    # one wide timing (eager at 0.1 ms on a busy host: H200, vocab softmax) does not hide a
+    # clear difference: the 20-80% ranges do not overlap
+    (_t(0.060, 0.058, 0.062), _t(0.097, 0.070, 0.140), "improved"),
+    (_t(0.140, 0.130, 0.150), _t(0.100, 0.060, 0.120), "regressed"),
+    (_t(0.080, 0.060, 0.100), _t(0.100, 0.070, 0.140), "noise"),  # they overlap
 ])
 def test_noise_verdict(new, best, verdict):
     assert noise_verdict(new, best) == verdict
