@@ -66,9 +66,11 @@ def _insert(gm: fx.GraphModule, fn, x: fx.Node, before: fx.Node | None = None) -
     return new
 
 
-def _needs_standard(gm: fx.GraphModule, conv: fx.Node) -> bool:
-    """Does a consumer reached through pointwise ops need the standard order?"""
-    seen, todo = set(), list(conv.users)
+def _reached(gm: fx.GraphModule, conv: fx.Node):
+    """(node, its NOp) for every consumer reached from the convolution through pointwise ops
+    (those are yielded too, and walked through); results and shape queries (x.shape,
+    x.size(0): no data read) are skipped."""
+    seen, todo = {conv}, list(conv.users)
     while todo:
         u = todo.pop()
         if u in seen:
@@ -79,12 +81,15 @@ def _needs_standard(gm: fx.GraphModule, conv: fx.Node) -> bool:
         op = O.classify(u, gm)
         if op.kind == "view" and (op.name in SHAPE_QUERIES or (
                 op.name == "getattr" and u.args[1:2] and u.args[1] in SHAPE_ATTRS)):
-            continue  # x.shape, x.size(0): no data read
-        if op.kind not in LAYOUT_FREE:
-            return True
+            continue
+        yield u, op
         if op.kind in ("pointwise", "identity"):
             todo.extend(u.users)
-    return False
+
+
+def _needs_standard(gm: fx.GraphModule, conv: fx.Node) -> bool:
+    """Does a consumer reached through pointwise ops need the standard order?"""
+    return any(op.kind not in LAYOUT_FREE for _u, op in _reached(gm, conv))
 
 
 #: reductions that run on the channels-last data itself, over its (N, *S, C) view
@@ -99,34 +104,23 @@ def _nhwc_chain(gm: fx.GraphModule, conv: fx.Node):
     nd = len(O.node_shape(conv) or ())
     chain: list[fx.Node] = []
     reds: list[fx.Node] = []
-    seen, todo = {conv}, list(conv.users)
-    while todo:
-        u = todo.pop()
-        if u in seen:
-            continue
-        seen.add(u)
-        if u.op == "output":
-            continue
-        op = O.classify(u, gm)
+    for u, op in _reached(gm, conv):
         if op.kind in ("pointwise", "identity"):
             if O.node_shape(u) is None or len(O.node_shape(u)) != nd or any(
                     len(O.node_shape(t) or ()) > nd for t in op.tensor_inputs):
                 return None
             chain.append(u)
-            todo.extend(u.users)
         elif (op.kind in ("reduction", "softmax") and op.name in VIEW_REDUCTIONS
               and u.op in ("call_function", "call_method")):
             dims = op.p.get("dim")
             dl = list(dims) if isinstance(dims, (list, tuple)) else [dims]
             positional = "dim" in u.kwargs or len(u.args) > 1
             if (dims is None or not dl or not all(isinstance(d, int) for d in dl)
-                    or op.operands[0] not in seen or not positional):
+                    or (op.operands[0] is not conv and op.operands[0] not in chain)
+                    or not positional):
                 return None
             reds.append(u)
-        elif op.kind == "library" or (op.kind == "view" and (op.name in SHAPE_QUERIES or (
-                op.name == "getattr" and u.args[1:2] and u.args[1] in SHAPE_ATTRS))):
-            continue
-        else:
+        elif op.kind != "library":
             return None
     return (chain, reds) if reds else None
 

@@ -130,24 +130,11 @@ def test_reduction_consumer_reads_the_channels_last_result_through_its_nhwc_view
 def test_view_reductions_of_every_kind_and_escaping_values(write_problem):
     """min over C (values), mean over space (keepdim), softmax over C of a scaled value, and the
     chain's value returned itself: each consumer sees eager's shapes and values."""
-    src = HEAD + '''
-class Model(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv = nn.Conv2d(3, 8, 3)
-        self.shift = nn.Parameter(torch.randn(8, 1, 1) * 0.1)
-
-    def forward(self, x):
-        y = F.gelu(self.conv(x) + self.shift)
-        m = torch.min(y, dim=1, keepdim=True)[0]
-        return torch.tanh(m), y.mean(dim=(2, 3), keepdim=True) * 2.0, torch.softmax(y * 2.0, dim=1), y
-
-def get_inputs():
-    return [torch.randn(2, 3, 11, 9)]
-
-def get_init_inputs():
-    return []
-'''
+    src = CONV_TAIL.replace(
+        "return F.gelu(self.conv(x) + self.shift) * 0.5",
+        "y = F.gelu(self.conv(x) + self.shift)\n        m = torch.min(y, dim=1, keepdim=True)[0]\n"
+        "        return torch.tanh(m), y.mean(dim=(2, 3), keepdim=True) * 2.0, "
+        "torch.softmax(y * 2.0, dim=1), y")
     path, cand, plan, em = _emit(write_problem, src, "cl_views")
     assert "_egg_standard_layout(conv" not in em.source
     assert {g.kind for g in plan.groups} >= {"reduction", "softmax"}
@@ -155,22 +142,11 @@ def get_init_inputs():
 
 
 def test_norm_consumer_gets_the_standard_layout_back(write_problem):
-    src = HEAD + '''
-class Model(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv = nn.Conv2d(3, 8, 3)
-        self.gn = nn.GroupNorm(2, 8)
-
-    def forward(self, x):
-        return self.gn(torch.relu(self.conv(x)))
-
-def get_inputs():
-    return [torch.randn(2, 3, 11, 9)]
-
-def get_init_inputs():
-    return []
-'''
+    src = CONV_TAIL.replace("return F.gelu(self.conv(x) + self.shift) * 0.5",
+                            "return self.gn(torch.relu(self.conv(x)))").replace(
+        "self.shift = nn.Parameter(torch.randn(8, 1, 1) * 0.1)",
+        "self.shift = nn.Parameter(torch.randn(8, 1, 1) * 0.1)\n        self.gn = nn.GroupNorm(2, 8)")
+    assert "self.gn(" in src and "nn.GroupNorm" in src
     path, cand, plan, em = _emit(write_problem, src, "cl_norm")
     assert "_egg_standard_layout(conv" in em.source
     assert verify(str(path), str(cand), trials=2)["passed"]
