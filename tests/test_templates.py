@@ -26,6 +26,9 @@ CASES = {
     "reduction_cols": ("reduction", problem(
         "x):\n        return torch.mean(x, dim=0), torch.amin(x, dim=0), torch.argmin(x, dim=0)\n",
         "[torch.randn(1823, 781)]"), None),
+    "reduction_prod": ("reduction", problem(
+        "x):\n        return torch.prod(x * 0.2 + 0.9, dim=1), torch.prod(x + 0.5, 0, keepdim=True)\n",
+        "[torch.rand(183, 57)]"), None),
     "reduction_split": ("reduction", problem(
         "x, y):\n        return torch.mean((x - y) ** 2)\n",
         "[torch.rand(1823, 781), torch.rand(1823, 781)]"), {"g0": {"SPLIT_CHUNK": 65536, "BLOCK_R": 1024}}),

@@ -20,10 +20,10 @@ INFO = TemplateInfo(
               "SPLIT_ROWS": 264, "SPLIT_CHUNK": 32768},
     principle_ids=["alg-reduction-prologue", "alg-reduction-epilogue", "alg-fp32-accumulate",
                    "tile-grid-mapping", "alg-argreduce"],
-    description="sum/mean/amax/amin/argmax/argmin/logsumexp over adjacent dims, rows or cols mapping",
+    description="sum/mean/prod/amax/amin/argmax/argmin/logsumexp over adjacent dims, rows or cols mapping",
 )
 
-IDENTITY = {"sum": "0.0", "mean": "0.0", "amax": 'float("-inf")', "amin": 'float("inf")',
+IDENTITY = {"sum": "0.0", "mean": "0.0", "prod": "1.0", "amax": 'float("-inf")', "amin": 'float("inf")',
             "argmax": 'float("-inf")', "argmin": 'float("inf")', "logsumexp": 'float("-inf")'}
 
 
@@ -210,6 +210,8 @@ def render(spec: ReductionSpec, cfg: dict, kname: str, gname: str) -> Rendered:
     loop.append(f"v = tl.where(m, {spec.red_var}, {ident})")
     if op in ("sum", "mean"):
         loop.append("acc2 = acc2 + v")
+    elif op == "prod":
+        loop.append("acc2 = acc2 * v")
     elif op == "amax":
         loop.append("acc2 = tl.maximum(acc2, v)")
     elif op == "amin":
@@ -229,6 +231,8 @@ def render(spec: ReductionSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         body.append(f"acc = tl.sum(acc2, {ax})")
     elif op == "mean":
         body.append(f"acc = tl.sum(acc2, {ax}) / R")
+    elif op == "prod":
+        body.append(f"acc = tl.reduce(acc2, {ax}, _egg_mul)")
     elif op == "amax":
         body.append(f"acc = tl.max(acc2, {ax})")
     elif op == "amin":
