@@ -16,7 +16,7 @@ import torch
 from torch import fx
 
 from codegen import ops as O
-from codegen.fusion import FusionPlan, Group, group_inputs, group_outputs, group_slots
+from codegen.fusion import FusionPlan, Group, group_outputs, group_slots, slot_roles
 from codegen.fusion import norm_pattern, pool_aux_pattern
 from codegen.layout import init_lines as layout_init_lines
 from knowledge.templates import (RUNTIME_SOURCE, PointwiseSpec, ReductionSpec, SoftmaxSpec,
@@ -94,7 +94,7 @@ def _stmts(plan: FusionPlan, nodes: list[fx.Node], namer: _Namer, role: str) -> 
 def build_spec(plan: FusionPlan, g: Group):
     """The template spec of a group and its external inputs (in wrapper argument order)."""
     ins, slots = group_slots(plan, g)
-    _ins, pro, epi = group_inputs(plan, g)
+    pro, epi = slot_roles(slots)
     outs = group_outputs(g)
     in_dtypes = [_dt(t) for t in ins]
     compute = _compute(list(ins) + g.members)

@@ -352,8 +352,6 @@ def plan_fusion(gm: fx.GraphModule, disabled: set[str] | None = None) -> FusionP
                       and all(t in g.members or norm_pattern(g, nops[g.red], node_shape(t))
                               for t in op.tensor_inputs)):
                     joined = True
-                if joined and rolls_internal(g.members + [n], nops):
-                    joined = False
                 if joined:
                     g.members.append(n)
                     where[n] = g
@@ -540,13 +538,18 @@ def group_slots(plan: FusionPlan, g: Group) -> tuple[list[fx.Node], dict[tuple[s
     return ins, slots
 
 
+def slot_roles(slots: dict[tuple[str, fx.Node], int]) -> tuple[list[int], list[int]]:
+    """The slots the prologue reads (full domain, rolled ones included) and the epilogue's."""
+    pro = sorted(i for (role, _t), i in slots.items() if role in ("pro", "roll"))
+    epi = sorted(i for (role, _t), i in slots.items() if role == "epi")
+    return pro, epi
+
+
 def group_inputs(plan: FusionPlan, g: Group) -> tuple[list[fx.Node], list[int], list[int]]:
     """External tensor inputs of a group, and which of them the prologue / epilogue read
     (group_slots: a tensor read both before and after the reduction gets two slots)."""
     ins, slots = group_slots(plan, g)
-    pro = sorted(i for (role, _t), i in slots.items() if role in ("pro", "roll"))
-    epi = sorted(i for (role, _t), i in slots.items() if role == "epi")
-    return ins, pro, epi
+    return (ins, *slot_roles(slots))
 
 
 def group_outputs(g: Group) -> list[fx.Node]:

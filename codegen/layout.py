@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import fx
 
 from codegen import ops as O
+from codegen.fusion import norm_dims
 from knowledge.templates import _runtime as R
 
 #: convolution modules and their functional forms (conv_nodes keeps the 2-d and 3-d ones)
@@ -113,9 +114,8 @@ def _nhwc_chain(gm: fx.GraphModule, conv: fx.Node):
         elif (op.kind in ("reduction", "softmax") and op.name in VIEW_REDUCTIONS
               and u.op in ("call_function", "call_method")):
             dims = op.p.get("dim")
-            dl = list(dims) if isinstance(dims, (list, tuple)) else [dims]
             positional = "dim" in u.kwargs or len(u.args) > 1
-            if (dims is None or not dl or not all(isinstance(d, int) for d in dl)
+            if (dims is None or dims in ((), []) or norm_dims(dims, nd) is None
                     or (op.operands[0] is not conv and op.operands[0] not in chain)
                     or not positional):
                 return None
@@ -131,6 +131,15 @@ def _meta(node: fx.Node, shape, dtype) -> None:
     node.meta["tensor_meta"] = _extract_tensor_metadata(torch.empty(shape, dtype=dtype, device="meta"))
 
 
+def _view(g: fx.Graph, x: fx.Node, order: list[int]) -> fx.Node:
+    """x.permute(*order), inserted right after x, with its shape recorded."""
+    with g.inserting_after(x):
+        v = g.call_method("permute", (x, *order))
+    sh = O.node_shape(x)
+    _meta(v, [sh[i] for i in order], O.node_dtype(x))
+    return v
+
+
 def _to_nhwc(gm: fx.GraphModule, conv: fx.Node, chain: list[fx.Node], reds: list[fx.Node]) -> None:
     """Re-express conv -> pointwise chain -> reductions over the (N, *S, C) view of the
     channels-last result (a contiguous view): the chain's other operands get the same view, each
@@ -143,20 +152,13 @@ def _to_nhwc(gm: fx.GraphModule, conv: fx.Node, chain: list[fx.Node], reds: list
     perm = [0, *range(2, nd), 1]
     inv = [perm.index(i) for i in range(nd)]
     members = set(chain)
-
-    def view(x: fx.Node, order: list[int], before: fx.Node | None = None, after: fx.Node | None = None):
-        with (g.inserting_before(before) if before is not None else g.inserting_after(after)):
-            v = g.call_method("permute", (x, *order))
-        sh = O.node_shape(x)
-        _meta(v, [sh[i] for i in order], O.node_dtype(x))
-        return v
-
     outside = {u for n in [conv] + chain for u in n.users
                if u not in members and u not in reds}
     back = {}  # chain value -> its logical-order view, for consumers outside the chain
-    conv_v = view(conv, perm, after=conv)
+    conv_v = _view(g, conv, perm)
     new_of = {conv: conv_v}
-    for m in sorted(chain, key=lambda n: list(g.nodes).index(n)):
+    position = {n: i for i, n in enumerate(g.nodes)}
+    for m in sorted(chain, key=position.__getitem__):
         for a in m.all_input_nodes:
             if a in new_of:
                 m.replace_input_with(a, new_of[a])
@@ -173,7 +175,7 @@ def _to_nhwc(gm: fx.GraphModule, conv: fx.Node, chain: list[fx.Node], reds: list
     for x in [conv] + chain:
         for u in [u for u in outside if x in u.all_input_nodes]:
             if x not in back:
-                back[x] = view(new_of[x], inv, after=new_of[x])
+                back[x] = _view(g, new_of[x], inv)
             u.replace_input_with(x, back[x])
     for r in reds:
         _reduce_in_view(gm, r, new_of, perm, nd)
@@ -186,8 +188,7 @@ def _reduce_in_view(gm: fx.GraphModule, r: fx.Node, new_of: dict, perm: list[int
     op = O.classify(r, gm)
     src = op.operands[0]
     dims = op.p["dim"]
-    dl = [d % nd for d in (list(dims) if isinstance(dims, (list, tuple)) else [dims])]
-    new_dims = sorted(perm.index(d) for d in dl)
+    new_dims = sorted(perm.index(d) for d in norm_dims(dims, nd))
     keep = bool(op.p.get("keepdim", False)) or op.kind == "softmax"
     r.replace_input_with(src, new_of[src])
     nd_dim = new_dims if isinstance(dims, (list, tuple)) else new_dims[0]
@@ -205,13 +206,10 @@ def _reduce_in_view(gm: fx.GraphModule, r: fx.Node, new_of: dict, perm: list[int
         [s for i, s in enumerate(vshape) if i not in new_dims]
     values = [r] if op.name not in ("max_dim", "min_dim") else list(r.users)
     for v in values:
-        dt = O.node_dtype(v)
-        _meta(v, out_shape, dt)
+        _meta(v, out_shape, O.node_dtype(v))
         if order_back == list(range(len(order_back))):
             continue
-        with g.inserting_after(v):
-            b = g.call_method("permute", (v, *order_back))
-        _meta(b, [out_shape[i] for i in order_back], dt)
+        b = _view(g, v, order_back)
         v.replace_all_uses_with(b, delete_user_cb=lambda u, b=b: u is not b)
 
 

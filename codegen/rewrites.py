@@ -738,12 +738,10 @@ def fold_dtype_queries(gm: fx.GraphModule) -> bool:
     """``x.dtype`` of a traced tensor is a constant: written in place of the query, so that
     ``h.to(x.dtype)`` does not make x's producer wait for a metadata read (a query is a user the
     fusion planner must order before the kernel that produces x)."""
-    import operator
-
     changed = False
     for n in list(gm.graph.nodes):
-        if (n.op == "call_function" and n.target in (getattr, operator.attrgetter)
-                and len(n.args) == 2 and n.args[1] == "dtype" and isinstance(n.args[0], fx.Node)
+        if (n.op == "call_function" and n.target is getattr and len(n.args) == 2
+                and n.args[1] == "dtype" and isinstance(n.args[0], fx.Node)
                 and node_dtype(n.args[0]) is not None):
             n.replace_all_uses_with(node_dtype(n.args[0]))
             gm.graph.erase_node(n)

@@ -100,18 +100,21 @@ def chanstats_config(channels: int, batch: int, sm_count: int = 132) -> dict:
     return {"BLOCK": 1024, "num_warps": 4, "SPLITS": splits}
 
 
-def matmul_config(m: int, n: int, k: int, batch: int, itemsize: int, sm_count: int = 132) -> dict:
+def matmul_config(m: int, n: int, k: int, batch: int, sm_count: int = 132) -> dict:
     """Tensor-core tiles from the Triton matmul tutorials (03-matrix-multiplication, Hopper
-    configs): 128x128x64 tiles, 8 warps, 3 stages. For fp32 (3xTF32) BLOCK_K 64 too: the
+    configs): 128x128x64 tiles, 8 warps, 3 stages, whatever the dtype. For fp32 (3xTF32): the
     tiler's measured search on the H200 picked 128x128x64 / 8 warps / 3 stages for every large
     fp32 product of dev40 (10 of 10, 1.14-1.20x over 128x128x32; docs/results/dev40_h200.md).
     Tiles halve along M and N while the grid would leave SMs idle (tile-grid-mapping), down to
     64 (the smallest warpgroup-wide tile); GROUP_M 8 for L2 reuse; SPLIT_K for few tiles over a
     long K (not yet measured on a GPU: the profiler backs a losing split out)."""
+    def tiles() -> int:
+        return math.ceil(m / bm) * math.ceil(n / bn) * batch
+
     bm = 128 if m > 64 else 64
     bn = 128 if n > 64 else 64
     while bm > 64 or bn > 64:
-        if math.ceil(m / bm) * math.ceil(n / bn) * batch >= sm_count:
+        if tiles() >= sm_count:
             break
         if bn >= bm and bn > 64:
             bn //= 2
@@ -123,10 +126,9 @@ def matmul_config(m: int, n: int, k: int, batch: int, itemsize: int, sm_count: i
     warps = 8 if bm * bn >= 128 * 128 else 4
     # few output tiles and a long K loop: split K so that every SM gets about two programs,
     # each running at least 4 BLOCK_K steps (the partials cost 8 bytes per output per split)
-    tiles = math.ceil(m / bm) * math.ceil(n / bn) * batch
     split = 1
-    if tiles < sm_count:
-        split = max(1, min(64, math.ceil(2 * sm_count / tiles), k // (4 * bk)))
+    if tiles() < sm_count:
+        split = max(1, min(64, math.ceil(2 * sm_count / tiles()), k // (4 * bk)))
         split = 1 << (split.bit_length() - 1)
     return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "num_warps": warps,
             "num_stages": 3 if k > 2 * bk else 2, "SPLIT_K": split}

@@ -101,8 +101,7 @@ def group_config(plan: FusionPlan, g: Group, sm_count: int) -> dict:
     if g.kind == "attention":
         return H.attention_config(geo["M"], geo["N"], geo["head_dim"], geo["batch_heads"], sm_count)
     if g.kind == "matmul":
-        dt = node_dtype(g.red)
-        return H.matmul_config(geo["M"], geo["N"], geo["K"], geo["batch"], dt.itemsize, sm_count)
+        return H.matmul_config(geo["M"], geo["N"], geo["K"], geo["batch"], sm_count)
     return H.softmax_config(geo["nrows"], geo["r"], geo["inner"], geo["rows_variant"])
 
 

@@ -103,11 +103,11 @@ def test_batched_and_transposed_forms(write_problem):
 
 
 def test_matmul_heuristic_fills_the_gpu_and_fits_k():
-    big = H.matmul_config(4096, 4096, 4096, 1, 4)
+    big = H.matmul_config(4096, 4096, 4096, 1)
     assert (big["BLOCK_M"], big["BLOCK_N"], big["BLOCK_K"]) == (128, 128, 64)
-    small = H.matmul_config(256, 256, 16, 1, 2)  # 4 tiles of 128: shrink to fill 132 SMs
+    small = H.matmul_config(256, 256, 16, 1)  # 4 tiles of 128: shrink to fill 132 SMs
     assert small["BLOCK_M"] == 64 and small["BLOCK_N"] == 64 and small["BLOCK_K"] == 16
-    assert H.matmul_config(4096, 4096, 4096, 1, 2)["BLOCK_K"] == 64
+    assert H.matmul_config(8192, 2048, 4096, 1)["BLOCK_K"] == 64  # the same tiles for every dtype
 
 
 def test_fp32_products_use_3xtf32_and_the_roofline_charges_that_rate():
@@ -183,10 +183,10 @@ def test_vector_like_products_stay_cublas_and_long_k_ones_split(write_problem):
     longk = _plan(write_problem, _src("a, b):\n        return torch.matmul(a, b)\n",
                                       "[torch.randn(256, 8192), torch.randn(8192, 256)]"), "lk")
     assert [g.kind for g in longk.groups] == ["matmul"]
-    cfg = H.matmul_config(256, 256, 524288, 1, 4)
+    cfg = H.matmul_config(256, 256, 524288, 1)
     assert cfg["SPLIT_K"] == 16  # 16 tiles of 64x64: 16 splits = 256 programs for 132 SMs
-    assert H.matmul_config(4096, 4096, 4096, 1, 4)["SPLIT_K"] == 1
-    assert H.matmul_config(256, 256, 128, 1, 4)["SPLIT_K"] == 1  # K too short to split
+    assert H.matmul_config(4096, 4096, 4096, 1)["SPLIT_K"] == 1
+    assert H.matmul_config(256, 256, 128, 1)["SPLIT_K"] == 1  # K too short to split
 
 
 def test_backed_out_product_keeps_its_epilogue_as_a_fused_tail(write_problem, tmp_path):

@@ -95,6 +95,13 @@ def load_expr(ptr: str, idx: str, mask: str, dtype: str, ctype: str, other: str 
     return f"{base}.to({ctype})"
 
 
+#: one Welford step per lane: running mean wm, sum of squared deviations w2 and count wn of
+#: the values z under mask m (channel statistics; split norm statistics)
+WELFORD_STEP = ["wn = wn + m.to(tl.float32)", "d = z - wm",
+                "wm = wm + tl.where(m, d / tl.maximum(wn, 1.0), 0.0)",
+                "w2 = w2 + tl.where(m, d * (z - wm), 0.0)"]
+
+
 def indent(lines: list[str], n: int) -> str:
     pad = " " * n
     return "\n".join(pad + ln if ln else ln for ln in lines)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from knowledge.schema import TemplateInfo
-from knowledge.templates import Rendered, compute_type, indent, load_expr
+from knowledge.templates import WELFORD_STEP, Rendered, compute_type, indent, load_expr
 
 INFO = TemplateInfo(
     name="chanstats",
@@ -51,10 +51,7 @@ def render(spec: ChanStatsSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         "        s = off + tl.arange(0, BLOCK)",
         "        m = s < S",
         f"        z = {load_expr('X', 'base + s', 'm', spec.in_dtype, ct)}",
-        "        wn = wn + m.to(tl.float32)",
-        "        d = z - wm",
-        "        wm = wm + tl.where(m, d / tl.maximum(wn, 1.0), 0.0)",
-        "        w2 = w2 + tl.where(m, d * (z - wm), 0.0)",
+        *["        " + ln for ln in WELFORD_STEP],
         "mean_c, m2_c, n_c = tl.reduce((wm, w2, wn), 0, _egg_welford_combine)",
         "tl.store(WMEAN + pid, mean_c)",
         "tl.store(WM2 + pid, m2_c)",
@@ -72,10 +69,7 @@ def render(spec: ChanStatsSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         "    rows = n0 + tl.arange(0, ROWS)",
         "    m = (rows[:, None] < hi) & mc[None, :]",
         f"    z = {load_expr('X', 'rows[:, None].to(tl.int64) * C + cs[None, :]', 'm', spec.in_dtype, ct)}",
-        "    wn = wn + m.to(tl.float32)",
-        "    d = z - wm",
-        "    wm = wm + tl.where(m, d / tl.maximum(wn, 1.0), 0.0)",
-        "    w2 = w2 + tl.where(m, d * (z - wm), 0.0)",
+        *["    " + ln for ln in WELFORD_STEP],
         "mean_c, m2_c, n_c = tl.reduce((wm, w2, wn), 0, _egg_welford_combine)",
         "tl.store(WMEAN + cs * SPLITS + sp, mean_c, mask=mc)",
         "tl.store(WM2 + cs * SPLITS + sp, m2_c, mask=mc)",

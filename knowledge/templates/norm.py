@@ -20,7 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from knowledge.schema import TemplateInfo
-from knowledge.templates import Rendered, compute_type, indent, load_expr, stmt_lines
+from knowledge.templates import (WELFORD_STEP, Rendered, compute_type, indent, load_expr,
+                                 stmt_lines)
 
 INFO = TemplateInfo(
     name="norm",
@@ -145,10 +146,7 @@ def render(spec: NormSpec, cfg: dict, kname: str, gname: str) -> Rendered:
     if spec.op == "rms":
         loop += ["wm = wm + z * z", "wn = wn + m.to(tl.float32)"]
     else:
-        loop += ["wn = wn + m.to(tl.float32)",
-                 "d = z - wm",
-                 "wm = wm + tl.where(m, d / tl.maximum(wn, 1.0), 0.0)",
-                 "w2 = w2 + tl.where(m, d * (z - wm), 0.0)"]
+        loop += WELFORD_STEP
     st += ["    " + ln for ln in loop]
     if spec.op == "rms":
         st += ["tl.store(WMEAN + pid, tl.sum(wm, 0))", "tl.store(WCNT + pid, tl.sum(wn, 0))"]
