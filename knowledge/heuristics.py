@@ -40,8 +40,13 @@ def reduction_config(nrows: int, r: int, inner: int, rows_variant: bool, sm_coun
     block_i = min(128, next_pow2(inner))
     block_r = max(8, min(next_pow2(r), 4096 // block_i))
     warps = 4 if block_i * block_r <= 4096 else 8
+    # few (outer index x inner block) tiles over a long reduced dim (a channels-last image
+    # reduced over its pixels): the reduced dim is split too, >= 4 programs per SM
+    tiles = nrows * math.ceil(inner / block_i)
+    want = max(1, math.ceil(4 * sm_count / max(1, tiles)))
+    chunk = max(4 * block_r, math.ceil(r / want))
     return {"BLOCK_O": 1, "BLOCK_R": block_r, "BLOCK_I": block_i, "num_warps": warps,
-            "num_stages": 2}
+            "num_stages": 2, "SPLIT_ROWS": 2 * sm_count, "SPLIT_CHUNK": chunk}
 
 
 def softmax_config(nrows: int, r: int, inner: int, rows_variant: bool) -> dict:

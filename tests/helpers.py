@@ -11,8 +11,21 @@ def outputs(x):
     return list(x) if isinstance(x, (list, tuple)) else [x]
 
 
-def generated_matches(problem_path, tmp_path, seeds=(0, 1), atol=1e-4, rtol=1e-4, configs=None):
+class _Launches:
+    """Stands in for a generated kernel (``kernel[grid](...)``) and records that it launched."""
+
+    def __init__(self, kernel, name: str, seen: set):
+        self.kernel, self.name, self.seen = kernel, name, seen
+
+    def __getitem__(self, grid):
+        self.seen.add(self.name)
+        return self.kernel[grid]
+
+
+def generated_matches(problem_path, tmp_path, seeds=(0, 1), atol=1e-4, rtol=1e-4, configs=None,
+                      launched=()):
     """Compile a problem with EGG's codegen, then compare ModelNew with Model in-process.
+    ``launched``: kernel names of the generated module that must run (a mapping a config forces).
 
     Returns the Compiled result (so tests can assert on the groups/kernels it made)."""
     prob = load_problem(problem_path)
@@ -21,6 +34,9 @@ def generated_matches(problem_path, tmp_path, seeds=(0, 1), atol=1e-4, rtol=1e-4
     path = tmp_path / f"cand_{problem_path.stem}.py"
     path.write_text(comp.emitted.source)
     mod = load_module(path, "candidate")
+    seen: set = set()
+    for name in launched:
+        setattr(mod, name, _Launches(getattr(mod, name), name, seen))
     init = prob.init_inputs()
     for seed in seeds:
         torch.manual_seed(1000 + seed)
@@ -39,4 +55,5 @@ def generated_matches(problem_path, tmp_path, seeds=(0, 1), atol=1e-4, rtol=1e-4
                 torch.testing.assert_close(g, r, atol=atol, rtol=rtol)
             else:
                 assert torch.equal(g, r)
+    assert seen == set(launched), f"kernels that did not run: {set(launched) - seen}"
     return comp

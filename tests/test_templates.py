@@ -32,6 +32,10 @@ CASES = {
     "reduction_split": ("reduction", problem(
         "x, y):\n        return torch.mean((x - y) ** 2)\n",
         "[torch.rand(1823, 781), torch.rand(1823, 781)]"), {"g0": {"SPLIT_CHUNK": 65536, "BLOCK_R": 1024}}),
+    "reduction_cols_split": ("reduction", problem(
+        "x):\n        return torch.sum(torch.tanh(x) + 1.0, dim=1) * 0.5, torch.amax(x, dim=(1, 2), keepdim=True)\n",
+        "[torch.randn(3, 517, 45, 3)]"),
+        {"g0": {"SPLIT_CHUNK": 128, "BLOCK_R": 32, "BLOCK_I": 16}, "g1": {"SPLIT_CHUNK": 2048, "BLOCK_R": 64, "BLOCK_I": 4}}),
     "softmax_one_pass": ("softmax", problem(
         "x):\n        return torch.softmax(x, dim=-1), torch.log_softmax(x, dim=1)\n",
         "[torch.randn(223, 781)]"), None),
@@ -96,10 +100,17 @@ CASES = {
 }
 
 
+#: kernels a case's forced configuration must run (the split mappings)
+LAUNCHED = {"reduction_split": ("_egg_k_g0_part", "_egg_k_g0_fin"),
+            "reduction_cols_split": ("_egg_k_g0_part", "_egg_k_g0_fin", "_egg_k_g1_part", "_egg_k_g1_fin"),
+            "layer_norm_split": ("_egg_k_g0_stats", "_egg_k_g0_apply")}
+
+
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_template_matches_torch(name, write_problem, tmp_path):
     template, src, configs = CASES[name]
-    comp = generated_matches(write_problem(src, name), tmp_path, seeds=(0, 1), configs=configs)
+    comp = generated_matches(write_problem(src, name), tmp_path, seeds=(0, 1), configs=configs,
+                             launched=LAUNCHED.get(name, ()))
     assert template in {g.kind for g in comp.plan.groups}
 
 

@@ -141,45 +141,65 @@ COMBINE = {"sum": ("tl.sum", "acc2 + v"), "mean": ("tl.sum", "acc2 + v"),
            "amax": ("tl.max", "tl.maximum(acc2, v)"), "amin": ("tl.min", "tl.minimum(acc2, v)")}
 
 
-def _split_kernels(spec: ReductionSpec, kname: str, cfg: dict) -> str:
-    """Rows variant split over programs: partial reductions of chunks, then a merge + epilogue."""
+def _split_kernels(spec: ReductionSpec, kname: str, cfg: dict, rows_v: bool) -> str:
+    """Split over programs (tile-split-rows): partial reductions of chunks of the reduced dim,
+    then a merge + epilogue. Rows variant: one chunk of one row per program, partials [rows,
+    SPLITS]; cols variant: one chunk x BLOCK_I inner columns of one outer index per program,
+    partials [rows, SPLITS, INNER]."""
     n_in = len(spec.in_dtypes)
     ct = compute_type(spec)
     red, upd = COMBINE[spec.op]
     ident = IDENTITY[spec.op]
     strides = [f"S{i}_{d}" for i in range(n_in) for d in range(5)]
     ins = [f"P{i}" for i in range(n_in)]
-    part = [
-        "pid = tl.program_id(0)",
-        "row = (pid // SPLITS).to(tl.int64)",
-        "sp = pid % SPLITS",
-        "rmask = row < NROWS",
-    ]
+    if rows_v:
+        part = ["pid = tl.program_id(0)", "row = (pid // SPLITS).to(tl.int64)", "sp = pid % SPLITS"]
+        tile, rr_idx, mask = "[BLOCK_R]", "rr", "(rr < R) & (rr < (sp + 1) * CHUNK)"
+    else:
+        part = ["pid = tl.program_id(0)", "nib = tl.cdiv(INNER, BLOCK_I)",
+                "sp = pid % SPLITS", "t = pid // SPLITS", "ib = t % nib", "row = (t // nib).to(tl.int64)",
+                "ii = ib * BLOCK_I + tl.arange(0, BLOCK_I)", "imask = ii < INNER"]
+        tile, rr_idx = "[BLOCK_R, BLOCK_I]", "rr[:, None]"
+        mask = "((rr < R) & (rr < (sp + 1) * CHUNK))[:, None] & imask[None, :]"
     part += [f"b{i} = _egg_index3(row, OD1, OD2, S{i}_0, S{i}_1, S{i}_2)" for i in range(n_in)]
-    part += [f"acc2 = tl.full([BLOCK_R], {ident}, {ct})", "for off in range(0, CHUNK, BLOCK_R):"]
-    loop = ["rr = sp * CHUNK + off + tl.arange(0, BLOCK_R)", "m = (rr < R) & (rr < (sp + 1) * CHUNK)"]
+    part += [f"acc2 = tl.full({tile}, {ident}, {ct})", "for off in range(0, CHUNK, BLOCK_R):"]
+    loop = ["rr = sp * CHUNK + off + tl.arange(0, BLOCK_R)", f"m = {mask}"]
     for i in spec.pro_inputs:
-        loop.append(f"x{i} = {load_expr(f'P{i}', f'b{i} + rr * S{i}_3', 'm', spec.in_dtypes[i], ct)}")
+        idx = f"b{i} + rr * S{i}_3" if rows_v else f"b{i} + rr[:, None] * S{i}_3 + ii[None, :] * S{i}_4"
+        loop.append(f"x{i} = {load_expr(f'P{i}', idx, 'm', spec.in_dtypes[i], ct)}")
     loop += stmt_lines(spec.pro_stmts)
     loop += [f"v = tl.where(m, {spec.red_var}, {ident})", f"acc2 = {upd}"]
     part += ["    " + ln for ln in loop]
-    part.append(f"tl.store(W + pid, {red}(acc2, 0))")
+    if rows_v:
+        part.append(f"tl.store(W + pid, {red}(acc2, 0))")
+        tail = "SPLITS, CHUNK, BLOCK_R: tl.constexpr"
+    else:
+        part.append(f"tl.store(W + (row * SPLITS + sp) * INNER + ii, {red}(acc2, 0), mask=imask)")
+        tail = "SPLITS, CHUNK, BLOCK_R: tl.constexpr, BLOCK_I: tl.constexpr"
     k_part = (f"@triton.jit\ndef {kname}_part({', '.join(ins + ['W', 'NROWS', 'OD1', 'OD2', 'R', 'INNER'] + strides)}, "
-              "SPLITS, CHUNK, BLOCK_R: tl.constexpr):\n" + indent(part, 4) + "\n")
+              f"{tail}):\n" + indent(part, 4) + "\n")
     outs = [f"O{j}" for j in range(len(spec.outputs))]
-    fin = row_setup(n_in, True)
-    fin = [ln.replace("if I64:", "if True:") for ln in fin]
-    fin += ["s = tl.arange(0, SPLITS_P2)",
-            f"pv = tl.load(W + rows[:, None] * SPLITS + s[None, :], mask=rmask[:, None] & (s < SPLITS)[None, :], other={ident})",
-            f"acc = {red}(pv, 1)"]
+    fin = [ln.replace("if I64:", "if True:") for ln in row_setup(n_in, rows_v)]
+    fin.append("s = tl.arange(0, SPLITS_P2)")
+    if rows_v:
+        fin.append(f"pv = tl.load(W + rows[:, None] * SPLITS + s[None, :], "
+                   f"mask=rmask[:, None] & (s < SPLITS)[None, :], other={ident})")
+        fin.append(f"acc = {red}(pv, 1)")
+        fin_tail = "SPLITS, SPLITS_P2: tl.constexpr, BLOCK_O: tl.constexpr"
+    else:
+        fin.append(f"pv = tl.load(W + (row * SPLITS + s[:, None]) * INNER + ii[None, :], "
+                   f"mask=(s < SPLITS)[:, None] & imask[None, :], other={ident})")
+        fin.append(f"acc = {red}(pv, 0)")
+        fin_tail = "SPLITS, SPLITS_P2: tl.constexpr, BLOCK_I: tl.constexpr"
     if spec.op == "mean":
         fin.append("acc = acc / R")
-    fin += reduced_loads(spec, spec.epi_inputs, True)
+    fin += reduced_loads(spec, spec.epi_inputs, rows_v)
     fin += stmt_lines(spec.epi_stmts)
+    oidx, omask = ("rows", "rmask") if rows_v else ("row * INNER + ii", "imask")
     for j, (var, _dt) in enumerate(spec.outputs):
-        fin.append(f"tl.store(O{j} + rows, ({var}).to(O{j}.dtype.element_ty), mask=rmask)")
+        fin.append(f"tl.store(O{j} + {oidx}, ({var}).to(O{j}.dtype.element_ty), mask={omask})")
     k_fin = (f"@triton.jit\ndef {kname}_fin({', '.join(ins + outs + ['W', 'NROWS', 'OD1', 'OD2', 'R', 'INNER'] + strides)}, "
-             "SPLITS, SPLITS_P2: tl.constexpr, BLOCK_O: tl.constexpr):\n" + indent(fin, 4) + "\n")
+             f"{fin_tail}):\n" + indent(fin, 4) + "\n")
     return k_part + "\n\n" + k_fin
 
 
@@ -253,9 +273,9 @@ def render(spec: ReductionSpec, cfg: dict, kname: str, gname: str) -> Rendered:
     for j, (var, _dt) in enumerate(spec.outputs):
         body.append(f"tl.store(O{j} + {oidx}, ({var}).to(O{j}.dtype.element_ty), mask={omask})")
     kernel = head + indent(body, 4) + "\n"
-    splittable = rows_v and op in SPLIT_OPS
+    splittable = op in SPLIT_OPS
     if splittable:
-        kernel += "\n\n" + _split_kernels(spec, kname, cfg)
+        kernel += "\n\n" + _split_kernels(spec, kname, cfg, rows_v)
 
     args = ", ".join(f"a{i}" for i in range(n_in))
     w = wrapper_prelude(n_in, spec.pro_inputs, spec.epi_inputs, spec.rdims, spec.keepdim, rows_v)
@@ -268,21 +288,34 @@ def render(spec: ReductionSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         f"BLOCK_R = min({int(cfg['BLOCK_R'])}, triton.next_power_of_2(R))",
     ]
     if splittable:
-        # few long rows: split each row over SPLITS programs, then merge (tile-split-rows)
+        # few programs over long reductions: split the reduced dim over SPLITS programs, then
+        # merge (tile-split-rows); rows: few rows, cols: few (outer index x inner block) tiles
         outs = "".join(f", o{j}" for j in range(len(spec.outputs)))
         flat = "*[s for st in sts for s in st]"
+        tiles = "nrows" if rows_v else f"nrows * triton.cdiv(inner, {int(cfg['BLOCK_I'])})"
         w += [
-            f"splits = min(1024, triton.cdiv(R, {int(cfg['SPLIT_CHUNK'])})) if nrows < {int(cfg['SPLIT_ROWS'])} else 1",
+            f"splits = min(1024, triton.cdiv(R, {int(cfg['SPLIT_CHUNK'])})) if {tiles} < {int(cfg['SPLIT_ROWS'])} else 1",
             "if splits > 1:",
             "    chunk = triton.cdiv(triton.cdiv(R, splits), BLOCK_R) * BLOCK_R",
             "    splits = triton.cdiv(R, chunk)",
-            "    part = torch.empty(nrows * splits, device=dev, dtype=torch.float32)",
-            f"    {kname}_part[(nrows * splits,)](*ts, part, nrows, outer[1], outer[2], R, inner, {flat}, "
-            f"splits, chunk, BLOCK_R=BLOCK_R, num_warps={int(cfg['num_warps'])})",
-            f"    {kname}_fin[(triton.cdiv(nrows, 4),)](*ts{outs}, part, nrows, outer[1], outer[2], R, inner, "
-            f"{flat}, splits, SPLITS_P2=triton.next_power_of_2(splits), BLOCK_O=4, num_warps=4)",
-            f"    return {ret}",
+            "    part = torch.empty(nrows * splits * inner, device=dev, dtype=torch.float32)",
         ]
+        if rows_v:
+            w += [
+                f"    {kname}_part[(nrows * splits,)](*ts, part, nrows, outer[1], outer[2], R, inner, {flat}, "
+                f"splits, chunk, BLOCK_R=BLOCK_R, num_warps={int(cfg['num_warps'])})",
+                f"    {kname}_fin[(triton.cdiv(nrows, 4),)](*ts{outs}, part, nrows, outer[1], outer[2], R, inner, "
+                f"{flat}, splits, SPLITS_P2=triton.next_power_of_2(splits), BLOCK_O=4, num_warps=4)",
+            ]
+        else:
+            bi = int(cfg["BLOCK_I"])
+            w += [
+                f"    {kname}_part[({tiles} * splits,)](*ts, part, nrows, outer[1], outer[2], R, inner, {flat}, "
+                f"splits, chunk, BLOCK_R=BLOCK_R, BLOCK_I={bi}, num_warps={int(cfg['num_warps'])})",
+                f"    {kname}_fin[({tiles},)](*ts{outs}, part, nrows, outer[1], outer[2], R, inner, "
+                f"{flat}, splits, SPLITS_P2=triton.next_power_of_2(splits), BLOCK_I={bi}, num_warps=4)",
+            ]
+        w.append(f"    return {ret}")
     w += [
         launch_line(kname, len(spec.outputs), grid, kw, cfg),
         f"return {ret}",
