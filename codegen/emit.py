@@ -192,7 +192,8 @@ def _norm_spec(plan, g, red_op, ins, pro, epi, slots, outs, in_dtypes, compute):
         epi_inputs=epi, pro_stmts=_stmts(plan, g.prologue(), namer, "pro"),
         red_var=namer(x, "pro", red_op, 0), epi_stmts=_stmts(plan, g.epilogue(), namer, "epi"),
         outputs=[("nv" if m is g.red else f"v_{m.name}", _dt(m)) for m in outs],
-        weight=w_i, bias=b_i, eps=float(eps), rows_div=rows_div, affine=affine, compute=compute)
+        weight=w_i, bias=b_i, eps=float(eps), rows_div=rows_div, affine=affine, compute=compute,
+        norm_k=len(red_op.p["normalized_shape"]) if red_op.name in ("layer", "rms") else 0)
     return spec, ins, outs
 
 

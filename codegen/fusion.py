@@ -70,7 +70,8 @@ def _numel(shape) -> int:
 
 
 def norm_pattern(g: "Group", norm: NOp, t_shape) -> str | None:
-    """How a normalization kernel indexes an extra input: full, scalar, affine or not at all."""
+    """How a normalization kernel indexes an extra input: full, scalar, affine, row (layer / RMS
+    norm: constant over the normalized dims) or not at all."""
     dom = tuple(g.domain)
     t_shape = tuple(t_shape or ())
     if t_shape == dom:
@@ -85,6 +86,8 @@ def norm_pattern(g: "Group", norm: NOp, t_shape) -> str | None:
         k = len(norm.p.get("normalized_shape") or ())
         if all(s == 1 for s in ts[: nd - k]) and ts[nd - k:] == dom[nd - k:]:
             return "affine"
+        if all(s == 1 for s in ts[nd - k:]) and broadcasts_to(ts, dom):
+            return "row"  # one value per normalized row (a per-channel bias before a norm over W)
         return None
     if nd >= 2 and ts[1] == dom[1] and all(s == 1 for i, s in enumerate(ts) if i != 1):
         return "affine"

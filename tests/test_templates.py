@@ -48,6 +48,14 @@ CASES = {
     "layer_norm_split": ("norm", problem(
         "x):\n        return self.ln(x) * 2.0\n", "[torch.rand(2, 1823, 3) * 5 + 2]",
         members="        self.ln = nn.LayerNorm((1823, 3))\n"), {"g0": {"ONE_MAX": 1024, "SPLIT_CHUNK": 4096}}),
+    "layer_norm_row_inputs": ("norm", problem(
+        "x, b, s):\n        return F.gelu(self.ln(x + b)) * s\n",
+        "[torch.randn(4, 6, 5, 37), torch.randn(6, 1, 1), torch.randn(4, 6, 1, 1)]",
+        members="        self.ln = nn.LayerNorm(37)\n"), None),
+    "layer_norm_row_inputs_split": ("norm", problem(
+        "x, b):\n        return self.ln(x - b) * 3.0\n",
+        "[torch.randn(4, 6, 5, 37), torch.randn(4, 1, 5, 1)]",
+        members="        self.ln = nn.LayerNorm(37)\n"), {"g0": {"ONE_MAX": 16, "BLOCK": 16, "SPLIT_CHUNK": 16}}),
     "group_norm": ("norm", problem(
         "x):\n        return self.gn(torch.tanh(x))\n", "[torch.randn(3, 12, 29, 31)]",
         members="        self.gn = nn.GroupNorm(4, 12)\n"), None),
@@ -103,7 +111,10 @@ CASES = {
 #: kernels a case's forced configuration must run (the split mappings)
 LAUNCHED = {"reduction_split": ("_egg_k_g0_part", "_egg_k_g0_fin"),
             "reduction_cols_split": ("_egg_k_g0_part", "_egg_k_g0_fin", "_egg_k_g1_part", "_egg_k_g1_fin"),
-            "layer_norm_split": ("_egg_k_g0_stats", "_egg_k_g0_apply")}
+            "layer_norm_split": ("_egg_k_g0_stats", "_egg_k_g0_apply"),
+            "layer_norm_row_inputs_split": ("_egg_k_g0_stats", "_egg_k_g0_apply")}
+#: cases planned as one kernel: every pointwise op is the norm's prologue or epilogue
+ONE_GROUP = {"layer_norm_row_inputs", "layer_norm_row_inputs_split"}
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -112,6 +123,8 @@ def test_template_matches_torch(name, write_problem, tmp_path):
     comp = generated_matches(write_problem(src, name), tmp_path, seeds=(0, 1), configs=configs,
                              launched=LAUNCHED.get(name, ()))
     assert template in {g.kind for g in comp.plan.groups}
+    if name in ONE_GROUP:
+        assert len(comp.plan.groups) == 1, [g.kind for g in comp.plan.groups]
 
 
 def test_gpu_templates_script_casts_a_case_and_verifies_it(tmp_path):

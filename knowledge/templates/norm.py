@@ -12,8 +12,9 @@ Two mappings (principles alg-norm-one-pass, tile-split-rows):
   input twice, but every SM has work even with a handful of rows (layer norm over a whole
   image, group norm with few groups).
 
-Aux inputs of the prologue/epilogue follow one of three patterns: full (same shape as the
-domain), scalar (one element), affine (indexed like the weight).
+Aux inputs of the prologue/epilogue follow one of four patterns: full (same shape as the
+domain), scalar (one element), affine (indexed like the weight), row (layer / RMS norm: one value
+per row, broadcast over the normalized dims; expanded to ROWS values on the host).
 """
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ INFO = TemplateInfo(
 class NormSpec:
     op: str  # layer | rms | group | instance
     in_dtypes: list[str]
-    patterns: list[str]  # per input: full | scalar | affine
+    patterns: list[str]  # per input: full | scalar | affine | row
     pro_inputs: list[int]
     epi_inputs: list[int]
     pro_stmts: list[tuple[str, str]]
@@ -52,6 +53,7 @@ class NormSpec:
     rows_div: tuple[str, str]  # python expressions (of shape) for (ROWS, R)
     affine: tuple[str, str, str]  # python expressions for (AG, ACPG, ASP)
     compute: str = "fp32"
+    norm_k: int = 0  # layer / RMS: the number of normalized (trailing) dims, for row inputs
 
 
 def _loads(spec: NormSpec, inputs: list[int], row: str, r: str, mask: str) -> list[str]:
@@ -63,6 +65,8 @@ def _loads(spec: NormSpec, inputs: list[int], row: str, r: str, mask: str) -> li
             idx = f"{row} * R + {r}"
         elif pat == "scalar":
             idx = f"({row} * 0 + {r} * 0)"
+        elif pat == "row":
+            idx = f"({row} + {r} * 0)"
         else:
             idx = "aidx"
         out.append(f"x{i} = {load_expr(f'P{i}', idx, mask, spec.in_dtypes[i], ct)}")
@@ -195,6 +199,8 @@ def render(spec: NormSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         "        if list(ts[i].shape) != shape:",
         "            raise RuntimeError('EGG: normalization input of another shape than its domain')",
         "        ts[i] = ts[i].contiguous()",
+        "    elif pat == 'row':",
+        f"        ts[i] = ts[i].expand(shape[:len(shape) - {spec.norm_k}] + [1] * {spec.norm_k}).reshape(-1)",
         "    else:",
         "        ts[i] = ts[i].reshape(-1).contiguous()",
         f"rows, R = {spec.rows_div[0]}, {spec.rows_div[1]}",
