@@ -103,7 +103,8 @@ def build_spec(plan: FusionPlan, g: Group):
         stmts = _stmts(plan, g.members, namer, "pro")
         outputs = [(f"v_{m.name}", _dt(m)) for m in outs]
         rolls = {i: int(O.node_shape(t)[-1]) for (role, t), i in slots.items() if role == "roll"}
-        return PointwiseSpec(in_dtypes, stmts, outputs, compute, rolls), ins, outs
+        std = [j for j, m in enumerate(outs) if plan.nops[m].p.get("standard_layout")]
+        return PointwiseSpec(in_dtypes, stmts, outputs, compute, rolls, std), ins, outs
     red_op = plan.nops[g.red]
     if g.kind == "chanstats":  # outputs in the wrapper's order: (mean, var)
         outs = sorted(g.aliases, key=lambda a: g.aliases[a] != "mean")

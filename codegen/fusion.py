@@ -315,6 +315,16 @@ def plan_fusion(gm: fx.GraphModule, disabled: set[str] | None = None) -> FusionP
                 g.aliases[n] = slot
                 where[n] = g
             continue
+        if op.kind == "relayout":
+            # a channels-last result converted back (codegen.layout): a pointwise group that
+            # produces it writes the standard layout itself (principle mem-conv-channels-last)
+            src = op.operands[0]
+            g = where.get(src) if isinstance(src, fx.Node) else None
+            if g is None or g.kind != "pointwise" or shape is None:
+                op.kind, op.why = "library", "a layout conversion of a value no pointwise kernel makes"
+                continue
+            op.kind, op.name = "identity", "identity"
+            op.p = {**op.p, "standard_layout": True}
         if op.kind == "identity":
             src = op.operands[0]
             g = where.get(src) if isinstance(src, fx.Node) else None

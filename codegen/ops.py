@@ -30,7 +30,7 @@ class OpDef:
 
 @dataclass
 class NOp:
-    kind: str  # pointwise | reduction | softmax | view | library | identity | io | getitem
+    kind: str  # pointwise | reduction | softmax | view | library | identity | io | getitem | relayout
     name: str
     node: fx.Node
     operands: list[Any] = field(default_factory=list)  # fx.Node or python scalars
@@ -380,6 +380,8 @@ def _classify(node: fx.Node, gm: fx.GraphModule) -> NOp:
         if name is None:
             return library(node, f"method {node.target} has no template")
         return _from_name(name, node, args, kwargs)
+    if node.target is RT._egg_standard_layout:  # the layout pass's conversion of a result
+        return NOp("relayout", "standard_layout", node, [args[0]])
     name = FUNCTIONS.get(node.target)
     if name is None:
         return library(node, f"{_describe(node)} has no template")

@@ -88,8 +88,10 @@ def us_saved(plan: FusionPlan, g: Group, hw) -> float | None:
 def group_config(plan: FusionPlan, g: Group, sm_count: int) -> dict:
     ins, _, _ = group_inputs(plan, g)
     geo = pipeline.group_geometry(plan, g, len(ins))
-    if g.kind in ("pointwise", "pool"):
+    if g.kind == "pointwise":
         return H.pointwise_config(geo["numel"], geo["n_inputs"], sm_count)
+    if g.kind == "pool":
+        return H.pool_config(geo["numel"], sm_count)
     if g.kind == "reduction":
         return H.reduction_config(geo["nrows"], geo["r"], geo["inner"], geo["rows_variant"], sm_count)
     if g.kind == "norm":

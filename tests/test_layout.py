@@ -89,11 +89,12 @@ def _emit(write_problem, src, name):
 
 
 def test_conv_with_pointwise_tail_runs_channels_last_and_returns_the_standard_layout(write_problem):
+    """The tail reads the channels-last result and writes the standard layout itself (tiles read
+    along C, written along the pixels): no conversion pass over the result."""
     path, cand, plan, em = _emit(write_problem, CONV_TAIL, "cl_tail")
     assert plan.channels_last_params == ["conv.weight"]
     fwd = em.source[em.source.rindex("def forward(self, x):"):]
-    assert "_egg_channels_last(x)" in fwd and "_egg_standard_layout(out_g0)" in fwd
-    assert "_egg_standard_layout(conv" not in fwd  # the pointwise tail reads channels-last
+    assert "_egg_channels_last(x)" in fwd and "_egg_standard_layout(" not in fwd
     mod = load_module(cand, "candidate")
     torch.manual_seed(0)
     m = mod.ModelNew()
@@ -101,11 +102,37 @@ def test_conv_with_pointwise_tail_runs_channels_last_and_returns_the_standard_la
     x = torch.randn(2, 3, 19, 13)
     conv = F.conv2d(x.contiguous(memory_format=torch.channels_last), m.conv.weight)
     bias = m.conv.bias.view(1, 8, 1, 1)  # rw-conv-bias-epilogue moved the bias into the tail
-    tail = mod._egg_g0(conv, bias, m.shift)  # the fused tail keeps the walk in memory order
-    assert tail.is_contiguous(memory_format=torch.channels_last) and not tail.is_contiguous()
+    seen = []
+    tiled = mod._egg_k_g0_t
+    mod._egg_k_g0_t = type("K", (), {"__getitem__": lambda self, g: seen.append(g) or tiled[g]})()
+    tail = mod._egg_g0(conv, bias, m.shift)
+    assert seen and tail.is_contiguous()  # the tiled walk ran and wrote the standard layout
     torch.testing.assert_close(tail, F.gelu(conv + bias + m.shift) * 0.5, atol=1e-5, rtol=1e-5)
-    out = m(x)
-    assert out.is_contiguous()
+    # a standard-layout input: the flat walk (and no conversion needed)
+    std = mod._egg_g0(conv.contiguous(), bias, m.shift)
+    assert len(seen) == 1 and std.is_contiguous()
+    torch.testing.assert_close(std, tail)
+    assert m(x).is_contiguous()
+    assert verify(str(path), str(cand), trials=2)["passed"]
+
+
+def test_tail_whose_input_cannot_be_tiled_converts_after_the_walk(write_problem):
+    """A per-row input (its spatial dims do not collapse into one stride): the tiled walk does
+    not apply, the wrapper walks channels-last and converts its result; also a chain whose value
+    is reduced as well as returned. Same values as eager either way."""
+    src = CONV_TAIL.replace(
+        "return F.gelu(self.conv(x) + self.shift) * 0.5",
+        "return torch.relu(self.conv(x) + self.rowb) * 2.0").replace(
+        "self.shift = nn.Parameter(torch.randn(8, 1, 1) * 0.1)",
+        "self.rowb = nn.Parameter(torch.randn(17, 1) * 0.1)")
+    path, cand, plan, em = _emit(write_problem, src, "cl_fallback")
+    assert "o0 = _egg_standard_layout(o0)" in em.source  # in the wrapper, after the flat walk
+    assert verify(str(path), str(cand), trials=2)["passed"]
+    mod = load_module(cand, "candidate")
+    assert mod.ModelNew()(torch.randn(2, 3, 19, 13)).is_contiguous()
+    src2 = src.replace("return torch.relu(self.conv(x) + self.rowb) * 2.0",
+                       "y = torch.relu(self.conv(x) + self.rowb) * 2.0\n        return y, y.amax(dim=1)")
+    path, cand, plan, em = _emit(write_problem, src2, "cl_fallback2")
     assert verify(str(path), str(cand), trials=2)["passed"]
 
 

@@ -28,6 +28,8 @@ class PointwiseSpec:
     compute: str = "fp32"
     #: inputs loaded at the column rolled by half their last dim D (slot -> D): a rotate-half
     rolls: dict[int, int] = field(default_factory=dict)
+    #: outputs returned in the standard layout (a channels-last walk converted back)
+    std_outputs: list[int] = field(default_factory=list)
 
 
 @dataclass

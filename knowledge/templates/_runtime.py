@@ -90,6 +90,24 @@ def _egg_pointwise_layout(shape, tensors, follow_memory=True):
     return dims, sts, flat, order
 
 
+def _egg_ncs_layout(shape, tensors, order):
+    """A channels-last walk of a 4-d/5-d domain seen as (N, C, S = spatial): per tensor its
+    (N, C, S) strides, for a kernel that reads channels-last tiles and writes the standard
+    layout. None unless the walk is channels-last and every tensor's spatial dims collapse
+    into one stride (then the caller walks as usual and converts afterwards)."""
+    nd = len(shape)
+    if nd not in (4, 5) or list(order) != [0, *range(2, nd), 1] or shape[0] > 65535:
+        return None
+    out = []
+    for t in tensors:
+        b = _egg_bstrides(t, shape)
+        sp = _egg_collapse(list(shape[2:]), [b[2:]], 1)
+        if sp is None:
+            return None
+        out.append([b[0], b[1], sp[1][0][0]])
+    return shape[0], shape[1], math.prod(shape[2:]), out
+
+
 def _egg_reduction_layout(shape, rdims, tensors):
     """Layout of a reduction domain split as outer (3 dims) x reduced (1) x inner (1).
 

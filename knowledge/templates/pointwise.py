@@ -5,6 +5,12 @@ channels-last out, both coalesced; the standard order otherwise). Inputs laid ou
 are indexed by the flat offset; others (broadcast bias, permuted views) by a 4-d strided index
 after collapsing mergeable dims. A rotate-half operand (RoPE) is loaded at the column rolled by
 half its last dim, with the domain walked in its standard order.
+
+Outputs asked for in the standard layout (a convolution's channels-last result converted back
+for the caller, codegen.layout) are written in it directly when the walk is channels-last: a
+second kernel takes (BLOCK_C channels x BLOCK_S pixels) tiles of one image, read along C and
+written along the pixels, both coalesced (Triton moves the tile through shared memory), instead
+of a walk plus a transposing copy of the result (principle mem-conv-channels-last).
 """
 from __future__ import annotations
 
@@ -57,6 +63,9 @@ def render(spec: PointwiseSpec, cfg: dict, kname: str, gname: str) -> Rendered:
     for j, (var, _dt) in enumerate(spec.outputs):
         body.append(f"tl.store(O{j} + offs, ({var}).to(O{j}.dtype.element_ty), mask=mask)")
     kernel = f"@triton.jit\ndef {kname}({sig}):\n{indent(body, 4)}\n"
+    tiled = bool(spec.std_outputs) and len(spec.std_outputs) == len(spec.outputs) and not spec.rolls
+    if tiled:
+        kernel += "\n\n" + _tiled_kernel(spec, kname)
 
     args = ", ".join(f"a{i}" for i in range(n))
     out_allocs = [
@@ -77,14 +86,60 @@ def render(spec: PointwiseSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         "dev = ts[0].device",
         # rolled loads index the domain in its standard order (columns of the last dim)
         f"dims, sts, flat, order = _egg_pointwise_layout(shape, ts{', False' if spec.rolls else ''})",
+        f"BLOCK = {int(cfg['BLOCK'])}",
+    ]
+    if tiled:
+        t_args = ", ".join(
+            ["*ts"] + [f"o{j}" for j in range(len(spec.outputs))]
+            + ["C", "S", "nct", "*[s for st in st3 for s in st]", "I64=math.prod(shape) + BLOCK >= 2**31",
+               "BLOCK_C=BC", "BLOCK_S=BS", f"num_warps={int(cfg['num_warps'])}"])
+        wbody += [
+            "ncs = _egg_ncs_layout(shape, ts, order)",
+            "if ncs is not None and math.prod(shape) > 0:",
+            "    N, C, S, st3 = ncs",
+            *[f"    o{j} = torch.empty(shape, device=dev, dtype=torch.{dt})"
+              for j, (_v, dt) in enumerate(spec.outputs)],
+            "    BC = min(64, triton.next_power_of_2(C))",
+            "    BS = max(16, BLOCK // BC)",
+            "    nct = triton.cdiv(C, BC)",
+            f"    {kname}_t[(nct * triton.cdiv(S, BS), N)]({t_args})",
+            f"    return {ret}",
+        ]
+    wbody += [
         *out_allocs,
         f"n = o0.numel()",
         "if n == 0:",
         f"    return {ret}",
-        f"BLOCK = {int(cfg['BLOCK'])}",
         "grid = (triton.cdiv(n, BLOCK),)",
         f"{kname}[grid]({launch_args})",
-        f"return {ret}",
     ]
+    wbody += [f"o{j} = _egg_standard_layout(o{j})" for j in spec.std_outputs]
+    wbody.append(f"return {ret}")
     wrapper = f"def {gname}({args}):\n{indent(wbody, 4)}\n"
     return Rendered(kernel, wrapper, kname, gname, cfg)
+
+
+def _tiled_kernel(spec: PointwiseSpec, kname: str) -> str:
+    """The (N, C, S) tiled walk: reads each input at its (N, C, S) strides, writes the outputs
+    in the standard layout."""
+    n = len(spec.in_dtypes)
+    ct = compute_type(spec)
+    strides = [f"T{i}_{d}" for i in range(n) for d in range(3)]
+    sig = ", ".join([f"P{i}" for i in range(n)] + [f"O{j}" for j in range(len(spec.outputs))]
+                    + ["C", "S", "NCT"] + strides
+                    + ["I64: tl.constexpr", "BLOCK_C: tl.constexpr", "BLOCK_S: tl.constexpr"])
+    body = [
+        "t = tl.program_id(0)",
+        "n = tl.program_id(1)",
+        "if I64:",
+        "    n = n.to(tl.int64)",
+        "c = (t % NCT) * BLOCK_C + tl.arange(0, BLOCK_C)[:, None]",
+        "s = (t // NCT) * BLOCK_S + tl.arange(0, BLOCK_S)[None, :]",
+        "mask = (c < C) & (s < S)",
+    ]
+    for i in range(n):
+        body.append(f"x{i} = {load_expr(f'P{i}', f'n * T{i}_0 + c * T{i}_1 + s * T{i}_2', 'mask', spec.in_dtypes[i], ct)}")
+    body += stmt_lines(spec.stmts)
+    for j, (var, _dt) in enumerate(spec.outputs):
+        body.append(f"tl.store(O{j} + (n * C + c) * S + s, ({var}).to(O{j}.dtype.element_ty), mask=mask)")
+    return f"@triton.jit\ndef {kname}_t({sig}):\n{indent(body, 4)}\n"

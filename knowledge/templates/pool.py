@@ -64,10 +64,12 @@ def render(spec: PoolSpec, cfg: dict, kname: str, gname: str) -> Rendered:
     epi_strides = [f"E{i}_{d}" for i in spec.epi_inputs for d in range(4)]
     epi_flags = [f"F{i}: tl.constexpr" for i in spec.epi_inputs]
     sig = ", ".join(ins + outs + ["N_OUT", "C", "ID", "IH", "IW", "OD", "OH", "OW", "D1", "D2", "D3"]
-                    + epi_strides + epi_flags + ["BLOCK: tl.constexpr"])
+                    + epi_strides + epi_flags + ["I64: tl.constexpr", "BLOCK: tl.constexpr"])
     ident = 'float("-inf")' if spec.op == "max" else "0.0"
     b = [
-        "pid = tl.program_id(0).to(tl.int64)",
+        "pid = tl.program_id(0)",
+        "if I64:",  # 64-bit index math only where offsets can pass 2**31 (it costs registers)
+        "    pid = pid.to(tl.int64)",
         "offs = pid * BLOCK + tl.arange(0, BLOCK)",
         "mask = offs < N_OUT",
         "ow = offs % OW",
@@ -154,7 +156,7 @@ def render(spec: PoolSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         f"{kname}[(triton.cdiv(n_out, BLOCK),)](*ts, "
         + "".join(f"o{j}, " for j in range(len(spec.outputs)))
         + "n_out, x.shape[1], I3[0], I3[1], I3[2], O3[0], O3[1], O3[2], dims[1], dims[2], dims[3], "
-        + "*[s for st in sts for s in st], *flat, BLOCK=BLOCK, "
+        + "*[s for st in sts for s in st], *flat, I64=max(x.numel(), n_out + BLOCK) >= 2**31, BLOCK=BLOCK, "
         + f"num_warps={int(cfg['num_warps'])})",
         f"return {ret}",
     ]
