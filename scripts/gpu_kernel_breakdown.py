@@ -90,6 +90,8 @@ def one(path: pathlib.Path, out: pathlib.Path, iters: int) -> None:
         m.load_state_dict(ref.state_dict(), strict=False)
         variants["egg_cl" if cl else "egg"] = m
     lines = [f"# {path.parent.name}/{path.name}", ""]
+    with torch.no_grad():
+        want = ref(*inputs)
     for name, m in variants.items():
         def call(m=m):
             with torch.no_grad():
@@ -103,7 +105,12 @@ def one(path: pathlib.Path, out: pathlib.Path, iters: int) -> None:
         except Exception as e:  # noqa: BLE001 - one variant's failure should not lose the rest
             lines += [f"## {name}: failed: {type(e).__name__}: {str(e)[:300]}", ""]
             continue
-        lines += [f"## {name}: {ms:.3f} ms per call (median of 20, CUDA events; L2 not flushed)",
+        with torch.no_grad():
+            got = call()
+        gs, ws = (got, want) if isinstance(want, (tuple, list)) else ((got,), (want,))
+        err = max(float((g.float() - w.float()).abs().max()) for g, w in zip(gs, ws))
+        lines += [f"## {name}: {ms:.3f} ms per call (median of 20, CUDA events; L2 not flushed); "
+                  f"max abs diff vs eager {err:.2e}",
                   "", "| kernel | ms per call | launches per call |", "|---|---|---|"]
         lines += [f"| `{k[:110]}` | {t:.3f} | {c} |" for k, t, c in rows]
         lines.append("")
