@@ -57,6 +57,8 @@ def test_after_verifier(stage):
 ])
 def test_after_profiler(stage, verdict, under_cap, at_cap):
     want = {"author": AUTHOR[stage], "next": NEXT[stage]}
+    if stage == "memory" and verdict in ("improved", "noise"):
+        under_cap = "author"  # independent variants: the next one (the optimizer declines at the end)
     assert R.route_after_profiler(state(stage, passed=True, verdict=verdict, attempts=1)) == want[under_cap]
     assert R.route_after_profiler(state(stage, passed=True, verdict=verdict, attempts=3)) == want[at_cap]
 
