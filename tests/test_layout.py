@@ -277,3 +277,29 @@ def test_hybrid_policy_offers_the_layout_variant_when_the_reference_is_best(writ
     res = LLMPolicy(hybrid=True).optimize_memory(st, Settings(device="cpu", policy="hybrid"))
     assert LAYOUT_PRINCIPLE in res.principle_ids and "_egg_channels_last" in res.source
     assert "_egg_g" not in res.source.split("class ModelNew")[1].split("def forward")[1]  # no kernel
+
+
+def test_channels_last_variant_keeps_tuned_tiles_only_where_the_geometry_is_unchanged(write_problem):
+    """conv -> bias -> mean over pixels (the reduction moves to the NHWC view: another mapping)
+    and a separate pointwise result: the tiler's rows config of the reduction must not be reused
+    on the strided view (seen on the H200: 6.5 ms vs 0.6 ms), the pointwise one is."""
+    from state import Candidate, KernelConfig
+    from tests.test_expert_stage2 import _state
+
+    src = CONV_TAIL.replace("return F.gelu(self.conv(x) + self.shift) * 0.5",
+                            "return (self.conv(x) * 2.0).mean(dim=(2, 3)), torch.relu(x) + 1.0")
+    st = _state(write_problem(src, "keep"))
+    base = st.candidate("c1")
+    kinds = {c.group_id: c.template for c in base.configs}
+    red = next(g for g, t in kinds.items() if t == "reduction")
+    pw = next(g for g, t in kinds.items() if t == "pointwise")
+    tuned = [KernelConfig(group_id=red, template="reduction", params={"BLOCK_O": 1, "BLOCK_R": 4096,
+                                                                      "num_warps": 8, "num_stages": 3}),
+             KernelConfig(group_id=pw, template="pointwise", params={"BLOCK": 4096, "num_warps": 16})]
+    tiled = Candidate(id="c2", stage="tiling", author="tiler", source=base.source, configs=tuned,
+                      kernels=base.kernels)
+    st = st.model_copy(update={"candidates": st.candidates + [tiled], "best_id": "c2"})
+    draft = ExpertPolicy()._channels_last(st, tiled)
+    got = {c.group_id: c.params for c in draft.configs}
+    assert got[pw] == tuned[1].params  # same geometry: the tuned tiles stay
+    assert got[red].get("BLOCK_R") != 4096 and got[red].get("BLOCK_I")  # the cols mapping's own
