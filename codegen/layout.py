@@ -98,6 +98,11 @@ VIEW_REDUCTIONS = {"sum", "mean", "amax", "amin", "logsumexp", "max_dim", "min_d
                    "log_softmax"}
 
 
+def _adaptive_pool(n: fx.Node) -> bool:
+    """F.adaptive_avg_poolNd (classified as a mean over space when the size is 1)."""
+    return n.op == "call_function" and O.FUNCTIONS.get(n.target, "").startswith("adaptive_avg_pool")
+
+
 def _nhwc_chain(gm: fx.GraphModule, conv: fx.Node):
     """(chain, reductions) when every consumer reached from the convolution through pointwise ops
     is a reduction of VIEW_REDUCTIONS (with integer dims), a layout-free op or a result, and at
@@ -114,7 +119,7 @@ def _nhwc_chain(gm: fx.GraphModule, conv: fx.Node):
         elif (op.kind in ("reduction", "softmax") and op.name in VIEW_REDUCTIONS
               and u.op in ("call_function", "call_method")):
             dims = op.p.get("dim")
-            positional = "dim" in u.kwargs or len(u.args) > 1
+            positional = "dim" in u.kwargs or len(u.args) > 1 or _adaptive_pool(u)
             if (dims is None or dims in ((), []) or norm_dims(dims, nd) is None
                     or (op.operands[0] is not conv and op.operands[0] not in chain)
                     or not positional):
@@ -192,7 +197,9 @@ def _reduce_in_view(gm: fx.GraphModule, r: fx.Node, new_of: dict, perm: list[int
     keep = bool(op.p.get("keepdim", False)) or op.kind == "softmax"
     r.replace_input_with(src, new_of[src])
     nd_dim = new_dims if isinstance(dims, (list, tuple)) else new_dims[0]
-    if "dim" in r.kwargs:
+    if _adaptive_pool(r):  # a global average pool: its second argument is a size, not dims
+        r.target, r.args, r.kwargs = torch.mean, (new_of[src], nd_dim), {"keepdim": True}
+    elif "dim" in r.kwargs:
         r.update_kwarg("dim", nd_dim)
     else:
         args = list(r.args)

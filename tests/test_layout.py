@@ -303,3 +303,16 @@ def test_channels_last_variant_keeps_tuned_tiles_only_where_the_geometry_is_unch
     got = {c.group_id: c.params for c in draft.configs}
     assert got[pw] == tuned[1].params  # same geometry: the tuned tiles stay
     assert got[red].get("BLOCK_R") != 4096 and got[red].get("BLOCK_I")  # the cols mapping's own
+
+
+def test_global_average_pool_after_the_chain_reduces_over_the_view(write_problem):
+    """F.adaptive_avg_pool2d(y, 1) is a mean over space: over the NHWC view it becomes a mean
+    over the view's pixel dims (its second argument is a size: mapping it like dims made a
+    (N, 2, W) result, rejected by the verifier on the H200)."""
+    src = CONV_TAIL.replace("return F.gelu(self.conv(x) + self.shift) * 0.5",
+                            "y = F.gelu(self.conv(x))\n        return F.adaptive_avg_pool2d(y, 1).squeeze(-1).squeeze(-1)")
+    path, cand, plan, em = _emit(write_problem, src, "cl_gap")
+    assert "conv_nobias.permute(0, 2, 3, 1)" in em.source and "adaptive_avg_pool2d" not in em.source.split("class ModelNew")[1]
+    (red,) = plan.groups
+    assert red.kind == "reduction" and red.rdims == [1, 2]
+    assert verify(str(path), str(cand), trials=2)["passed"]
