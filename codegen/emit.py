@@ -17,7 +17,7 @@ from torch import fx
 
 from codegen import ops as O
 from codegen.fusion import FusionPlan, Group, group_outputs, group_slots, slot_roles
-from codegen.fusion import norm_pattern, pool_aux_pattern
+from codegen.fusion import chanstats_aux_pattern, norm_pattern, pool_aux_pattern
 from codegen.layout import init_lines as layout_init_lines
 from knowledge.templates import (RUNTIME_SOURCE, PointwiseSpec, ReductionSpec, SoftmaxSpec,
                                  attention, chanstats, matmul, norm, pointwise, pool, reduction,
@@ -108,7 +108,16 @@ def build_spec(plan: FusionPlan, g: Group):
     red_op = plan.nops[g.red]
     if g.kind == "chanstats":  # outputs in the wrapper's order: (mean, var)
         outs = sorted(g.aliases, key=lambda a: g.aliases[a] != "mean")
-        return ChanStatsSpec(in_dtype=in_dtypes[0], compute=compute), ins, outs
+        if not g.prologue():
+            return ChanStatsSpec(in_dtype=in_dtypes[0], compute=compute), ins, outs
+        main = next(i for i in pro if tuple(O.node_shape(ins[i]) or ()) == tuple(g.domain))
+        namer = _Namer(g, slots, "")
+        spec = ChanStatsSpec(
+            in_dtype=in_dtypes[main], compute=compute, in_dtypes=in_dtypes, main=main,
+            pro_patterns={i: chanstats_aux_pattern(g.domain, O.node_shape(ins[i])) for i in pro if i != main},
+            pro_stmts=_stmts(plan, g.prologue(), namer, "pro"),
+            red_var=namer(red_op.operands[0], "pro", red_op, 0), out_dtype=_dt(red_op.operands[0]))
+        return spec, ins, outs
     if g.kind == "norm":
         return _norm_spec(plan, g, red_op, ins, pro, epi, slots, outs, in_dtypes, compute)
     if g.kind == "pool":

@@ -119,6 +119,18 @@ def pool_aux_pattern(in_shape, t_shape) -> str | None:
     return None
 
 
+def chanstats_aux_pattern(in_shape, t_shape) -> str | None:
+    """How a channel-statistics prologue reads an input: full-size, per channel or scalar."""
+    if tuple(t_shape or ()) == tuple(in_shape):
+        return "full"
+    return pool_aux_pattern(in_shape, t_shape)
+
+
+#: a pointwise chain is recomputed inside channel statistics when it reads at most this many
+#: full-size tensors (each read twice instead of the chain's value written once and read twice)
+MAX_RECOMPUTE_READS = 2
+MAX_RECOMPUTE_OPS = 12
+
 #: operand dtypes the matmul template computes on tensor cores (fp32 as 3xTF32)
 MATMUL_DTYPES = {torch.float32, torch.float16, torch.bfloat16}
 
@@ -302,6 +314,47 @@ def plan_fusion(gm: fx.GraphModule, disabled: set[str] | None = None) -> FusionP
         for m in move:
             where[m] = g
 
+    def recompute_prologue(g: Group, src: fx.Node) -> None:
+        """Give g (channel statistics) the pointwise chain that produces ``src`` as its
+        prologue (principle alg-reduction-prologue): moved when only g reads it, else a copy
+        of the chain recomputed inside g, so the chain's value need not be written for g and
+        read back: the other consumers (the normalization after a batch norm's statistics)
+        then fuse with the original chain. Applies when the chain reads at most
+        MAX_RECOMPUTE_READS full-size tensors (reading them again costs no more than writing
+        and re-reading the value) besides per-channel vectors and scalars."""
+        pg = where.get(src)
+        if pg is None or pg.kind != "pointwise" or pg.domain != g.domain:
+            return
+        need, todo = [], [src]
+        while todo:
+            m = todo.pop()
+            if m in need or where.get(m) is not pg:
+                continue
+            need.append(m)
+            todo.extend(nops[m].tensor_inputs)
+        need.sort(key=order.__getitem__)
+        ext = {t for m in need for t in nops[m].tensor_inputs if t not in need}
+        pats = [chanstats_aux_pattern(g.domain, node_shape(t)) for t in ext]
+        if (None in pats or pats.count("full") > MAX_RECOMPUTE_READS or len(need) > MAX_RECOMPUTE_OPS
+                or any(nops[m].name == "rotate_half" for m in need)):
+            return
+        if all(u in need or u is g.red for m in need for u in m.users):
+            absorb_prologue(g, src)  # nothing else reads the chain: it moves
+            return
+        graph = gm.graph
+        copy: dict[fx.Node, fx.Node] = {}
+        with graph.inserting_before(g.red):
+            for k, m in enumerate(need):
+                c = graph.node_copy(m, lambda a: copy.get(a, a))
+                c.meta = dict(m.meta)
+                copy[m] = c
+                nops[c] = classify(c, gm)
+                order[c] = order[g.red] - 1 + (k + 1) / (len(need) + 1)
+                where[c] = g
+        g.red.replace_input_with(src, copy[src])
+        nops[g.red].operands = [copy[src] if o is src else o for o in nops[g.red].operands]
+        g.members = [copy[m] for m in need] + g.members
+
     for n in nodes:
         op = nops[n]
         shape = node_shape(n)
@@ -416,6 +469,7 @@ def plan_fusion(gm: fx.GraphModule, disabled: set[str] | None = None) -> FusionP
                 g.aliases[u] = "mean" if nops[u].operands[1] == 0 else "var"
                 where[u] = g
             where[n] = g
+            recompute_prologue(g, src)
             continue
         if op.kind == "scan":
             src = op.operands[0]

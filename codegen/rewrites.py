@@ -714,8 +714,14 @@ def batchnorm_decompose(gm: fx.GraphModule) -> bool:
                     rm = _attr_node(gm, graph, f"{n.target}.running_mean")
                     rv = _attr_node(gm, graph, f"{n.target}.running_var")
                     nbt = _attr_node(gm, graph, f"{n.target}.num_batches_tracked")
+                    count = 1
+                    for d in shape:
+                        count *= d
+                    # the element count per channel, not x: a use of x would make its producer
+                    # chain write x out for a call that only needs its size
                     mean = graph.create_node("call_function", O.bn_update,
-                                             (mean, var, x, rm, rv, nbt, mod.momentum), name="bn_mean")
+                                             (mean, var, count // C, rm, rv, nbt, mod.momentum),
+                                             name="bn_mean")
             else:
                 mean = graph.call_method("view", (_attr_node(gm, graph, f"{n.target}.running_mean"), *view))
                 var = graph.call_method("view", (_attr_node(gm, graph, f"{n.target}.running_var"), *view))

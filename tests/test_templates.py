@@ -92,6 +92,16 @@ CASES = {
     "chanstats_rows": ("chanstats", problem(
         "x):\n        return self.bn(x) * 2.0\n", "[torch.randn(183, 97) * 3 + 1]",
         members="        self.bn = nn.BatchNorm1d(97)\n"), {"g0": {"SPLITS": 4, "BLOCK": 512}}),
+    # the chain before the statistics recomputed inside them (2 full-size reads, a per-channel
+    # bias, a scalar) and again in the normalization: no write of the chain's value
+    "chanstats_recomputed_chain": ("chanstats", problem(
+        "x, y, b):\n        return self.bn(F.softplus(x + b) * 0.5 - y)\n",
+        "[torch.randn(5, 7, 13, 11) * 3 + 1, torch.randn(5, 7, 13, 11), torch.randn(7, 1, 1)]",
+        members="        self.bn = nn.BatchNorm2d(7)\n"), {"g1": {"SPLITS": 2}}),
+    "chanstats_rows_recomputed_chain": ("chanstats", problem(
+        "x):\n        return self.bn(torch.tanh(x) * self.s)\n", "[torch.randn(183, 97) * 3 + 1]",
+        members="        self.bn = nn.BatchNorm1d(97)\n        self.s = nn.Parameter(torch.tensor(1.7))\n"),
+        {"g1": {"SPLITS": 4, "BLOCK": 512}}),
     # fp32 flash attention: irregular sequence lengths (blocks cut at both edges), causal with
     # more queries than keys, grouped-query heads, 3-d operands and a head dim of 40
     "attention": ("attention", problem(
@@ -115,6 +125,9 @@ LAUNCHED = {"reduction_split": ("_egg_k_g0_part", "_egg_k_g0_fin"),
             "layer_norm_row_inputs_split": ("_egg_k_g0_stats", "_egg_k_g0_apply")}
 #: cases planned as one kernel: every pointwise op is the norm's prologue or epilogue
 ONE_GROUP = {"layer_norm_row_inputs", "layer_norm_row_inputs_split"}
+#: cases planned as exactly these kernels (kind, number of prologue ops)
+KERNELS = {"chanstats_recomputed_chain": [("chanstats", 4), ("pointwise", 0)],
+           "chanstats_rows_recomputed_chain": [("chanstats", 2), ("pointwise", 0)]}
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -125,6 +138,8 @@ def test_template_matches_torch(name, write_problem, tmp_path):
     assert template in {g.kind for g in comp.plan.groups}
     if name in ONE_GROUP:
         assert len(comp.plan.groups) == 1, [g.kind for g in comp.plan.groups]
+    if name in KERNELS:
+        assert sorted((g.kind, len(g.prologue())) for g in comp.plan.groups) == KERNELS[name]
 
 
 def test_gpu_templates_script_casts_a_case_and_verifies_it(tmp_path):
@@ -141,3 +156,27 @@ def test_gpu_templates_script_casts_a_case_and_verifies_it(tmp_path):
     r = mod.run_case("attention", "bfloat16", "cpu", 1, tmp_path)  # fp32-only: runs in fp32
     assert r["ok"] and r["dtype"] == "float32", r["why"]
     assert "torch.bfloat16" in (tmp_path / "group_norm.py").read_text()
+
+
+def test_batch_norm_bookkeeping_matches_the_module_with_a_recomputed_chain(write_problem, tmp_path):
+    """Training-mode batch norm after a chain the statistics recompute: the running statistics
+    and the batch count after two calls equal nn.BatchNorm2d's (the bookkeeping gets the count
+    per channel, not the chain's value)."""
+    import torch
+
+    from harness.problem import load_module, load_problem
+
+    _t, src, configs = CASES["chanstats_recomputed_chain"]
+    path = write_problem(src, "bn_book")
+    comp = generated_matches(path, tmp_path, seeds=(0,), configs=configs)
+    cand = tmp_path / "bn_book_new.py"
+    cand.write_text(comp.emitted.source)
+    prob, mod = load_problem(path), load_module(cand, "candidate")
+    torch.manual_seed(0)
+    ref, new = prob.Model(), mod.ModelNew()
+    for _ in range(2):
+        ins = prob.inputs()
+        with torch.no_grad():
+            ref(*ins), new(*ins)
+    for name in ("running_mean", "running_var", "num_batches_tracked"):
+        torch.testing.assert_close(getattr(new.bn, name), getattr(ref.bn, name), atol=1e-5, rtol=1e-5)

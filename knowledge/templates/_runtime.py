@@ -205,11 +205,13 @@ def _egg_chanstats(x):
     return x.mean(dims, keepdim=True), x.var(dims, unbiased=False, keepdim=True)
 
 
-def _egg_bn_update(mean, var, x, running_mean, running_var, num_batches_tracked, momentum):
+def _egg_bn_update(mean, var, count, running_mean, running_var, num_batches_tracked, momentum):
     """nn.BatchNorm's training-mode bookkeeping: count the batch, update running statistics
-    (unbiased variance), exactly as the module does; returns mean unchanged."""
+    (unbiased variance), exactly as the module does; returns mean unchanged. ``count``: the
+    number of values per channel (or the normalized tensor itself)."""
     with torch.no_grad():
-        count = x.numel() // max(1, x.shape[1])
+        if isinstance(count, torch.Tensor):
+            count = count.numel() // max(1, count.shape[1])
         if num_batches_tracked is not None:
             num_batches_tracked.add_(1)
         m = momentum if momentum is not None else 1.0 / float(num_batches_tracked)

@@ -7,13 +7,19 @@ their spatial positions (contiguous runs of S), Welford per lane. Without spatia
 (rows x COLS) tiles instead, coalesced along C, programs over (channel block, split). Kernel 2:
 per channel, merge the splits' partials. The normalization itself is left to the pointwise fusion, which fuses it
 with whatever elementwise work follows.
+
+A prologue (the elementwise chain that produced the input, e.g. a convolution's bias add and
+activation) runs on every loaded element: its other inputs are full-size tensors (loaded like
+the main one), per-channel vectors or scalars. The planner gives the statistics a recomputed
+copy of the chain when that saves passes (codegen.fusion), so the chain's result need not be
+written and read back (principle alg-reduction-prologue).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from knowledge.schema import TemplateInfo
-from knowledge.templates import WELFORD_STEP, Rendered, compute_type, indent, load_expr
+from knowledge.templates import WELFORD_STEP, Rendered, compute_type, indent, load_expr, stmt_lines
 
 INFO = TemplateInfo(
     name="chanstats",
@@ -31,8 +37,29 @@ COLS = 64
 
 @dataclass
 class ChanStatsSpec:
-    in_dtype: str
+    in_dtype: str  # dtype of the main input
     compute: str = "fp32"
+    in_dtypes: list[str] = field(default_factory=list)  # every input; [] = only the main one
+    main: int = 0  # the input whose shape is the domain (N, C, *S); it fixes the layout
+    pro_patterns: dict[int, str] = field(default_factory=dict)  # others: full | channel | scalar
+    pro_stmts: list[tuple[str, str]] = field(default_factory=list)
+    red_var: str = ""  # the prologue's value whose statistics are taken ("" = the main input)
+    out_dtype: str = ""  # dtype of the statistics ("" = the main input's)
+
+
+def _values(spec: ChanStatsSpec, full_idx: str, chan_idx: str, zero_idx: str, mask: str, ct: str,
+            pad: str) -> list[str]:
+    """Loads and prologue statements giving z, the value whose statistics are taken."""
+    dts = spec.in_dtypes or [spec.in_dtype]
+    if not spec.pro_stmts and not spec.pro_patterns:
+        return [f"{pad}z = {load_expr(f'P{spec.main}', full_idx, mask, dts[spec.main], ct)}"]
+    lines = [f"{pad}x{spec.main} = {load_expr(f'P{spec.main}', full_idx, mask, dts[spec.main], ct)}"]
+    for i, pat in spec.pro_patterns.items():
+        idx = {"full": full_idx, "channel": chan_idx, "scalar": zero_idx}[pat]
+        lines.append(f"{pad}x{i} = {load_expr(f'P{i}', idx, mask, dts[i], ct)}")
+    lines += [pad + ln for ln in stmt_lines(spec.pro_stmts)]
+    lines.append(f"{pad}z = {spec.red_var or f'x{spec.main}'}")
+    return lines
 
 
 def render(spec: ChanStatsSpec, cfg: dict, kname: str, gname: str) -> Rendered:
@@ -50,7 +77,7 @@ def render(spec: ChanStatsSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         "    for off in range(0, S, BLOCK):",
         "        s = off + tl.arange(0, BLOCK)",
         "        m = s < S",
-        f"        z = {load_expr('X', 'base + s', 'm', spec.in_dtype, ct)}",
+        *_values(spec, "base + s", "c + s * 0", "s * 0", "m", ct, "        "),
         *["        " + ln for ln in WELFORD_STEP],
         "mean_c, m2_c, n_c = tl.reduce((wm, w2, wn), 0, _egg_welford_combine)",
         "tl.store(WMEAN + pid, mean_c)",
@@ -68,7 +95,8 @@ def render(spec: ChanStatsSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         "for n0 in range(sp * NPER, hi, ROWS):",
         "    rows = n0 + tl.arange(0, ROWS)",
         "    m = (rows[:, None] < hi) & mc[None, :]",
-        f"    z = {load_expr('X', 'rows[:, None].to(tl.int64) * C + cs[None, :]', 'm', spec.in_dtype, ct)}",
+        *_values(spec, "rows[:, None].to(tl.int64) * C + cs[None, :]", "rows[:, None] * 0 + cs[None, :]",
+                 "rows[:, None] * 0 + cs[None, :] * 0", "m", ct, "    "),
         *["    " + ln for ln in WELFORD_STEP],
         "mean_c, m2_c, n_c = tl.reduce((wm, w2, wn), 0, _egg_welford_combine)",
         "tl.store(WMEAN + cs * SPLITS + sp, mean_c, mask=mc)",
@@ -86,19 +114,26 @@ def render(spec: ChanStatsSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         "tl.store(OM + c, mean.to(OM.dtype.element_ty))",
         "tl.store(OV + c, (m2 / cnt).to(OV.dtype.element_ty))",
     ]
-    kernel = (f"@triton.jit\ndef {kname}(X, WMEAN, WM2, WCNT, N, C, S, NPER, SPLITS, BLOCK: tl.constexpr):\n"
+    n_in = len(spec.in_dtypes) or 1
+    ps = ", ".join(f"P{i}" for i in range(n_in))
+    kernel = (f"@triton.jit\ndef {kname}({ps}, WMEAN, WM2, WCNT, N, C, S, NPER, SPLITS, BLOCK: tl.constexpr):\n"
               + indent(k1, 4) + "\n\n\n"
-              + f"@triton.jit\ndef {kname}_cols(X, WMEAN, WM2, WCNT, N, C, NPER, SPLITS, ROWS: tl.constexpr, COLS: tl.constexpr):\n"
+              + f"@triton.jit\ndef {kname}_cols({ps}, WMEAN, WM2, WCNT, N, C, NPER, SPLITS, ROWS: tl.constexpr, COLS: tl.constexpr):\n"
               + indent(k1c, 4) + "\n\n\n"
               + f"@triton.jit\ndef {kname}_fin(WMEAN, WM2, WCNT, OM, OV, SPLITS, SPLITS_P2: tl.constexpr):\n"
               + indent(k2, 4) + "\n")
-    w = [
-        "x = a0.contiguous()",
+    args = [f"a{i}" for i in range(n_in)]
+    prep = [f"ts = [{', '.join(args)}]", f"x = ts[{spec.main}] = ts[{spec.main}].contiguous()"]
+    for i, pat in spec.pro_patterns.items():
+        prep.append(f"ts[{i}] = ts[{i}].expand(x.shape).contiguous()" if pat == "full"
+                    else f"ts[{i}] = ts[{i}].reshape(-1).contiguous()")
+    odt = f"torch.{spec.out_dtype}" if spec.out_dtype else "x.dtype"
+    w = prep + [
         "N, C = x.shape[0], x.shape[1]",
         "S = x.numel() // max(1, N * C)",
         "sshape = [1, C] + [1] * (x.dim() - 2)",
-        "om = torch.empty(sshape, device=x.device, dtype=x.dtype)",
-        "ov = torch.empty(sshape, device=x.device, dtype=x.dtype)",
+        f"om = torch.empty(sshape, device=x.device, dtype={odt})",
+        f"ov = torch.empty(sshape, device=x.device, dtype={odt})",
         f"splits = max(1, min(N, {int(cfg['SPLITS'])}))",
         "nper = triton.cdiv(N, splits)",
         "splits = triton.cdiv(N, nper)",
@@ -108,12 +143,12 @@ def render(spec: ChanStatsSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         "if S == 1:",
         f"    COLS = min({COLS}, triton.next_power_of_2(C))",
         f"    ROWS = max(1, {int(cfg['BLOCK'])} // COLS)",
-        f"    {kname}_cols[(triton.cdiv(C, COLS), splits)](x, pm, p2, pn, N, C, nper, splits, ROWS=ROWS, COLS=COLS, num_warps={int(cfg['num_warps'])})",
+        f"    {kname}_cols[(triton.cdiv(C, COLS), splits)](*ts, pm, p2, pn, N, C, nper, splits, ROWS=ROWS, COLS=COLS, num_warps={int(cfg['num_warps'])})",
         "else:",
         f"    BLOCK = min({int(cfg['BLOCK'])}, triton.next_power_of_2(max(S, 1)))",
-        f"    {kname}[(C * splits,)](x, pm, p2, pn, N, C, S, nper, splits, BLOCK=BLOCK, num_warps={int(cfg['num_warps'])})",
+        f"    {kname}[(C * splits,)](*ts, pm, p2, pn, N, C, S, nper, splits, BLOCK=BLOCK, num_warps={int(cfg['num_warps'])})",
         f"{kname}_fin[(C,)](pm, p2, pn, om, ov, splits, SPLITS_P2=triton.next_power_of_2(splits), num_warps=1)",
         "return om, ov",
     ]
-    wrapper = f"def {gname}(a0):\n{indent(w, 4)}\n"
+    wrapper = f"def {gname}({', '.join(args)}):\n{indent(w, 4)}\n"
     return Rendered(kernel, wrapper, kname, gname, cfg)
