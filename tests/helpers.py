@@ -1,7 +1,22 @@
 """Test helpers: build a problem's Model and a generated ModelNew with the same seed and compare."""
 from __future__ import annotations
 
+import importlib.util
+import pathlib
+
 import torch
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def load_script(relpath: str):
+    """A script of the repository (not a package module) imported by path, e.g.
+    ``load_script("scripts/merge_runs.py")``."""
+    path = ROOT / relpath
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 from codegen.pipeline import compile_problem
 from harness.problem import load_module, load_problem

@@ -1,19 +1,17 @@
 """scripts/crosscheck_baselines.py: the comparison table (the GPU timing itself is replaced by
 canned child results here; the lead runs the real thing on the H200)."""
-import importlib.util
 import json
 import pathlib
 import subprocess
 from types import SimpleNamespace
 
+from tests.helpers import load_script
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("crosscheck", ROOT / "scripts" / "crosscheck_baselines.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("scripts/crosscheck_baselines.py")
 
 
 def test_crosscheck_table(tmp_path, monkeypatch):

@@ -1,17 +1,12 @@
 """scripts/merge_runs.py: a later run's record replaces an earlier one's; stage-1 and stage-2
 figures come from each record."""
-import importlib.util
 import json
-import pathlib
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+from tests.helpers import load_script
 
 
 def _mod():
-    spec = importlib.util.spec_from_file_location("merge_runs", ROOT / "scripts" / "merge_runs.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("scripts/merge_runs.py")
 
 
 def _rec(name, eager, egg, stage1, compile_ms=2.0, fallback=False):

@@ -144,13 +144,9 @@ def test_template_matches_torch(name, write_problem, tmp_path):
 
 def test_gpu_templates_script_casts_a_case_and_verifies_it(tmp_path):
     """scripts/gpu_templates.py (bf16 on the GPU for issue 5) on one case, in the interpreter."""
-    import importlib.util
-    import pathlib
+    from tests.helpers import load_script
 
-    root = pathlib.Path(__file__).resolve().parent.parent
-    spec = importlib.util.spec_from_file_location("gpu_templates", root / "scripts" / "gpu_templates.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_script("scripts/gpu_templates.py")
     r = mod.run_case("group_norm", "bfloat16", "cpu", 1, tmp_path)
     assert r["ok"], r["why"]
     r = mod.run_case("attention", "bfloat16", "cpu", 1, tmp_path)  # fp32-only: runs in fp32

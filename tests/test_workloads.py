@@ -17,11 +17,9 @@ SHAPES = re.compile(r"# --- shapes[^\n]*\n.*?# --- end shapes", re.S)
 
 @pytest.fixture(scope="module")
 def small_dir(tmp_path_factory):
-    import importlib.util
+    from tests.helpers import load_script
 
-    spec = importlib.util.spec_from_file_location("small_shapes", ROOT / "small_shapes.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_script("workloads/small_shapes.py")
     out = tmp_path_factory.mktemp("small")
     mod.write_small(out)
     return out
