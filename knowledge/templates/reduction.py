@@ -154,16 +154,19 @@ def _split_kernels(spec: ReductionSpec, kname: str, cfg: dict, rows_v: bool) -> 
     ins = [f"P{i}" for i in range(n_in)]
     if rows_v:
         part = ["pid = tl.program_id(0)", "row = (pid // SPLITS).to(tl.int64)", "sp = pid % SPLITS"]
-        tile, rr_idx, mask = "[BLOCK_R]", "rr", "(rr < R) & (rr < (sp + 1) * CHUNK)"
+        tile, mask = "[BLOCK_R]", "(rr < R) & (rr < (sp + 1) * CHUNK)"
+        rr = "sp * CHUNK + off + tl.arange(0, BLOCK_R)"
     else:
         part = ["pid = tl.program_id(0)", "nib = tl.cdiv(INNER, BLOCK_I)",
                 "sp = pid % SPLITS", "t = pid // SPLITS", "ib = t % nib", "row = (t // nib).to(tl.int64)",
                 "ii = ib * BLOCK_I + tl.arange(0, BLOCK_I)", "imask = ii < INNER"]
-        tile, rr_idx = "[BLOCK_R, BLOCK_I]", "rr[:, None]"
+        tile = "[BLOCK_R, BLOCK_I]"
         mask = "((rr < R) & (rr < (sp + 1) * CHUNK))[:, None] & imask[None, :]"
+        # 64-bit: rr times the reduced stride (the inner size) can pass 2**31 with few rows
+        rr = "(sp * CHUNK + off + tl.arange(0, BLOCK_R)).to(tl.int64)"
     part += [f"b{i} = _egg_index3(row, OD1, OD2, S{i}_0, S{i}_1, S{i}_2)" for i in range(n_in)]
     part += [f"acc2 = tl.full({tile}, {ident}, {ct})", "for off in range(0, CHUNK, BLOCK_R):"]
-    loop = ["rr = sp * CHUNK + off + tl.arange(0, BLOCK_R)", f"m = {mask}"]
+    loop = [f"rr = {rr}", f"m = {mask}"]
     for i in spec.pro_inputs:
         idx = f"b{i} + rr * S{i}_3" if rows_v else f"b{i} + rr[:, None] * S{i}_3 + ii[None, :] * S{i}_4"
         loop.append(f"x{i} = {load_expr(f'P{i}', idx, 'm', spec.in_dtypes[i], ct)}")
