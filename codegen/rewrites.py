@@ -755,7 +755,50 @@ def fold_dtype_queries(gm: fx.GraphModule) -> bool:
     return changed
 
 
-CANONICAL = [modules_to_functionals, flipped_scans, batchnorm_decompose, fold_dtype_queries]
+#: calls that may move a tensor to another device (a device query does not look past them)
+MOVES = {"to", "cuda", "cpu", "type"}
+
+
+def _device_source(x: fx.Node) -> fx.Node | None:
+    """A graph input or parameter that x was computed from on the same device: None when a
+    move (.to(), .cuda(), .cpu()) or a call with a device argument lies on the way."""
+    seen, todo = set(), [x]
+    found = None
+    while todo:
+        n = todo.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n.op in ("placeholder", "get_attr"):
+            if found is None and node_shape(n) is not None:
+                found = n
+            continue
+        if (n.op == "call_method" and n.target in MOVES) or "device" in n.kwargs:
+            return None
+        todo.extend(n.all_input_nodes)
+    return found
+
+
+def device_queries_from_inputs(gm: fx.GraphModule) -> bool:
+    """``x.device`` of an intermediate tensor is the device of the inputs it was computed from:
+    the query reads it from one of them, so that ``torch.min(x, torch.tensor(c,
+    device=x.device))`` does not make the kernel producing x end before the query (a metadata
+    read is a user the fusion planner must order after x's kernel: the chain was cut in two)."""
+    changed = False
+    for n in list(gm.graph.nodes):
+        if not (n.op == "call_function" and n.target is getattr and len(n.args) == 2
+                and n.args[1] == "device" and isinstance(n.args[0], fx.Node)
+                and n.args[0].op not in ("placeholder", "get_attr")):
+            continue
+        src = _device_source(n.args[0])
+        if src is not None:
+            n.replace_input_with(n.args[0], src)
+            changed = True
+    return changed
+
+
+CANONICAL = [modules_to_functionals, flipped_scans, batchnorm_decompose, fold_dtype_queries,
+             device_queries_from_inputs]
 
 
 def canonicalize(gm: fx.GraphModule, inputs: list | None = None) -> None:

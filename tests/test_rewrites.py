@@ -366,3 +366,22 @@ def test_rotate_half_left_alone(cat, write_problem):
            "def get_init_inputs():\n    return []\n")
     plan, applied, err = pipeline.analyze(load_problem(write_problem(src, "norot")))
     assert err is None and "rw-rotate-half" not in applied
+
+
+def test_device_query_of_an_intermediate_reads_the_input(write_problem):
+    """torch.min(y, torch.tensor(c, device=y.device)): the query reads x's device, so the chain
+    is one kernel (it was cut in two, the query being a user of y before min); past a .to()
+    (which may move the tensor) the query stays on y."""
+    src = _problem("        y = torch.relu(x) * 2.0\n"
+                   "        return torch.min(y, torch.tensor(0.5, device=y.device)) + 1.0\n",
+                   "torch.randn(37, 41)")
+    _run(write_problem, src, "devq")
+    plan, _rw, _err = pipeline.analyze(load_problem(write_problem(src, "devq2")))
+    (g,) = plan.groups
+    assert [plan.nops[m].name for m in g.members] == ["relu", "mul", "minimum", "add"]
+    q = next(n for n in plan.gm.graph.nodes if n.target is getattr and n.args[1] == "device")
+    assert q.args[0].op == "placeholder"
+    moved = src.replace("y = torch.relu(x) * 2.0", "y = torch.relu(x.to(torch.float64)) * 2.0")
+    plan, _rw, _err = pipeline.analyze(load_problem(write_problem(moved, "devq3")))
+    q = next(n for n in plan.gm.graph.nodes if n.target is getattr and n.args[1] == "device")
+    assert q.args[0].op != "placeholder"
