@@ -130,6 +130,14 @@ def _bench_gpu(fn, dev: torch.device, rep_ms: float, warmup_ms: float) -> dict:
     return out
 
 
+def relative_spread(t: dict) -> float:
+    """(p80 - p20) / median of a timing; 0.0 when it has no percentiles."""
+    p20, p80 = t.get("p20_ms"), t.get("p80_ms")
+    if p20 is None or p80 is None:
+        return 0.0
+    return (p80 - p20) / max(t["median_ms"], 1e-12)
+
+
 def noise_verdict(new: dict, best: dict, min_rel: float = MIN_REL_DIFF) -> str:
     """improved / regressed / noise of a new timing against the stage's best timing.
 
@@ -148,13 +156,7 @@ def noise_verdict(new: dict, best: dict, min_rel: float = MIN_REL_DIFF) -> str:
         if n20 > b80 and m_new > m_best:
             return "regressed"
 
-    def rel(t: dict, m: float) -> float:
-        p20, p80 = t.get("p20_ms"), t.get("p80_ms")
-        if p20 is None or p80 is None:
-            return 0.0
-        return (p80 - p20) / max(m, 1e-12)
-
-    spread = max(rel(new, m_new), rel(best, m_best), min_rel)
+    spread = max(relative_spread(new), relative_spread(best), min_rel)
     if m_new < m_best * (1 - spread):
         return "improved"
     if m_new > m_best * (1 + spread):

@@ -7,7 +7,7 @@ from langgraph.runtime import Runtime
 from harness import peaks as PK
 from harness import profile as P
 from harness import roofline
-from harness.timing import noise_verdict
+from harness.timing import noise_verdict, relative_spread
 from nodes.common import candidate_path, mark_attempt, run_dir, settings_of
 from state import EggState, Settings, TimingRecord
 
@@ -41,27 +41,20 @@ UNSTABLE_SPREAD = 0.25
 RETIMES = 2
 
 
-def _spread(t: dict) -> float:
-    p20, p80, m = t.get("p20_ms"), t.get("p80_ms"), t.get("median_ms")
-    if p20 is None or p80 is None or not m:
-        return 0.0
-    return (p80 - p20) / m
-
-
 def _steady(sess, path: str) -> dict:
     """The candidate's timing, taken again while its spread says it was disturbed; the
     narrowest one is kept, with a flag saying so."""
     t = sess.time_candidate(path)
-    first = _spread(t)
+    first = relative_spread(t)
     for _ in range(RETIMES):
-        if _spread(t) <= UNSTABLE_SPREAD:
+        if relative_spread(t) <= UNSTABLE_SPREAD:
             break
         again = sess.time_candidate(path)
-        if _spread(again) < _spread(t):
+        if relative_spread(again) < relative_spread(t):
             t = again
-    if _spread(t) != first:
+    if relative_spread(t) != first:
         t = {**t, "flags": list(t.get("flags", [])) + [
-            f"re-timed: 20-80% spread {first:.0%} of the median, kept the timing with {_spread(t):.0%}"]}
+            f"re-timed: 20-80% spread {first:.0%} of the median, kept the timing with {relative_spread(t):.0%}"]}
     return t
 
 

@@ -12,14 +12,13 @@ rewrites and why no kernel was kept.
 from __future__ import annotations
 
 import json
-import math
 import pathlib
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from graph.bench import aggregate, read_results  # noqa: E402
+from graph.bench import _f, _geo, aggregate, read_results  # noqa: E402
 
 
 def merge(runs: list[tuple[str, pathlib.Path]]) -> list[dict]:
@@ -47,8 +46,7 @@ def stage2_gain(rec: dict) -> float | None:
 
 def summary(recs: list[dict]) -> dict:
     rep = aggregate(recs)
-    s1 = [v for v in map(stage1_speedup, recs) if v]
-    rep["geomean_stage1_speedup_eager"] = math.exp(sum(map(math.log, s1)) / len(s1)) if s1 else None
+    rep["geomean_stage1_speedup_eager"] = _geo([v for v in map(stage1_speedup, recs) if v])
     rep["stage2_gains_over_2pct"] = sum(1 for r in recs if (stage2_gain(r) or 0) > 1.02)
     return rep
 
@@ -58,7 +56,7 @@ def _x(v) -> str:
 
 
 def _ms(v) -> str:
-    return f"{v:.3f}" if v else "-"
+    return _f(v or None)
 
 
 def table(recs: list[dict]) -> str:

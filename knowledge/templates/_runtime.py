@@ -208,10 +208,8 @@ def _egg_chanstats(x):
 def _egg_bn_update(mean, var, count, running_mean, running_var, num_batches_tracked, momentum):
     """nn.BatchNorm's training-mode bookkeeping: count the batch, update running statistics
     (unbiased variance), exactly as the module does; returns mean unchanged. ``count``: the
-    number of values per channel (or the normalized tensor itself)."""
+    number of values per channel."""
     with torch.no_grad():
-        if isinstance(count, torch.Tensor):
-            count = count.numel() // max(1, count.shape[1])
         if num_batches_tracked is not None:
             num_batches_tracked.add_(1)
         m = momentum if momentum is not None else 1.0 / float(num_batches_tracked)
