@@ -10,7 +10,13 @@ sessions); report.json / report.md / bench.png aggregate it. Record fields: name
 interpreter, verified (a verified Triton candidate is the answer), correct (the answer passed
 verification, or is the reference itself), fallback, kernels, eager_ms, compile_ms, compile_s,
 egg_ms, speedup_eager, speedup_compile, roofline_pct, floor_ms, bound, stage1_ms, wall_s,
-failure (why the problem failed, or why no kernel was kept), run_id.
+failure (why the problem failed, or why no kernel was kept), run_id, ran_alone (true when the
+problem was run again by itself: see below).
+
+With ``--jobs`` > 1 the problems share the GPU's memory: a problem that runs out of memory next to
+others (KernelBench level-1 inputs reach several GiB, and verification holds fp32 and fp64 copies)
+is not recorded then; it is queued again at the end and run alone, with nothing else started until
+it finishes, and that record is kept whatever it says.
 """
 from __future__ import annotations
 
@@ -74,6 +80,12 @@ def read_results(results: pathlib.Path) -> list[dict]:
         if isinstance(r, dict) and "name" in r:
             recs.append(r)
     return recs
+
+
+def ran_out_of_memory(rec: dict) -> bool:
+    """The record's failure is running out of (GPU or host) memory, in any process of the run."""
+    f = (rec.get("failure") or "").lower()
+    return "out of memory" in f or "outofmemoryerror" in f
 
 
 def run_id_of(name: str) -> str:
@@ -226,8 +238,9 @@ def kill_job(proc: subprocess.Popen, token: str) -> None:
 
 class _Job:
     def __init__(self, path: pathlib.Path, name: str, out_dir: pathlib.Path, settings: Settings,
-                 env: dict):
-        self.path, self.name = path, name
+                 env: dict, alone: bool = False):
+        self.path, self.name, self.alone = path, name, alone
+        self.shared = False  # another problem ran at some point while this one did
         self.run_id = run_id_of(name)
         self.record_file = out_dir / "records" / f"{self.run_id}.json"
         self.record_file.parent.mkdir(parents=True, exist_ok=True)
@@ -263,7 +276,19 @@ class _Job:
                        else f"exited with code {code}")
                 rec["failure"] = f"crash: the problem's process {how}: {log_tail(self.log, 4)}"[:600]
         rec["wall_s"] = round(time.time() - self.t0, 1)
+        if self.alone:
+            rec["ran_alone"] = True
         return rec
+
+
+def next_startable(pending: collections.deque, running: list, jobs: int):
+    """The next (path, alone) to start now, or None: at most ``jobs`` at once; a problem queued to
+    run alone starts only when nothing runs, and nothing starts while it runs."""
+    if not pending or len(running) >= jobs or any(j.alone for j in running):
+        return None
+    if pending[0][1] and running:
+        return None
+    return pending.popleft()
 
 
 def _child_env(device: str, verify_lock: bool) -> dict:
@@ -307,7 +332,7 @@ def run_bench(problems: list[pathlib.Path], folder: pathlib.Path, out_dir: pathl
         msg = ensure_peaks(env, out_dir / "logs" / "peaks.log")
         if console is not None:
             console.print(msg, highlight=False)
-    pending = collections.deque(todo)
+    pending = collections.deque((p, False) for p in todo)
     running: list[_Job] = []
     jobs = max(1, int(jobs))
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -315,9 +340,12 @@ def run_bench(problems: list[pathlib.Path], folder: pathlib.Path, out_dir: pathl
         task = prog.add_task("bench", total=len(todo))
         try:
             while pending or running:
-                while pending and len(running) < jobs:
-                    p = pending.popleft()
-                    running.append(_Job(p, str(p.relative_to(folder)), out_dir, settings, env))
+                while (nxt := next_startable(pending, running, jobs)) is not None:
+                    p, alone = nxt
+                    running.append(_Job(p, str(p.relative_to(folder)), out_dir, settings, env, alone))
+                if len(running) > 1:
+                    for job in running:
+                        job.shared = True
                 for job in list(running):
                     timed_out = None
                     if job.proc.poll() is None:
@@ -332,9 +360,14 @@ def run_bench(problems: list[pathlib.Path], folder: pathlib.Path, out_dir: pathl
 
                         raise LLMError(log_tail(job.log, 2))
                     rec = job.result(device, timed_out)
+                    running.remove(job)
+                    if job.shared and ran_out_of_memory(rec):
+                        pending.append((job.path, True))
+                        prog.console.print(f"{rec['name']}: ran out of memory next to other problems; "
+                                           "queued to run again alone", highlight=False)
+                        continue
                     with results.open("a") as f:
                         f.write(json.dumps(rec) + "\n")
-                    running.remove(job)
                     prog.advance(task)
                     state = ("ok" if rec["verified"] else "fallback") if rec["correct"] else "FAILED"
                     prog.console.print(f"{rec['name']}: {state}" + _short(rec), highlight=False)

@@ -69,6 +69,37 @@ def get_inputs():
 def get_init_inputs():
     return []
 """
+# runs out of memory in every process of the first bench job that loads it (the job's marker in
+# the environment, kept in a file next to it), fine in any later job
+OOM_ONCE = "import os, pathlib\n" + HEADER + """class Model(nn.Module):
+    def forward(self, x):
+        return torch.relu(x) * 3.0
+
+
+def get_inputs():
+    first = pathlib.Path(__file__).with_suffix(".first_job")
+    if not first.exists():
+        first.write_text(os.environ["EGG_BENCH_JOB"])
+    if first.read_text() == os.environ["EGG_BENCH_JOB"]:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 6.00 GiB (simulated)")
+    return [torch.randn(8, 17)]
+
+
+def get_init_inputs():
+    return []
+"""
+OOM_ALWAYS = HEADER + """class Model(nn.Module):
+    def forward(self, x):
+        return x * 2
+
+
+def get_inputs():
+    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 99.00 GiB (simulated)")
+
+
+def get_init_inputs():
+    return []
+"""
 
 RECORD_FIELDS = {"name", "verified", "correct", "fallback", "kernels", "eager_ms", "compile_ms",
                  "egg_ms", "speedup_eager", "speedup_compile", "roofline_pct", "wall_s", "failure",
@@ -142,6 +173,52 @@ def test_bench_hang_and_crash_are_failures(tmp_path):
     assert rep["timeouts"] == 1 and rep["failed"] == 3
     leftovers = subprocess.run(["pgrep", "-f", "graph.bench one"], capture_output=True, text=True)
     assert str(out) not in leftovers.stdout
+
+
+def test_out_of_memory_next_to_others_runs_again_alone(tmp_path):
+    folder = _folder(tmp_path, {"a_add_relu.py": ADD_RELU, "b_oom_once.py": OOM_ONCE,
+                                "c_oom_always.py": OOM_ALWAYS})
+    out = tmp_path / "out"
+    rep = B.run_bench(B.select(folder, None, None), folder, out, Settings(device="cpu", trials=1),
+                      resume=False, jobs=2, problem_timeout_s=300)
+    recs = _results(out)
+    # each problem recorded once; the two that ran out of memory next to another come last
+    assert [r["name"] for r in recs] == ["a_add_relu.py", "b_oom_once.py", "c_oom_always.py"]
+    add, once, always = recs
+    assert add["verified"] and not add.get("ran_alone")
+    assert once["ran_alone"] and once["verified"] and once["correct"] and once["failure"] is None
+    # still out of memory alone: recorded as it is, not retried again
+    assert always["ran_alone"] and not always["correct"] and B.ran_out_of_memory(always)
+    assert rep["problems"] == 3 and rep["failed"] == 1
+
+
+def test_out_of_memory_alone_is_not_retried(tmp_path):
+    folder = _folder(tmp_path, {"oom.py": OOM_ALWAYS})
+    out = tmp_path / "out"
+    B.run_bench(B.select(folder, None, None), folder, out, Settings(device="cpu", trials=1),
+                resume=False, jobs=2, problem_timeout_s=120)
+    (rec,) = _results(out)
+    assert B.ran_out_of_memory(rec) and not rec.get("ran_alone")
+
+
+def test_next_startable_keeps_an_alone_problem_alone():
+    import collections
+
+    class J:
+        def __init__(self, alone=False):
+            self.alone = alone
+
+    q = collections.deque([("p1", False), ("p2", True), ("p3", False)])
+    assert B.next_startable(q, [J()], 2) == ("p1", False)
+    assert B.next_startable(q, [J(), J()], 2) is None  # full
+    assert B.next_startable(q, [J()], 2) is None  # p2 waits until nothing runs
+    assert B.next_startable(q, [], 2) == ("p2", True)
+    assert B.next_startable(q, [J(alone=True)], 2) is None  # nothing joins it
+    assert B.next_startable(q, [], 2) == ("p3", False)
+    assert B.next_startable(q, [], 2) is None  # empty
+    assert B.ran_out_of_memory({"failure": "[memory] forward ran out of memory (69.90 GiB device limit)"})
+    assert B.ran_out_of_memory({"failure": "x | torch.OutOfMemoryError: CUDA error"})
+    assert not B.ran_out_of_memory({"failure": "[precision] max abs error"}) and not B.ran_out_of_memory({})
 
 
 def _rec(name, correct=True, fallback=False, se=None, sc=None, roof=None, wall=10.0, eager=1.0, comp=None):
