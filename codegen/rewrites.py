@@ -91,6 +91,74 @@ def size1_reductions(gm: fx.GraphModule) -> bool:
     return changed
 
 
+NESTABLE = {"sum": "sum", "mean": "mean", "amax": "amax", "amin": "amin"}
+
+
+def _pointwise_leaves(gm: fx.GraphModule, x: fx.Node, limit: int = 64) -> list[fx.Node] | None:
+    """The tensors an elementwise chain ending at x reads (what a fused prologue would load);
+    None if the chain is longer than limit."""
+    leaves, seen, todo = [], set(), [x]
+    while todo:
+        n = todo.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if len(seen) > limit:
+            return None
+        if n.op == "call_function" or n.op == "call_method":
+            op = classify(n, gm)
+            if op.kind == "pointwise":
+                todo += [a for a in op.operands if isinstance(a, fx.Node)]
+                continue
+        leaves.append(n)
+    return leaves
+
+
+def _broadcast_pattern(leaf_shape: tuple, shape: tuple, dims: list[int]) -> tuple[bool, ...]:
+    """Per dim of dims: is the leaf broadcast along it (missing or size 1) in the domain?"""
+    off = len(shape) - len(leaf_shape)
+    return tuple(d < off or leaf_shape[d - off] == 1 for d in dims)
+
+
+def nest_uneven_reductions(gm: fx.GraphModule) -> bool:
+    """rw-nest-reduction: a sum/mean/amax/amin over several dims whose elementwise inputs are
+    broadcast along some of those dims and not others (mean(clamp(1 - p * t)) with p [N, M] and
+    t [M]) is the same reduction over the innermost dims that every input covers evenly, kept
+    as size 1, then over the rest: one reduced index with one stride per input, as the
+    reduction template needs, and the small second pass reads the first's partial results."""
+    import torch
+
+    graph = gm.graph
+    changed = False
+    for n, op in _ops(gm, "reduction", tuple(NESTABLE)):
+        x = op.operands[0]
+        shape = node_shape(x)
+        if not _float(x) or not shape or set(op.p) - {"dim", "keepdim", "dtype"} or op.p.get("dtype"):
+            continue
+        dims = norm_dims(op.p.get("dim"), len(shape))
+        if dims is None or dims != list(range(dims[0], dims[-1] + 1)):
+            continue
+        big = [d for d in dims if shape[d] > 1]
+        leaves = _pointwise_leaves(gm, x)
+        if len(big) < 2 or leaves is None:
+            continue
+        pats = [_broadcast_pattern(node_shape(lf), shape, big) for lf in leaves
+                if isinstance(lf, fx.Node) and node_shape(lf) is not None]
+        if all(len(set(p)) == 1 for p in pats):
+            continue
+        k = len(big) - 1  # the longest run of innermost reduced dims even for every input
+        while k > 0 and all(len(set(p[k - 1:])) == 1 for p in pats):
+            k -= 1
+        inner = [d for d in dims if d >= big[k]]
+        fn = getattr(torch, NESTABLE[op.name])
+        with graph.inserting_before(n):
+            v = graph.call_function(fn, (x,), {"dim": tuple(inner), "keepdim": True})
+            v = graph.call_function(fn, (v,), {"dim": tuple(dims), "keepdim": bool(op.p.get("keepdim", False))})
+        _replace(n, v)
+        changed = True
+    return changed
+
+
 def softmax_size1(gm: fx.GraphModule) -> bool:
     """rw-softmax-size1: softmax over a size-1 dimension is x - x + 1 (1, or NaN where x is not
     finite, as eager gives); log_softmax is x - x."""
@@ -539,6 +607,7 @@ def _trace_loss(fn, kw: dict, n_tensors: int) -> fx.GraphModule:
 
 RULES = [("rw-loss-decompose", loss_decompose), ("rw-rotate-half", rotate_half_pattern),
          ("rw-conv-bias-epilogue", conv_bias_epilogue), ("rw-rms-norm", rms_norm_pattern), ("rw-linear-reduce", linear_reduce), ("rw-size1-reduction", size1_reductions),
+         ("rw-nest-reduction", nest_uneven_reductions),
          ("rw-softmax-size1", softmax_size1), ("rw-merge-clamps", merge_clamps),
          ("rw-fold-scalar-chain", fold_scalar_chains), ("rw-dead-code", drop_dead_code)]
 

@@ -385,3 +385,21 @@ def test_device_query_of_an_intermediate_reads_the_input(write_problem):
     plan, _rw, _err = pipeline.analyze(load_problem(write_problem(moved, "devq3")))
     q = next(n for n in plan.gm.graph.nodes if n.target is getattr and n.args[1] == "device")
     assert q.args[0].op != "placeholder"
+
+
+VEC = "        self.w = nn.Parameter(torch.randn(23))\n        self.c = nn.Parameter(torch.randn(19, 1))\n"
+
+
+@pytest.mark.parametrize("body, applies", [
+    # a per-column vector in a mean over the whole matrix: no single stride over (19, 23)
+    ("        return torch.mean(torch.clamp(1 - x * self.w, min=0))\n", True),
+    ("        return torch.sum(torch.relu(x + self.c), dim=(0, 1), keepdim=True)\n", True),
+    ("        return torch.amax(x * self.w, dim=(-2, -1))\n", True),
+    # every input covers the reduced dims evenly, or one dim only: nothing to nest
+    ("        return torch.mean(torch.clamp(1 - x * 2.0, min=0))\n", False),
+    ("        return torch.sum(x * self.w, dim=1)\n", False),
+    ("        return torch.sum(torch.sigmoid(x) * self.w, dim=0)\n", False),
+])
+def test_nest_uneven_reduction(write_problem, body, applies):
+    applied = _run(write_problem, _problem(body, "torch.rand(19, 23)", members=VEC), "nest")
+    assert ("rw-nest-reduction" in applied) is applies
