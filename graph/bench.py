@@ -41,6 +41,10 @@ from state import Settings
 FAST_P = (0.0, 1.0, 1.5, 2.0)
 #: default wall-clock limit of one problem (graph run, verification, tuning, timing), seconds
 PROBLEM_TIMEOUT_S = 900.0
+#: share of the problem's limit given to its run as time_limit_s (unless set): past it the run
+#: starts no new search and reports its best verified candidate, the rest is for that last
+#: verification and timing
+RUN_TIME_SHARE = 0.6
 
 
 class BenchError(Exception):
@@ -319,6 +323,8 @@ def run_bench(problems: list[pathlib.Path], folder: pathlib.Path, out_dir: pathl
     from policies.llm_io import EXIT_LLM, LLMError
 
     out_dir.mkdir(parents=True, exist_ok=True)
+    if not settings.time_limit_s:  # a slow run reports what it has before it would be killed
+        settings = settings.model_copy(update={"time_limit_s": round(RUN_TIME_SHARE * problem_timeout_s, 1)})
     results = out_dir / "results.jsonl"
     if not resume and results.exists():
         results.unlink()

@@ -58,6 +58,13 @@ def author_step(state: EggState, runtime: Runtime, stage: str, ask) -> dict:
     if n >= settings.max_attempts(stage):
         ctx.finished, ctx.finish_reason = True, f"attempt cap ({n}) reached"
         return {**base, "stage_context": {stage: ctx}}
+    left = settings.time_left(state.started_at)
+    if left is not None and left <= 0:
+        ctx.finished = True
+        ctx.finish_reason = (f"time limit ({settings.time_limit_s:g} s) reached: the best verified "
+                             "candidate so far is kept")
+        ctx.best_id = state.best_id
+        return {**base, "stage_context": {stage: ctx}}
     policy = get_policy(settings.policy)
     try:
         res = ask(policy)(state, settings)

@@ -1,6 +1,8 @@
 """planner: read the problem, detect the machine, capture and count, plan fusion and goals."""
 from __future__ import annotations
 
+import time
+
 from langgraph.runtime import Runtime
 
 from codegen.pipeline import fallback_source
@@ -13,6 +15,7 @@ from state import Candidate, EggState, Settings, StageContext, STAGES
 
 def planner(state: EggState, runtime: Runtime[Settings]) -> dict:
     settings = settings_of(runtime)
+    started = state.started_at or time.time()
     path = state.problem_path
     if not path and state.problem_source:
         path = str(problem_from_source(state.problem_source, run_dir(settings, state) / "problem"))
@@ -36,7 +39,7 @@ def planner(state: EggState, runtime: Runtime[Settings]) -> dict:
         contexts[st] = StageContext(stage=st, goal=plan.goals.get(st, ""))
     update = {"problem": spec, "problem_path": path, "hardware": hw, "analysis": analysis,
               "plan": plan, "candidates": [ref], "best_id": "c0", "current_id": None,
-              "stage": "algorithm", "stage_context": contexts,
+              "stage": "algorithm", "stage_context": contexts, "started_at": started,
               "caps": {st: settings.max_attempts(st) for st in STAGES}}
     take = getattr(policy, "take_usage", None)
     if take and (u := take()):

@@ -206,9 +206,14 @@ def tile_search(policy, state, settings, base, session=None, checker=None,
     inc.add(t0)
     width = max(2, int(settings.search_width))
     to_cache: dict[str, dict] = {}
-    for f in pending:
+    for k, f in enumerate(pending):
         g, geo = f["g"], f["geo"]
         gid = g.id
+        left = settings.time_left(state.started_at)
+        if left is not None and left <= 0:
+            decisions.append(f"time limit ({settings.time_limit_s:g} s) reached: {len(pending) - k} "
+                             "kernel(s) keep their stage-1 configuration")
+            break
         space = knowledge.config_space(f["template"], hw.arch, f["dtype"])
         if space is None:
             decisions.append(f"{gid}: no tuning table for template {f['template']} on {hw.arch}; "

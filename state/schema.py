@@ -60,6 +60,7 @@ class EggState(BaseModel):
     best_id: str | None = None
     # -- budget and accounting (LLM usage per role, and for the whole run under "total")
     llm_usage: Annotated[dict[str, r.LLMUsage], merge_dicts] = Field(default_factory=dict)
+    started_at: float = Field(0.0, description="when the planner started the run (Unix seconds)")
     # -- outcome
     error: str | None = None
     report: dict[str, Any] = Field(default_factory=dict)

@@ -23,6 +23,10 @@ class Settings(BaseModel):
     max_attempts_algorithm: int = Field(4, description="candidates stage 1 may make", ge=1)
     max_attempts_tiling: int = Field(3, description="candidates the tiler may make", ge=1)
     max_attempts_memory: int = Field(3, description="candidates the memory optimizer may make", ge=1)
+    time_limit_s: float = Field(
+        0.0, description="wall-clock budget of a run from its start, seconds: once spent, the "
+        "authoring roles start nothing new (the tiler stops between kernels) and the run reports "
+        "its best verified candidate; 0: no limit", ge=0)
     # -- verification
     trials: int = Field(5, description="fresh random inputs per verification", ge=1)
     atol_fp32: float = Field(1e-4, description="absolute tolerance for fp32 outputs")
@@ -85,6 +89,14 @@ class Settings(BaseModel):
             if env is not None and env != "":
                 data[name] = env
         return data
+
+    def time_left(self, started_at: float) -> float | None:
+        """Seconds left of time_limit_s for a run started at ``started_at`` (None: no limit)."""
+        if not self.time_limit_s or not started_at:
+            return None
+        import time
+
+        return self.time_limit_s - (time.time() - started_at)
 
     def max_attempts(self, stage: str) -> int:
         return int(getattr(self, f"max_attempts_{stage}", 1))

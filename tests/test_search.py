@@ -192,3 +192,25 @@ def test_a_cached_config_that_failed_verification_is_dropped(setup, tmp_path):
     assert "failed verification" in " ".join(d2.decisions)
     assert cache.entries() == {}
     assert isinstance(d.configs[0], KernelConfig)
+
+
+def test_search_stops_when_the_run_time_limit_is_spent(setup, tmp_path):
+    import time
+
+    pol, st, settings, c1 = setup()
+    sess = FakeSession(faster_with_bigger_blocks)
+    cache = TuningCache(tmp_path / "tuning.json")
+    late = settings.model_copy(update={"time_limit_s": 60.0})
+    old = st.model_copy(update={"started_at": time.time() - 61})
+    d = search.tile_search(pol, old, late, c1, session=sess, checker=reject(set()), cache=cache)
+    # the incumbent's re-timing may run, no variant does, nothing is cached as searched
+    assert type(d).__name__ == "Decline" and d.stats["searched"] == 0
+    assert "time limit (60 s) reached: 1 kernel(s) keep their stage-1 configuration" in d.decisions
+    assert all(cfg == (c1.configs[0].params["BLOCK"], c1.configs[0].params["num_warps"])
+               for cfg, _ms in sess.calls)
+    # within the limit the same search runs
+    fresh = st.model_copy(update={"started_at": time.time()})
+    d2 = search.tile_search(pol, fresh, late, c1, session=FakeSession(faster_with_bigger_blocks),
+                            checker=reject(set()), cache=TuningCache(tmp_path / "t2.json"))
+    assert d2.stats["searched"] == 1
+    assert Settings().time_left(time.time()) is None and late.time_left(0.0) is None
