@@ -10,11 +10,11 @@ sessions); report.json / report.md / bench.png aggregate it. Record fields: name
 interpreter, verified (a verified Triton candidate is the answer), correct (the answer passed
 verification, or is the reference itself), fallback, kernels, eager_ms, compile_ms, compile_s,
 egg_ms, speedup_eager, speedup_compile, roofline_pct, floor_ms, bound, stage1_ms, wall_s,
-failure (why the problem failed, or why no kernel was kept), run_id, ran_alone (true when the
-problem was run again by itself: see below).
+failure (why the problem failed, or why no kernel was kept), run_id, memory_failures (candidates
+that ran out of memory), ran_alone (true when the problem was run again by itself: see below).
 
-With ``--jobs`` > 1 the problems share the GPU's memory: a problem that runs out of memory next to
-others (KernelBench level-1 inputs reach several GiB, and verification holds fp32 and fp64 copies)
+With ``--jobs`` > 1 the problems share the GPU's memory: a problem that runs out of memory (its
+failure, or any candidate's) next to others (KernelBench level-1 inputs reach several GiB, and verification holds fp32 and fp64 copies)
 is not recorded then; it is queued again at the end and run alone, with nothing else started until
 it finishes, and that record is kept whatever it says.
 """
@@ -86,10 +86,15 @@ def read_results(results: pathlib.Path) -> list[dict]:
     return recs
 
 
+def _says_out_of_memory(text: str | None) -> bool:
+    t = (text or "").lower()
+    return "out of memory" in t or "outofmemoryerror" in t
+
+
 def ran_out_of_memory(rec: dict) -> bool:
-    """The record's failure is running out of (GPU or host) memory, in any process of the run."""
-    f = (rec.get("failure") or "").lower()
-    return "out of memory" in f or "outofmemoryerror" in f
+    """The run ran out of (GPU or host) memory somewhere: its failure says so, or a candidate's
+    verification or timing did (a verified answer may then lack the groups backed out after it)."""
+    return _says_out_of_memory(rec.get("failure")) or bool(rec.get("memory_failures"))
 
 
 def run_id_of(name: str) -> str:
@@ -159,7 +164,8 @@ def _fill(rec: dict, rep: dict) -> None:
         compile_error=t.get("compile_error"),
         templates=sorted({g["template"] for g in (rep.get("plan") or {}).get("groups", [])
                           if g.get("template")}),
-        rewrites=(rep.get("plan") or {}).get("rewrites", []), tuning=rep.get("tuning"))
+        rewrites=(rep.get("plan") or {}).get("rewrites", []), tuning=rep.get("tuning"),
+        memory_failures=sum(1 for c in rep["candidates"] if _says_out_of_memory(c.get("failure"))))
     if rep["fallback"]:
         fails = [c["failure"] for c in rep["candidates"] if c.get("failure")]
         reasons = [s.get("finish_reason") for s in rep["stages"].values() if s.get("finish_reason")]

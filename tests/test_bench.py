@@ -219,6 +219,16 @@ def test_next_startable_keeps_an_alone_problem_alone():
     assert B.ran_out_of_memory({"failure": "[memory] forward ran out of memory (69.90 GiB device limit)"})
     assert B.ran_out_of_memory({"failure": "x | torch.OutOfMemoryError: CUDA error"})
     assert not B.ran_out_of_memory({"failure": "[precision] max abs error"}) and not B.ran_out_of_memory({})
+    # a verified answer whose run lost a candidate to memory (a group was backed out after it)
+    rec = B.empty_record("p.py", "cuda")
+    B._fill(rec, {"timing": {"eager_ms": 2.0, "best_ms": 1.0}, "fallback": False, "kernels": ["k"],
+                  "stages": {}, "candidates": [
+                      {"id": "c1", "failure": "[problem] get_inputs() raised OutOfMemoryError: CUDA out of memory"},
+                      {"id": "c2", "failure": None}]})
+    assert rec["verified"] and rec["memory_failures"] == 1 and B.ran_out_of_memory(rec)
+    B._fill(rec, {"timing": {}, "fallback": False, "kernels": ["k"], "stages": {},
+                  "candidates": [{"id": "c1", "failure": "[precision] max abs error 0.1"}]})
+    assert rec["memory_failures"] == 0 and not B.ran_out_of_memory(rec)
 
 
 def _rec(name, correct=True, fallback=False, se=None, sc=None, roof=None, wall=10.0, eager=1.0, comp=None):
