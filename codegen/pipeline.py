@@ -96,6 +96,8 @@ def analyze(prob: LoadedProblem, disabled: set[str] | None = None, use_rewrites:
     try:
         RW.canonicalize(cap.gm, cap.inputs)
         applied = RW.apply_all(cap.gm, cap.inputs) if use_rewrites else []
+        if applied:  # a rule's output may hold forms the canonical pass rewrites (shape queries)
+            RW.canonicalize(cap.gm, cap.inputs)
         params = L.channels_last(cap.gm) if channels_last else []
         plan = plan_fusion(cap.gm, disabled)
     except Exception as e:  # noqa: BLE001 - a graph the passes cannot handle keeps the reference

@@ -866,8 +866,47 @@ def device_queries_from_inputs(gm: fx.GraphModule) -> bool:
     return changed
 
 
+def _is_shape_query(n: fx.Node) -> bool:
+    if n.op == "call_function" and n.target is getattr:
+        return len(n.args) == 2 and n.args[1] == "shape"
+    return n.op == "call_method" and n.target in ("size", "dim", "numel")
+
+
+def _same_shape_source(gm: fx.GraphModule, x: fx.Node) -> fx.Node | None:
+    """A graph input or parameter of x's traced shape that x was computed from through
+    elementwise ops only (an elementwise result has its operands' broadcast shape), or None.
+    Not another op's result: a query there would be one more consumer of that op (the
+    convolution-bias rule counts them)."""
+    while x.op in ("call_function", "call_method"):
+        shape = node_shape(x)
+        op = classify(x, gm)
+        if shape is None or op.kind != "pointwise":
+            return None
+        same = [a for a in op.operands if isinstance(a, fx.Node) and node_shape(a) == shape]
+        if not same:
+            return None
+        x = same[0]
+    return x if x.op in ("placeholder", "get_attr") else None
+
+
+def shape_queries_from_sources(gm: fx.GraphModule) -> bool:
+    """``x.shape`` / ``x.size()`` / ``x.dim()`` / ``x.numel()`` of an elementwise result reads
+    the input of the same shape it was computed from, so that kl_div's ``batchmean`` (the loss divided by ``input.size(0)``, input =
+    log(p)) does not make log(p) a kernel output of its own: a metadata read is a user the
+    fusion planner must order after the kernel producing x (the chain was cut in two)."""
+    changed = False
+    for n in list(gm.graph.nodes):
+        if not _is_shape_query(n) or not n.args or not isinstance(n.args[0], fx.Node):
+            continue
+        src = _same_shape_source(gm, n.args[0])
+        if src is not None and src is not n.args[0]:
+            n.replace_input_with(n.args[0], src)
+            changed = True
+    return changed
+
+
 CANONICAL = [modules_to_functionals, flipped_scans, batchnorm_decompose, fold_dtype_queries,
-             device_queries_from_inputs]
+             device_queries_from_inputs, shape_queries_from_sources]
 
 
 def canonicalize(gm: fx.GraphModule, inputs: list | None = None) -> None:

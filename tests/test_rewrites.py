@@ -403,3 +403,31 @@ VEC = "        self.w = nn.Parameter(torch.randn(23))\n        self.c = nn.Param
 def test_nest_uneven_reduction(write_problem, body, applies):
     applied = _run(write_problem, _problem(body, "torch.rand(19, 23)", members=VEC), "nest")
     assert ("rw-nest-reduction" in applied) is applies
+
+
+def test_shape_query_of_an_elementwise_result_reads_its_source(write_problem):
+    """kl_div(log(p), t, reduction="batchmean") divides by log(p).size(0): the query reads p, so
+    log(p) is the reduction's prologue (one kernel) instead of a kernel output of its own; a
+    query of a chain that starts at another op's result stays where it was."""
+    src = (HEAD + "class Model(nn.Module):\n    def forward(self, p, t):\n"
+           "        return F.kl_div(torch.log(p), t, reduction='batchmean')\n"
+           "def get_inputs():\n    return [torch.rand(13, 57).softmax(-1), torch.rand(13, 57).softmax(-1)]\n"
+           "def get_init_inputs():\n    return []\n")
+    plan, applied, err = pipeline.analyze(load_problem(write_problem(src, "kld")))
+    assert err is None and "rw-loss-decompose" in applied
+    assert [g.template for g in plan.groups] == ["reduction"]
+    assert "log" in [plan.nops[m].name for m in plan.groups[0].members]
+    q = next(n for n in plan.gm.graph.nodes if n.target is getattr and n.args[1] == "shape")
+    assert q.args[0].op == "placeholder"
+    cand = write_problem(src, "kld").with_name("kld_new.py")
+    prob = load_problem(write_problem(src, "kld"))
+    cand.write_text(emit_model(prob.source, plan, {}, "# test").source)
+    mod = load_module(cand, "candidate")
+    xs = mod.get_inputs()
+    torch.testing.assert_close(mod.ModelNew()(*xs), mod.Model()(*xs), atol=1e-5, rtol=1e-5)
+    src2 = _problem("        y = torch.sum(x, dim=1) * 2.0\n        return y / y.shape[0]\n", "torch.randn(7, 9)")
+    plan, _rw, _err = pipeline.analyze(load_problem(write_problem(src2, "shq")))
+    q = next(n for n in plan.gm.graph.nodes if n.target is getattr and n.args[1] == "shape")
+    from codegen.ops import classify
+
+    assert classify(q.args[0], plan.gm).name == "mul"
