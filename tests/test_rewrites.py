@@ -431,3 +431,22 @@ def test_shape_query_of_an_elementwise_result_reads_its_source(write_problem):
     from codegen.ops import classify
 
     assert classify(q.args[0], plan.gm).name == "mul"
+
+
+@pytest.mark.parametrize("body, copies_left", [
+    # the copy's users read x: one kernel, no copy
+    ("        y = x * 2.0\n        z = y.clone().detach()\n        return (y + 1.0) * z + z\n", 0),
+    ("        z = torch.clone(x)\n        return torch.relu(z) + x\n", 0),
+    # an in-place op somewhere: copies keep their meaning
+    ("        y = x + 1.0\n        z = y.clone()\n        y.mul_(2.0)\n        return z * 3.0 + y\n", 1),
+    # a returned copy stays a copy
+    ("        return x.clone()\n", 1),
+])
+def test_value_copies(write_problem, body, copies_left):
+    src = _problem(body, "torch.randn(6, 11)")
+    if "mul_" not in body:  # (the fusion reads in-place ops as pure ones: the verifier's job)
+        _run(write_problem, src, "cpy")
+    plan, _rw, _err = pipeline.analyze(load_problem(write_problem(src, "cpy2")))
+    left = [n for n in plan.gm.graph.nodes
+            if getattr(n.target, "__name__", n.target) in ("clone", "detach")]
+    assert len(left) == copies_left
