@@ -140,7 +140,8 @@ def build_spec(plan: FusionPlan, g: Group):
         return spec, ins, outs
     if g.kind == "scan":
         namer = _Namer(g, slots, "sc")
-        spec = ScanSpec(op=red_op.name, reverse=red_op.p["reverse"], in_dtypes=in_dtypes,
+        spec = ScanSpec(op=red_op.name, reverse=red_op.p["reverse"],
+                        exclusive=bool(red_op.p.get("exclusive")), in_dtypes=in_dtypes,
                         pro_inputs=pro, pro_stmts=_stmts(plan, g.prologue(), namer, "pro"),
                         red_var=namer(red_op.operands[0], "pro", red_op, 0),
                         epi_stmts=_stmts(plan, g.epilogue(), namer, "epi"), epi_inputs=epi,

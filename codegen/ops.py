@@ -158,9 +158,12 @@ chanstats = RT._egg_chanstats
 bn_update = RT._egg_bn_update
 reverse_cumsum = RT._egg_reverse_cumsum
 reverse_cumprod = RT._egg_reverse_cumprod
+exclusive_cumsum = RT._egg_exclusive_cumsum
+exclusive_cumprod = RT._egg_exclusive_cumprod
 rotate_half = RT._egg_rotate_half
 FUNCTIONS.update({torch.cumsum: "cumsum", torch.cumprod: "cumprod", torch.flip: "flip",
                   reverse_cumsum: "reverse_cumsum", reverse_cumprod: "reverse_cumprod",
+                  exclusive_cumsum: "exclusive_cumsum", exclusive_cumprod: "exclusive_cumprod",
                   chanstats: "chanstats", rotate_half: "rotate_half"})
 
 POOLS: dict[str, OpDef] = {}
@@ -437,14 +440,16 @@ def _from_name(name: str, node: fx.Node, args: tuple, kwargs: dict, extra: dict 
         if node_dtype(args[0]) not in FLOAT_DTYPES:
             raise TypeError("channel statistics of a non-floating tensor")
         return NOp("chanstats", "chanstats", node, [args[0]])
-    if name in ("cumsum", "cumprod", "reverse_cumsum", "reverse_cumprod"):
+    if name in ("cumsum", "cumprod", "reverse_cumsum", "reverse_cumprod", "exclusive_cumsum",
+                "exclusive_cumprod"):
         b = _bind(_d(name, "scan", ["input", "dim", ("dtype", None)]), args, kwargs)
         if b["dtype"] is not None or not isinstance(b["input"], fx.Node) or not isinstance(b["dim"], int):
             raise TypeError(f"{name} with dtype= or a non-integer dim")
         if node_dtype(b["input"]) not in FLOAT_DTYPES:
             raise TypeError(f"{name} of a non-floating tensor")
-        return NOp("scan", name.replace("reverse_", ""), node, [b["input"]],
-                   {"dim": b["dim"], "reverse": name.startswith("reverse_")})
+        return NOp("scan", name.replace("reverse_", "").replace("exclusive_", ""), node, [b["input"]],
+                   {"dim": b["dim"], "reverse": name.startswith("reverse_"),
+                    "exclusive": name.startswith("exclusive_")})
     if name in POOLS:
         return pool_op(name, node, args, kwargs)
     if name == "sdpa":

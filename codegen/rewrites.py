@@ -750,6 +750,93 @@ def flipped_scans(gm: fx.GraphModule) -> bool:
     return changed
 
 
+#: tensors of one constant value: what an exclusive scan's first slice holds
+_FILLS = {"zeros_like": 0.0, "zeros": 0.0, "new_zeros": 0.0, "ones_like": 1.0, "ones": 1.0, "new_ones": 1.0}
+
+
+def _leading_slice(n: fx.Node, d: int) -> fx.Node | None:
+    """x if n is x.narrow(d, 0, size(d) - 1) or x[:, ..., :-1] along d (by the traced shapes),
+    else None."""
+    import operator
+
+    from codegen import ops as O
+
+    if n.op == "call_function" and n.target is operator.getitem and isinstance(n.args[0], fx.Node):
+        x, idx = n.args
+        idx = idx if isinstance(idx, tuple) else (idx,)
+        xs, ns = O.node_shape(x), O.node_shape(n)
+        full = slice(None, None, None)
+        if (xs and ns and len(idx) == d + 1 and all(i == full for i in idx[:d])
+                and isinstance(idx[d], slice) and idx[d].start in (None, 0) and idx[d].step is None
+                and len(ns) == len(xs) and ns[d] == xs[d] - 1
+                and ns[:d] == xs[:d] and ns[d + 1:] == xs[d + 1:]):
+            return x
+        return None
+    if n.op == "call_method" and n.target == "narrow" or (
+            n.op == "call_function" and getattr(n.target, "__name__", "") == "narrow"):
+        args = list(n.args) + [n.kwargs.get(k) for k in ("dim", "start", "length")[len(n.args) - 1:]]
+        x, dim, start = args[0], args[1], args[2]
+        xs, ns = O.node_shape(x) if isinstance(x, fx.Node) else None, O.node_shape(n)
+        if (xs and ns and isinstance(dim, int) and dim % len(xs) == d and start == 0
+                and ns[d] == xs[d] - 1 and ns[:d] == xs[:d] and ns[d + 1:] == xs[d + 1:]):
+            return x
+    return None
+
+
+def exclusive_scans(gm: fx.GraphModule) -> bool:
+    """cat((zeros, x.narrow(d, 0, n - 1).cumsum(d)), d) -> an exclusive cumsum of x along d (ones
+    and cumprod alike): one scan kernel reading x and writing the result, instead of a scan
+    writing n - 1 slices and a concatenation copying them again."""
+    from codegen import ops as O
+
+    graph = gm.graph
+    changed = False
+    for n in _live(graph):
+        if not (n.op == "call_function" and getattr(n.target, "__name__", "") == "cat"):
+            continue
+        parts = n.args[0] if n.args else n.kwargs.get("tensors")
+        dim = n.args[1] if len(n.args) > 1 else n.kwargs.get("dim", 0)
+        shape = O.node_shape(n)
+        if not (isinstance(parts, (list, tuple)) and len(parts) == 2 and isinstance(dim, int)
+                and shape and all(isinstance(p, fx.Node) for p in parts)):
+            continue
+        d = dim % len(shape)
+        head, scan = parts
+        kind = scan.target if scan.op == "call_method" else getattr(scan.target, "__name__", "")
+        if kind not in ("cumsum", "cumprod") or len(scan.users) != 1 or scan.kwargs.get("dtype"):
+            continue
+        sdim = scan.args[1] if len(scan.args) > 1 else scan.kwargs.get("dim")
+        x = _leading_slice(scan.args[0], d) if isinstance(sdim, int) and sdim % len(shape) == d else None
+        fill = _FILLS.get(head.target if head.op == "call_method" else getattr(head.target, "__name__", ""))
+        hs = O.node_shape(head)
+        if (x is None or fill != (0.0 if kind == "cumsum" else 1.0) or hs is None
+                or hs != shape[:d] + (1,) + shape[d + 1:] or O.node_dtype(head) != O.node_dtype(scan)
+                or O.node_dtype(x) != O.node_dtype(scan) or O.node_shape(x) != shape):
+            continue
+        fn = O.exclusive_cumsum if kind == "cumsum" else O.exclusive_cumprod
+        with graph.inserting_before(n):
+            new = graph.create_node("call_function", fn, (x, d), name=f"{kind}_exclusive")
+        new.meta = dict(n.meta)
+        n.replace_all_uses_with(new)
+        graph.erase_node(n)
+        _erase_unused_above([scan, head], stop=x)  # the scan, the slice, the constant head
+        changed = True
+    return changed
+
+
+def _erase_unused_above(nodes: list[fx.Node], stop: fx.Node) -> None:
+    """Erase these nodes and what they were computed from, up to ``stop``, once unused (views,
+    sizes, constants: the pieces of a pattern just replaced)."""
+    todo = list(nodes)
+    while todo:
+        n = todo.pop(0)
+        if n is stop or n.users or n.op not in ("call_function", "call_method") or getattr(n, "_erased", False):
+            continue
+        ins = list(n.all_input_nodes)
+        n.graph.erase_node(n)
+        todo += ins
+
+
 def batchnorm_decompose(gm: fx.GraphModule) -> bool:
     """nn.BatchNorm{1,2,3}d as primitives (alg-batchnorm-decompose): channel statistics (one
     kernel), the module's running-statistics bookkeeping (torch, on C values), and elementwise
@@ -942,7 +1029,7 @@ def drop_value_copies(gm: fx.GraphModule) -> bool:
     return changed
 
 
-CANONICAL = [modules_to_functionals, flipped_scans, batchnorm_decompose, fold_dtype_queries,
+CANONICAL = [modules_to_functionals, flipped_scans, exclusive_scans, batchnorm_decompose, fold_dtype_queries,
              device_queries_from_inputs, shape_queries_from_sources, drop_value_copies]
 
 

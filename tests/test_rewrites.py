@@ -450,3 +450,25 @@ def test_value_copies(write_problem, body, copies_left):
     left = [n for n in plan.gm.graph.nodes
             if getattr(n.target, "__name__", n.target) in ("clone", "detach")]
     assert len(left) == copies_left
+
+
+@pytest.mark.parametrize("body, exclusive", [
+    ("        c = torch.cumsum(x.narrow(dim=1, start=0, length=x.size(1) - 1), dim=1)\n"
+     "        return torch.cat((torch.zeros_like(x.select(1, 0).unsqueeze(1)), c), dim=1) * 2.0\n", True),
+    ("        c = (x * 0.5).narrow(-1, 0, x.shape[-1] - 1).cumprod(-1)\n"
+     "        return torch.cat([torch.ones_like(x[:, :1]), c], dim=-1)\n", True),
+    # the slice does not start at 0, or the head is not the scan's identity: left alone
+    ("        c = torch.cumsum(x.narrow(1, 1, x.size(1) - 1), dim=1)\n"
+     "        return torch.cat((torch.zeros_like(x[:, :1]), c), dim=1)\n", False),
+    ("        c = torch.cumsum(x.narrow(1, 0, x.size(1) - 1), dim=1)\n"
+     "        return torch.cat((torch.ones_like(x[:, :1]), c), dim=1)\n", False),
+])
+def test_exclusive_scan(write_problem, body, exclusive):
+    src = _problem(body, "torch.rand(5, 300)")
+    _run(write_problem, src, "exs")
+    plan, _rw, _err = pipeline.analyze(load_problem(write_problem(src, "exs2")))
+    scans = [g for g in plan.groups if g.kind == "scan"]
+    assert len(scans) == 1
+    assert bool(plan.nops[scans[0].red].p.get("exclusive")) is exclusive
+    cats = [n for n in plan.gm.graph.nodes if getattr(n.target, "__name__", "") == "cat"]
+    assert (not cats) is exclusive

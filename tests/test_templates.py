@@ -115,6 +115,12 @@ CASES = {
     "scan": ("scan", problem(
         "x):\n        return torch.cumsum(x.flip(1), 1).flip(1), torch.cumsum(x, dim=-1)\n",
         "[torch.rand(183, 781)]"), None),
+    "scan_exclusive": ("scan", problem(
+        "x):\n        c = torch.cumsum((x * 2.0).narrow(1, 0, x.size(1) - 1), dim=1)\n"
+        "        p = (x * 0.1 + 0.95)[:, :-1].cumprod(1)\n"
+        "        return (torch.cat((torch.zeros_like(x[:, :1]), c), 1),\n"
+        "                torch.cat((torch.ones_like(x[:, :1]), p), 1) - 1.0)\n",
+        "[torch.rand(37, 781)]"), {"g0": {"BLOCK_R": 64}, "g1": {"BLOCK_R": 128, "BLOCK_O": 2}}),
 }
 
 
@@ -127,7 +133,9 @@ LAUNCHED = {"reduction_split": ("_egg_k_g0_part", "_egg_k_g0_fin"),
 ONE_GROUP = {"layer_norm_row_inputs", "layer_norm_row_inputs_split"}
 #: cases planned as exactly these kernels (kind, number of prologue ops)
 KERNELS = {"chanstats_recomputed_chain": [("chanstats", 4), ("pointwise", 0)],
-           "chanstats_rows_recomputed_chain": [("chanstats", 2), ("pointwise", 0)]}
+           "chanstats_rows_recomputed_chain": [("chanstats", 2), ("pointwise", 0)],
+           # the cat((identity, scan of the leading slice)) forms: two scans, no cat, no copy
+           "scan_exclusive": [("scan", 1), ("scan", 2)]}
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

@@ -199,6 +199,18 @@ def _egg_reverse_cumprod(x, dim):
     return x.flip(dim).cumprod(dim).flip(dim)
 
 
+def _egg_exclusive_cumsum(x, dim):
+    """Exclusive cumsum along dim: position i holds the sum of the elements before it (0 first),
+    what cat((zeros, x.narrow(dim, 0, n - 1).cumsum(dim)), dim) computes."""
+    head = torch.zeros_like(x.narrow(dim, 0, 1))
+    return torch.cat((head, x.narrow(dim, 0, x.size(dim) - 1).cumsum(dim)), dim)
+
+
+def _egg_exclusive_cumprod(x, dim):
+    head = torch.ones_like(x.narrow(dim, 0, 1))
+    return torch.cat((head, x.narrow(dim, 0, x.size(dim) - 1).cumprod(dim)), dim)
+
+
 def _egg_chanstats(x):
     """Per-channel mean and biased variance over every dim but 1 (batch-norm statistics)."""
     dims = [0] + list(range(2, x.dim()))

@@ -1,5 +1,6 @@
-"""Template: inclusive cumulative sum / product along the innermost dim, forward or reverse,
-with fused elementwise prologue and epilogue (principle alg-scan-carry).
+"""Template: cumulative sum / product along the innermost dim, forward or reverse, inclusive or
+exclusive (the prologue reads one element back), with fused elementwise prologue and epilogue
+(principle alg-scan-carry).
 
 One program scans BLOCK_O rows chunk by chunk: a block scan (tl.cumsum / tl.cumprod) per chunk
 plus the running carry of the chunks before it. Reverse scans walk the chunks from the end.
@@ -35,6 +36,7 @@ class ScanSpec:
     outputs: list[tuple[str, str]]
     dim: int
     compute: str = "fp32"
+    exclusive: bool = False  # position i scans the elements before it (the identity first)
 
 
 def render(spec: ScanSpec, cfg: dict, kname: str, gname: str) -> Rendered:
@@ -50,10 +52,15 @@ def render(spec: ScanSpec, cfg: dict, kname: str, gname: str) -> Rendered:
     b.append("for c in range(0, nchunks):")
     start = "(nchunks - 1 - c) * BLOCK_R" if spec.reverse else "c * BLOCK_R"
     loop = [f"rr = {start} + tl.arange(0, BLOCK_R)", "m = rmask[:, None] & (rr < R)[None, :]"]
-    loop += tile_loads(spec, spec.pro_inputs, True, "rr", "m")
+    if spec.exclusive:  # the prologue reads one element back (forward) or ahead (reverse)
+        loop += ["rl = rr + 1" if spec.reverse else "rl = rr - 1",
+                 "ml = m & (rl < R)[None, :]" if spec.reverse else "ml = m & (rl >= 0)[None, :]"]
+        loop += tile_loads(spec, spec.pro_inputs, True, "rl", "ml")
+    else:
+        loop += tile_loads(spec, spec.pro_inputs, True, "rr", "m")
     loop += stmt_lines(spec.pro_stmts)
     ident = "1.0" if prod else "0.0"
-    loop.append(f"v = tl.where(m, {spec.red_var}, {ident})")
+    loop.append(f"v = tl.where({'ml' if spec.exclusive else 'm'}, {spec.red_var}, {ident})")
     rev = ", reverse=True" if spec.reverse else ""
     if prod:
         loop += [f"sc = tl.cumprod(v, 1{rev}) * carry[:, None]",
