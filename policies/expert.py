@@ -107,6 +107,14 @@ def group_config(plan: FusionPlan, g: Group, sm_count: int) -> dict:
     return H.softmax_config(geo["nrows"], geo["r"], geo["inner"], geo["rows_variant"])
 
 
+def _memory_outside_candidate(ver) -> bool:
+    """The verification failed because the GPU ran out of memory while making the inputs or
+    running the reference (a neighbour's memory use, say): no kernel of the candidate is at
+    fault, so no group is backed out for it (once)."""
+    r = ver.reason.lower()
+    return ver.category in ("problem", "harness") and ("out of memory" in r or "outofmemoryerror" in r)
+
+
 class ExpertPolicy:
     name = "expert"
 
@@ -190,6 +198,11 @@ class ExpertPolicy:
             return None, None
         newest = enabled[-1].id if enabled else tails[-1]
         ver = state.verification(last.id)
+        if ver is not None and not ver.passed and _memory_outside_candidate(ver):
+            before = state.verification(mine[-2].id) if len(mine) > 1 else None
+            if before is None or not _memory_outside_candidate(before):
+                return disabled, (f"retry unchanged: the GPU ran out of memory outside the candidate "
+                                  f"(another process's memory, not a kernel's fault): {ver.reason[:120]}")
         if ver is not None and not ver.passed:
             m = re.search(r"_egg_(?:k_)?(g\d+t?)", ver.reason)
             live = {g.id for g in enabled} | set(tails)

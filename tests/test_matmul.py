@@ -238,3 +238,32 @@ def test_backout_walks_from_the_product_to_its_tail(write_problem):
         if disabled is None:
             break
     assert steps == [["g0"], ["g0", "g0t"], None]
+
+
+def test_memory_outside_the_candidate_retries_unchanged_once(write_problem):
+    """get_inputs() or the reference running out of GPU memory (another process's memory) is
+    no kernel's fault: the same groups are tried again once; a second time in a row, the
+    newest group goes as before."""
+    from policies.expert import ExpertPolicy
+    from state import Candidate, VerificationRecord
+
+    st = _planned_state(write_problem, "x):\n        return torch.softmax(torch.relu(self.fc(x)), dim=-1)\n",
+                        "[torch.randn(8, 16)]", "        self.fc = nn.Linear(16, 12)\n", "oom")
+    oom = "problem p.py: get_inputs() raised OutOfMemoryError: CUDA out of memory. Tried to allocate 7.00 GiB"
+    c1 = Candidate(id="c1", stage="algorithm", author="algorithm_designer", source="x")
+    v1 = VerificationRecord(candidate_id="c1", passed=False, category="problem", reason=oom)
+    one = st.model_copy(update={"candidates": [c1], "verifications": [v1]})
+    disabled, why = ExpertPolicy()._backout(one, "algorithm")
+    assert disabled == [] and why.startswith("retry unchanged")
+    c2 = Candidate(id="c2", stage="algorithm", author="algorithm_designer", source="x")
+    v2 = VerificationRecord(candidate_id="c2", passed=False, category="harness",
+                            reason="the reference ran out of memory: CUDA out of memory")
+    two = st.model_copy(update={"candidates": [c1, c2], "verifications": [v1, v2]})
+    disabled, why = ExpertPolicy()._backout(two, "algorithm")
+    assert len(disabled) == 1 and "back out" in why
+    # the candidate's own forward running out of memory is its own: backed out at once
+    v3 = VerificationRecord(candidate_id="c1", passed=False, category="memory",
+                            reason="forward ran out of memory (69.90 GiB device limit)")
+    own = st.model_copy(update={"candidates": [c1], "verifications": [v3]})
+    disabled, why = ExpertPolicy()._backout(own, "algorithm")
+    assert len(disabled) == 1 and "back out" in why
