@@ -86,15 +86,12 @@ def read_results(results: pathlib.Path) -> list[dict]:
     return recs
 
 
-def _says_out_of_memory(text: str | None) -> bool:
-    t = (text or "").lower()
-    return "out of memory" in t or "outofmemoryerror" in t
-
-
 def ran_out_of_memory(rec: dict) -> bool:
     """The run ran out of (GPU or host) memory somewhere: its failure says so, or a candidate's
     verification or timing did (a verified answer may then lack the groups backed out after it)."""
-    return _says_out_of_memory(rec.get("failure")) or bool(rec.get("memory_failures"))
+    from harness.runner import says_out_of_memory
+
+    return says_out_of_memory(rec.get("failure")) or bool(rec.get("memory_failures"))
 
 
 def run_id_of(name: str) -> str:
@@ -152,6 +149,8 @@ def run_one(path: pathlib.Path, name: str, out_dir: pathlib.Path, settings: Sett
 
 
 def _fill(rec: dict, rep: dict) -> None:
+    from harness.runner import says_out_of_memory
+
     t = rep["timing"]
     a = rep.get("analysis") or {}
     rec.update(
@@ -165,7 +164,7 @@ def _fill(rec: dict, rep: dict) -> None:
         templates=sorted({g["template"] for g in (rep.get("plan") or {}).get("groups", [])
                           if g.get("template")}),
         rewrites=(rep.get("plan") or {}).get("rewrites", []), tuning=rep.get("tuning"),
-        memory_failures=sum(1 for c in rep["candidates"] if _says_out_of_memory(c.get("failure"))))
+        memory_failures=sum(1 for c in rep["candidates"] if says_out_of_memory(c.get("failure"))))
     if rep["fallback"]:
         fails = [c["failure"] for c in rep["candidates"] if c.get("failure")]
         reasons = [s.get("finish_reason") for s in rep["stages"].values() if s.get("finish_reason")]

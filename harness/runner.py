@@ -16,6 +16,16 @@ import tempfile
 PROJECT_ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
+MEMORY_WORDS = ("out of memory", "outofmemoryerror", "can't allocate memory", "not enough memory",
+                "cannot allocate memory")
+
+
+def says_out_of_memory(text: str | None) -> bool:
+    """Does this error text (an exception's, a failure reason) say memory ran out?"""
+    t = (text or "").lower()
+    return any(k in t for k in MEMORY_WORDS)
+
+
 def child_env(device: str) -> dict:
     env = dict(os.environ)
     paths = [str(PROJECT_ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]

@@ -35,6 +35,7 @@ import torch.multiprocessing as mp
 
 from harness.compare import (Tolerance, compare_output, flatten, fp64_door, structure_error)
 from harness.problem import ProblemError, build_model, load_module, load_problem, one_line
+from harness.runner import says_out_of_memory
 
 #: device memory filled with NaN before each candidate call: at most this much, at most a quarter
 #: of what is free (a fresh segment that the candidate's own allocations are carved from)
@@ -125,9 +126,7 @@ def _proc_kb(pid: int | str, field: str) -> int:
 def _is_memory_error(e: BaseException) -> bool:
     if isinstance(e, (MemoryError, torch.OutOfMemoryError)):
         return True
-    s = str(e).lower()
-    return any(k in s for k in ("out of memory", "can't allocate memory", "not enough memory",
-                                "cannot allocate memory"))
+    return says_out_of_memory(str(e))
 
 
 def _describe_exc(e: BaseException, tb: str, candidate: str) -> str:

@@ -111,8 +111,9 @@ def _memory_outside_candidate(ver) -> bool:
     """The verification failed because the GPU ran out of memory while making the inputs or
     running the reference (a neighbour's memory use, say): no kernel of the candidate is at
     fault, so no group is backed out for it (once)."""
-    r = ver.reason.lower()
-    return ver.category in ("problem", "harness") and ("out of memory" in r or "outofmemoryerror" in r)
+    from harness.runner import says_out_of_memory
+
+    return ver.category in ("problem", "harness") and says_out_of_memory(ver.reason)
 
 
 class ExpertPolicy:
