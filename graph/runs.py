@@ -89,8 +89,11 @@ def stream(run: Run, inp: Any, config: dict | None = None, graph=None) -> Iterat
     """(node, update) pairs as the graph runs; ``inp`` None continues from the checkpoint, a
     ``Command(resume=...)`` answers a pending review. A pause yields ("__interrupt__",
     {"interrupts": [payload, ...]})."""
+    import time
+
     g = graph or run.graph()
-    for ev in g.stream(inp, config or run.config, context=run.settings, stream_mode="updates"):
+    ctx = run.settings.model_copy(update={"run_started_at": time.time()})  # time_limit_s from now
+    for ev in g.stream(inp, config or run.config, context=ctx, stream_mode="updates"):
         for node, update in ev.items():
             if node == "__interrupt__":
                 yield node, {"interrupts": [i.value for i in update]}

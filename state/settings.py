@@ -27,6 +27,10 @@ class Settings(BaseModel):
         0.0, description="wall-clock budget of a run from its start, seconds: once spent, the "
         "authoring roles start nothing new (the tiler stops between kernels) and the run reports "
         "its best verified candidate; 0: no limit", ge=0)
+    run_started_at: float = Field(
+        0.0, description="when this invocation of the graph started (Unix seconds), set by "
+        "graph.runs.stream: time_limit_s counts from it, so a resume or a replay gets the whole "
+        "budget again; 0: from the planner's start (state.started_at)")
     # -- verification
     trials: int = Field(5, description="fresh random inputs per verification", ge=1)
     atol_fp32: float = Field(1e-4, description="absolute tolerance for fp32 outputs")
@@ -91,12 +95,14 @@ class Settings(BaseModel):
         return data
 
     def time_left(self, started_at: float) -> float | None:
-        """Seconds left of time_limit_s for a run started at ``started_at`` (None: no limit)."""
-        if not self.time_limit_s or not started_at:
+        """Seconds left of time_limit_s, counted from run_started_at, else from ``started_at``
+        (the run's first start, from the state); None: no limit."""
+        start = self.run_started_at or started_at
+        if not self.time_limit_s or not start:
             return None
         import time
 
-        return self.time_limit_s - (time.time() - started_at)
+        return self.time_limit_s - (time.time() - start)
 
     def max_attempts(self, stage: str) -> int:
         return int(getattr(self, f"max_attempts_{stage}", 1))

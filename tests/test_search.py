@@ -214,3 +214,6 @@ def test_search_stops_when_the_run_time_limit_is_spent(setup, tmp_path):
                             checker=reject(set()), cache=TuningCache(tmp_path / "t2.json"))
     assert d2.stats["searched"] == 1
     assert Settings().time_left(time.time()) is None and late.time_left(0.0) is None
+    # a resume or replay (graph.runs.stream sets run_started_at) counts from its own start
+    again = late.model_copy(update={"run_started_at": time.time()})
+    assert again.time_left(old.started_at) > 59
