@@ -14,9 +14,9 @@ failure (why the problem failed, or why no kernel was kept), run_id, memory_fail
 that ran out of memory), ran_alone (true when the problem was run again by itself: see below).
 
 With ``--jobs`` > 1 the problems share the GPU's memory: a problem that runs out of memory (its
-failure, or any candidate's) next to others (KernelBench level-1 inputs reach several GiB, and verification holds fp32 and fp64 copies)
-is not recorded then; it is queued again at the end and run alone, with nothing else started until
-it finishes, and that record is kept whatever it says.
+failure, or any candidate's) next to others (KernelBench level-1 inputs reach several GiB, and
+verification holds fp32 and fp64 copies) is not recorded then; it is queued again at the end and
+run alone, with nothing else started until it finishes, and that record is kept whatever it says.
 """
 from __future__ import annotations
 
