@@ -153,7 +153,8 @@ def nest_uneven_reductions(gm: fx.GraphModule) -> bool:
         fn = getattr(torch, NESTABLE[op.name])
         with graph.inserting_before(n):
             v = graph.call_function(fn, (x,), {"dim": tuple(inner), "keepdim": True})
-            v = graph.call_function(fn, (v,), {"dim": tuple(dims), "keepdim": bool(op.p.get("keepdim", False))})
+            v = graph.call_function(fn, (v,), {"dim": tuple(dims),
+                                               "keepdim": bool(op.p.get("keepdim", False))})
         _replace(n, v)
         changed = True
     return changed
@@ -606,7 +607,8 @@ def _trace_loss(fn, kw: dict, n_tensors: int) -> fx.GraphModule:
 
 
 RULES = [("rw-loss-decompose", loss_decompose), ("rw-rotate-half", rotate_half_pattern),
-         ("rw-conv-bias-epilogue", conv_bias_epilogue), ("rw-rms-norm", rms_norm_pattern), ("rw-linear-reduce", linear_reduce), ("rw-size1-reduction", size1_reductions),
+         ("rw-conv-bias-epilogue", conv_bias_epilogue), ("rw-rms-norm", rms_norm_pattern),
+         ("rw-linear-reduce", linear_reduce), ("rw-size1-reduction", size1_reductions),
          ("rw-nest-reduction", nest_uneven_reductions),
          ("rw-softmax-size1", softmax_size1), ("rw-merge-clamps", merge_clamps),
          ("rw-fold-scalar-chain", fold_scalar_chains), ("rw-dead-code", drop_dead_code)]
@@ -830,7 +832,8 @@ def _erase_unused_above(nodes: list[fx.Node], stop: fx.Node) -> None:
     todo = list(nodes)
     while todo:
         n = todo.pop(0)
-        if n is stop or n.users or n.op not in ("call_function", "call_method") or getattr(n, "_erased", False):
+        if (n is stop or n.users or n.op not in ("call_function", "call_method")
+                or getattr(n, "_erased", False)):
             continue
         ins = list(n.all_input_nodes)
         n.graph.erase_node(n)
