@@ -265,6 +265,10 @@ def run(problem: str = typer.Argument(None, help="a KernelBench-format problem f
         replay_llm: Optional[str] = typer.Option(None, "--replay-llm", metavar="RUN_DIR",
                                                  help="serve the LLM replies recorded in RUN_DIR/llm/ instead of calling a model (offline)"),
         trials: Optional[int] = typer.Option(None, "--trials"),
+        time_limit: Optional[float] = typer.Option(
+            None, "--time-limit", min=0, metavar="S",
+            help="wall-clock budget in seconds: once spent, no new search starts and the best "
+                 "verified candidate is the answer (0: none; a resume gets it again)"),
         review: bool = typer.Option(False, "--review", help="pause after the planner to edit the plan"),
         resume: Optional[str] = typer.Option(None, "--resume", help="continue run RUN from its last checkpoint")):
     """Optimize one problem: plan, kernels, verification, timing, tuning; writes runs/<id>/.
@@ -284,7 +288,8 @@ def run(problem: str = typer.Argument(None, help="a KernelBench-format problem f
     try:
         if resume:
             r = R.open_run(resume, runs_dir)
-            R.override_settings(r, {k: v for k, v in llm.items() if v is not None})
+            R.override_settings(r, {k: v for k, v in {**llm, "time_limit_s": time_limit}.items()
+                                    if v is not None})
             _prepare_device(r.settings.device)
             out.print(f"resuming run [bold]{r.id}[/bold] from its last checkpoint")
             rep = _drive(r, R.resume_input(r))
@@ -293,7 +298,8 @@ def run(problem: str = typer.Argument(None, help="a KernelBench-format problem f
                 _fail("give a problem file (or --resume RUN)")
             dev = _prepare_device(device)
             describe_problem(problem)  # one-line error and exit 2 before any run folder exists
-            settings = _settings(device=dev, policy=policy, trials=trials, review=review or None, **llm)
+            settings = _settings(device=dev, policy=policy, trials=trials, review=review or None,
+                                 time_limit_s=time_limit, **llm)
             r = R.create_run(problem, settings, runs_dir, run_id)
             out.print(f"run [bold]{r.id}[/bold] in {r.dir}")
             rep = _drive(r, {"problem_path": str(pathlib.Path(problem).resolve())})

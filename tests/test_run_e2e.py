@@ -68,11 +68,8 @@ def test_spent_time_limit_keeps_the_reference_and_says_why(tmp_path):
     from tests.run_helpers import write_tiny
 
     prob = write_tiny(tmp_path)
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT), COLUMNS="200",
-               EGG_TIME_LIMIT_S="0.001")
-    r = subprocess.run([sys.executable, "-m", "graph.cli", "run", str(prob), "--device", "cpu",
-                        "--runs-dir", str(tmp_path / "runs"), "--run-id", "late"],
-                       capture_output=True, text=True, env=env, timeout=300)
+    r = egg("run", str(prob), "--device", "cpu", "--runs-dir", str(tmp_path / "runs"),
+            "--run-id", "late", "--time-limit", "0.001", timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     rep = json.loads((tmp_path / "runs" / "late" / "report.json").read_text())
     assert rep["status"] == "ok" and rep["fallback"] and rep["best_id"] == "c0"
