@@ -44,7 +44,7 @@ PROBLEM_TIMEOUT_S = 900.0
 #: share of the problem's limit given to its run as time_limit_s (unless set): past it the run
 #: starts no new search and reports its best verified candidate, the rest is for that last
 #: verification and timing
-RUN_TIME_SHARE = 0.6
+RUN_TIME_SHARE = 0.8
 
 
 class BenchError(Exception):

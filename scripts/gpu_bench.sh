@@ -13,7 +13,7 @@ source scripts/gpu_env.sh
 mkdir -p "$STATE" "$OUT"
 start=$(date +%s)
 timeout -s INT "$BUDGET" python3 -m graph.cli bench "$PROBLEMS" --list "$LIST" --out "$STATE" \
-  --device cuda --jobs "$JOBS" --resume --problem-timeout 300
+  --device cuda --jobs "$JOBS" --resume --problem-timeout 360
 echo "slice: $(( $(date +%s) - start )) s, $(wc -l < "$STATE/results.jsonl") problems done" | tee -a "$STATE/slices.txt"
 python3 -m graph.bench report "$STATE"
 cp "$STATE"/results.jsonl "$STATE"/report.json "$STATE"/report.md "$STATE"/bench.png "$STATE"/slices.txt "$OUT"/ 2>/dev/null

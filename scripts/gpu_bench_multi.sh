@@ -28,7 +28,7 @@ for ((i = 0; i < NG; i++)); do
   fi
   CUDA_VISIBLE_DEVICES=$i EGG_GPU_LOCK="/tmp/egg-gpu-lock-$i" timeout -s INT "$BUDGET" \
     python3 -m graph.cli bench "$PROBLEMS" --list "$part/list.txt" --out "$part" --device cuda \
-    --jobs "$JOBS" --resume --problem-timeout 300 > "$part/bench.log" 2>&1 &
+    --jobs "$JOBS" --resume --problem-timeout 360 > "$part/bench.log" 2>&1 &
   pids+=($!)
 done
 for p in "${pids[@]}"; do wait "$p"; done
