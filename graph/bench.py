@@ -17,6 +17,7 @@ With ``--jobs`` > 1 the problems share the GPU's memory: a problem that runs out
 failure, or any candidate's) next to others (KernelBench level-1 inputs reach several GiB, and
 verification holds fp32 and fp64 copies) is not recorded then; it is queued again at the end and
 run alone, with nothing else started until it finishes, and that record is kept whatever it says.
+Its name goes to run_alone.txt, so that ``--resume`` of an interrupted suite starts it alone.
 """
 from __future__ import annotations
 
@@ -45,6 +46,8 @@ PROBLEM_TIMEOUT_S = 900.0
 #: starts no new search and reports its best verified candidate, the rest is for that last
 #: verification and timing
 RUN_TIME_SHARE = 0.8
+#: names of the problems queued to run alone (kept so that a resumed suite starts them alone)
+ALONE_FILE = "run_alone.txt"
 
 
 class BenchError(Exception):
@@ -331,8 +334,10 @@ def run_bench(problems: list[pathlib.Path], folder: pathlib.Path, out_dir: pathl
     if not settings.time_limit_s:  # a slow run reports what it has before it would be killed
         settings = settings.model_copy(update={"time_limit_s": round(RUN_TIME_SHARE * problem_timeout_s, 1)})
     results = out_dir / "results.jsonl"
-    if not resume and results.exists():
-        results.unlink()
+    alone_file = out_dir / ALONE_FILE
+    if not resume:
+        results.unlink(missing_ok=True)
+        alone_file.unlink(missing_ok=True)
     done = {r["name"] for r in read_results(results)}
     todo = [p for p in problems if str(p.relative_to(folder)) not in done]
     device = settings.resolved_device()
@@ -343,7 +348,10 @@ def run_bench(problems: list[pathlib.Path], folder: pathlib.Path, out_dir: pathl
         msg = ensure_peaks(env, out_dir / "logs" / "peaks.log")
         if console is not None:
             console.print(msg, highlight=False)
-    pending = collections.deque((p, False) for p in todo)
+    # problems that ran out of memory next to others in an earlier slice start alone, last
+    alone = set(alone_file.read_text().split()) if alone_file.exists() else set()
+    pending = collections.deque(sorted(((p, str(p.relative_to(folder)) in alone) for p in todo),
+                                       key=lambda t: t[1]))
     running: list[_Job] = []
     jobs = max(1, int(jobs))
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -374,6 +382,8 @@ def run_bench(problems: list[pathlib.Path], folder: pathlib.Path, out_dir: pathl
                     running.remove(job)
                     if job.shared and ran_out_of_memory(rec):
                         pending.append((job.path, True))
+                        with alone_file.open("a") as f:
+                            f.write(job.name + "\n")
                         prog.console.print(f"{rec['name']}: ran out of memory next to other problems; "
                                            "queued to run again alone", highlight=False)
                         continue

@@ -10,7 +10,7 @@
 #
 # STATE_DIR/part<i>/ keeps each part's results.jsonl between slices (--resume); the merged
 # results.jsonl, report.json and report.md go to STATE_DIR and OUT_DIR (bench.png to STATE_DIR),
-# each part's results.jsonl to OUT_DIR/part<i>/, the per-problem run folders (without
+# each part's results.jsonl (and run_alone.txt) to OUT_DIR/part<i>/, the per-problem run folders (without
 # checkpoints) to OUT_DIR/runs.tgz. One GPU: the same as scripts/gpu_bench.sh.
 set -uo pipefail
 PROBLEMS=$1; LIST=$2; STATE=$3; OUT=$4; BUDGET=$5; JOBS=${6:-4}
@@ -38,7 +38,7 @@ echo "slice: $(( $(date +%s) - start )) s on $NG GPU(s), $(wc -l < "$STATE/resul
 python3 -m graph.bench report "$STATE"
 cp "$STATE"/results.jsonl "$STATE"/report.json "$STATE"/report.md "$STATE"/slices.txt "$OUT"/ 2>/dev/null
 for ((i = 0; i < NG; i++)); do  # each part's records, to carry into the next slice
-  mkdir -p "$OUT/part$i" && cp "$STATE/part$i/results.jsonl" "$OUT/part$i/" 2>/dev/null
+  mkdir -p "$OUT/part$i" && cp "$STATE/part$i/results.jsonl" "$STATE/part$i/run_alone.txt" "$OUT/part$i/" 2>/dev/null
 done
 tail -n 3 "$STATE"/part*/bench.log
 tar czf "$OUT/runs.tgz" --exclude='*.sqlite' --exclude='search' -C "$STATE" . 2>/dev/null

@@ -190,6 +190,14 @@ def test_out_of_memory_next_to_others_runs_again_alone(tmp_path):
     # still out of memory alone: recorded as it is, not retried again
     assert always["ran_alone"] and not always["correct"] and B.ran_out_of_memory(always)
     assert rep["problems"] == 3 and rep["failed"] == 1
+    # a resumed suite starts the problems that needed it alone at once (no shared attempt first)
+    assert (out / B.ALONE_FILE).read_text().split() == ["b_oom_once.py", "c_oom_always.py"]
+    kept = [ln for ln in (out / "results.jsonl").read_text().splitlines() if "c_oom_always" not in ln]
+    (out / "results.jsonl").write_text("\n".join(kept) + "\n")
+    B.run_bench(B.select(folder, None, None), folder, out, Settings(device="cpu", trials=1),
+                resume=True, jobs=2, problem_timeout_s=300)
+    (again,) = [r for r in _results(out) if r["name"] == "c_oom_always.py"]
+    assert again["ran_alone"] and (out / B.ALONE_FILE).read_text().split().count("c_oom_always.py") == 1
 
 
 def test_out_of_memory_alone_is_not_retried(tmp_path):
