@@ -8,15 +8,17 @@
 # LIST_FILE: problem paths relative to PROBLEMS_DIR, one per line; or a glob under PROBLEMS_DIR
 # in quotes (e.g. 'level[12]/*.py': levels 1 and 2 of the materialized dev set).
 #
-# STATE_DIR/part<i>/ keeps each part's results.jsonl between slices (--resume); the merged
-# results.jsonl, report.json and report.md go to STATE_DIR and OUT_DIR (bench.png to STATE_DIR),
-# each part's results.jsonl (and run_alone.txt) to OUT_DIR/part<i>/, the per-problem run folders (without
-# checkpoints) to OUT_DIR/runs.tgz. One GPU: the same as scripts/gpu_bench.sh.
+# STATE_DIR/part<i>/ keeps each part's list, results.jsonl and run_alone.txt between slices
+# (--resume); the merged results.jsonl, report.json and report.md go to STATE_DIR and OUT_DIR
+# (bench.png to STATE_DIR), those per-part files to OUT_DIR/state.tgz (a machine that does not keep
+# STATE_DIR between slices: `mkdir -p STATE_DIR && tar xzf OUT_DIR/state.tgz -C STATE_DIR` before
+# the next one), the per-problem run folders (without checkpoints) to OUT_DIR/runs.tgz. One GPU:
+# the same as scripts/gpu_bench.sh.
 set -uo pipefail
 PROBLEMS=$1; LIST=$2; STATE=$3; OUT=$4; BUDGET=$5; JOBS=${6:-4}
 source scripts/gpu_env.sh
 NG=$(python3 -c "import torch; print(torch.cuda.device_count())")
-mkdir -p "$STATE" "$OUT"
+mkdir -p "$STATE" "$OUT" && OUT=$(cd "$OUT" && pwd)  # absolute: used after a cd
 start=$(date +%s)
 pids=()
 for ((i = 0; i < NG; i++)); do
@@ -37,9 +39,8 @@ echo "slice: $(( $(date +%s) - start )) s on $NG GPU(s), $(wc -l < "$STATE/resul
   | tee -a "$STATE/slices.txt"
 python3 -m graph.bench report "$STATE"
 cp "$STATE"/results.jsonl "$STATE"/report.json "$STATE"/report.md "$STATE"/slices.txt "$OUT"/ 2>/dev/null
-for ((i = 0; i < NG; i++)); do  # each part's records, to carry into the next slice
-  mkdir -p "$OUT/part$i" && cp "$STATE/part$i/results.jsonl" "$STATE/part$i/run_alone.txt" "$OUT/part$i/" 2>/dev/null
-done
+# each part's list, records and alone-list, to carry into the next slice
+(cd "$STATE" && tar czf "$OUT/state.tgz" $(ls part*/list.txt part*/results.jsonl part*/run_alone.txt 2>/dev/null))
 tail -n 3 "$STATE"/part*/bench.log
 tar czf "$OUT/runs.tgz" --exclude='*.sqlite' --exclude='search' -C "$STATE" . 2>/dev/null
 ls -la "$OUT"
