@@ -6,7 +6,7 @@ from __future__ import annotations
 from torch import fx
 
 from codegen.fusion import norm_dims
-from codegen.layout import CONV_FUNCTIONAL
+from codegen.layout import CONV_FUNCTIONAL, SHAPE_QUERIES
 from codegen.ops import FLOAT_DTYPES, classify, node_dtype, node_shape
 
 
@@ -91,7 +91,7 @@ def size1_reductions(gm: fx.GraphModule) -> bool:
     return changed
 
 
-NESTABLE = {"sum": "sum", "mean": "mean", "amax": "amax", "amin": "amin"}
+NESTABLE = ("sum", "mean", "amax", "amin")
 
 
 def _pointwise_leaves(gm: fx.GraphModule, x: fx.Node, limit: int = 64) -> list[fx.Node] | None:
@@ -130,7 +130,7 @@ def nest_uneven_reductions(gm: fx.GraphModule) -> bool:
 
     graph = gm.graph
     changed = False
-    for n, op in _ops(gm, "reduction", tuple(NESTABLE)):
+    for n, op in _ops(gm, "reduction", NESTABLE):
         x = op.operands[0]
         shape = node_shape(x)
         if not _float(x) or not shape or set(op.p) - {"dim", "keepdim", "dtype"} or op.p.get("dtype"):
@@ -150,7 +150,7 @@ def nest_uneven_reductions(gm: fx.GraphModule) -> bool:
         while k > 0 and all(len(set(p[k - 1:])) == 1 for p in pats):
             k -= 1
         inner = [d for d in dims if d >= big[k]]
-        fn = getattr(torch, NESTABLE[op.name])
+        fn = getattr(torch, op.name)
         with graph.inserting_before(n):
             v = graph.call_function(fn, (x,), {"dim": tuple(inner), "keepdim": True})
             v = graph.call_function(fn, (v,), {"dim": tuple(dims),
@@ -761,12 +761,10 @@ def _leading_slice(n: fx.Node, d: int) -> fx.Node | None:
     else None."""
     import operator
 
-    from codegen import ops as O
-
     if n.op == "call_function" and n.target is operator.getitem and isinstance(n.args[0], fx.Node):
         x, idx = n.args
         idx = idx if isinstance(idx, tuple) else (idx,)
-        xs, ns = O.node_shape(x), O.node_shape(n)
+        xs, ns = node_shape(x), node_shape(n)
         full = slice(None, None, None)
         if (xs and ns and len(idx) == d + 1 and all(i == full for i in idx[:d])
                 and isinstance(idx[d], slice) and idx[d].start in (None, 0) and idx[d].step is None
@@ -778,7 +776,7 @@ def _leading_slice(n: fx.Node, d: int) -> fx.Node | None:
             n.op == "call_function" and getattr(n.target, "__name__", "") == "narrow"):
         args = list(n.args) + [n.kwargs.get(k) for k in ("dim", "start", "length")[len(n.args) - 1:]]
         x, dim, start = args[0], args[1], args[2]
-        xs, ns = O.node_shape(x) if isinstance(x, fx.Node) else None, O.node_shape(n)
+        xs, ns = node_shape(x) if isinstance(x, fx.Node) else None, node_shape(n)
         if (xs and ns and isinstance(dim, int) and dim % len(xs) == d and start == 0
                 and ns[d] == xs[d] - 1 and ns[:d] == xs[:d] and ns[d + 1:] == xs[d + 1:]):
             return x
@@ -798,7 +796,7 @@ def exclusive_scans(gm: fx.GraphModule) -> bool:
             continue
         parts = n.args[0] if n.args else n.kwargs.get("tensors")
         dim = n.args[1] if len(n.args) > 1 else n.kwargs.get("dim", 0)
-        shape = O.node_shape(n)
+        shape = node_shape(n)
         if not (isinstance(parts, (list, tuple)) and len(parts) == 2 and isinstance(dim, int)
                 and shape and all(isinstance(p, fx.Node) for p in parts)):
             continue
@@ -810,10 +808,10 @@ def exclusive_scans(gm: fx.GraphModule) -> bool:
         sdim = scan.args[1] if len(scan.args) > 1 else scan.kwargs.get("dim")
         x = _leading_slice(scan.args[0], d) if isinstance(sdim, int) and sdim % len(shape) == d else None
         fill = _FILLS.get(head.target if head.op == "call_method" else getattr(head.target, "__name__", ""))
-        hs = O.node_shape(head)
+        hs = node_shape(head)
         if (x is None or fill != (0.0 if kind == "cumsum" else 1.0) or hs is None
-                or hs != shape[:d] + (1,) + shape[d + 1:] or O.node_dtype(head) != O.node_dtype(scan)
-                or O.node_dtype(x) != O.node_dtype(scan) or O.node_shape(x) != shape):
+                or hs != shape[:d] + (1,) + shape[d + 1:] or node_dtype(head) != node_dtype(scan)
+                or node_dtype(x) != node_dtype(scan) or node_shape(x) != shape):
             continue
         fn = O.exclusive_cumsum if kind == "cumsum" else O.exclusive_cumprod
         with graph.inserting_before(n):
@@ -959,7 +957,7 @@ def device_queries_from_inputs(gm: fx.GraphModule) -> bool:
 def _is_shape_query(n: fx.Node) -> bool:
     if n.op == "call_function" and n.target is getattr:
         return len(n.args) == 2 and n.args[1] == "shape"
-    return n.op == "call_method" and n.target in ("size", "dim", "numel")
+    return n.op == "call_method" and n.target in SHAPE_QUERIES
 
 
 def _same_shape_source(gm: fx.GraphModule, x: fx.Node) -> fx.Node | None:
@@ -981,9 +979,10 @@ def _same_shape_source(gm: fx.GraphModule, x: fx.Node) -> fx.Node | None:
 
 def shape_queries_from_sources(gm: fx.GraphModule) -> bool:
     """``x.shape`` / ``x.size()`` / ``x.dim()`` / ``x.numel()`` of an elementwise result reads
-    the input of the same shape it was computed from, so that kl_div's ``batchmean`` (the loss divided by ``input.size(0)``, input =
-    log(p)) does not make log(p) a kernel output of its own: a metadata read is a user the
-    fusion planner must order after the kernel producing x (the chain was cut in two)."""
+    the input of the same shape it was computed from, so that kl_div's ``batchmean`` (the loss
+    divided by ``input.size(0)``, input = log(p)) does not make log(p) a kernel output of its
+    own: a metadata read is a user the fusion planner must order after the kernel producing x
+    (the chain was cut in two)."""
     changed = False
     for n in list(gm.graph.nodes):
         if not _is_shape_query(n) or not n.args or not isinstance(n.args[0], fx.Node):
@@ -1032,8 +1031,9 @@ def drop_value_copies(gm: fx.GraphModule) -> bool:
     return changed
 
 
-CANONICAL = [modules_to_functionals, flipped_scans, exclusive_scans, batchnorm_decompose, fold_dtype_queries,
-             device_queries_from_inputs, shape_queries_from_sources, drop_value_copies]
+CANONICAL = [modules_to_functionals, flipped_scans, exclusive_scans, batchnorm_decompose,
+             fold_dtype_queries, device_queries_from_inputs, shape_queries_from_sources,
+             drop_value_copies]
 
 
 def canonicalize(gm: fx.GraphModule, inputs: list | None = None) -> None:

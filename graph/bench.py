@@ -37,6 +37,7 @@ import traceback
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from harness.runner import child_env, log_tail, says_out_of_memory
 from state import Settings
 
 FAST_P = (0.0, 1.0, 1.5, 2.0)
@@ -92,8 +93,6 @@ def read_results(results: pathlib.Path) -> list[dict]:
 def ran_out_of_memory(rec: dict) -> bool:
     """The run ran out of (GPU or host) memory somewhere: its failure says so, or a candidate's
     verification or timing did (a verified answer may then lack the groups backed out after it)."""
-    from harness.runner import says_out_of_memory
-
     return says_out_of_memory(rec.get("failure")) or bool(rec.get("memory_failures"))
 
 
@@ -152,8 +151,6 @@ def run_one(path: pathlib.Path, name: str, out_dir: pathlib.Path, settings: Sett
 
 
 def _fill(rec: dict, rep: dict) -> None:
-    from harness.runner import says_out_of_memory
-
     t = rep["timing"]
     a = rep.get("analysis") or {}
     rec.update(
@@ -281,8 +278,6 @@ class _Job:
             if timed_out_after is not None:
                 rec["failure"] = f"timeout: the problem did not finish within {timed_out_after:g} s"
             else:
-                from harness.runner import log_tail
-
                 code = self.proc.returncode
                 how = (f"killed by signal {signal.Signals(-code).name}" if code is not None and code < 0
                        else f"exited with code {code}")
@@ -304,8 +299,6 @@ def next_startable(pending: collections.deque, running: list, jobs: int):
 
 
 def _child_env(device: str, verify_lock: bool) -> dict:
-    from harness.runner import child_env
-
     env = child_env(device)
     env["PYTHONUNBUFFERED"] = "1"
     if verify_lock:
@@ -375,8 +368,6 @@ def run_bench(problems: list[pathlib.Path], folder: pathlib.Path, out_dir: pathl
                     else:
                         kill_job(job.proc, job.token)  # anything it left behind
                     if timed_out is None and job.proc.returncode == EXIT_LLM:
-                        from harness.runner import log_tail
-
                         raise LLMError(log_tail(job.log, 2))
                     rec = job.result(device, timed_out)
                     running.remove(job)

@@ -19,6 +19,7 @@ from codegen.fusion import FusionPlan, Group, group_inputs, group_outputs, tail_
 from codegen.ops import node_dtype, node_shape
 from harness import roofline
 from harness.problem import load_problem
+from harness.runner import says_out_of_memory
 from knowledge import heuristics as H
 from knowledge.templates import all_templates
 from policies.base import Decline, Draft
@@ -111,8 +112,6 @@ def _memory_outside_candidate(ver) -> bool:
     """The verification failed because the GPU ran out of memory while making the inputs or
     running the reference (a neighbour's memory use, say): no kernel of the candidate is at
     fault, so no group is backed out for it (once)."""
-    from harness.runner import says_out_of_memory
-
     return ver.category in ("problem", "harness") and says_out_of_memory(ver.reason)
 
 
