@@ -16,7 +16,8 @@ import torch
 from torch import fx
 
 from codegen import ops as O
-from codegen.fusion import FusionPlan, Group, group_outputs, group_slots, slot_roles
+from codegen.fusion import (FusionPlan, Group, broadcast_epilogue, group_outputs, group_slots,
+                            slot_roles)
 from codegen.fusion import chanstats_aux_pattern, norm_pattern, pool_aux_pattern
 from codegen.layout import init_lines as layout_init_lines
 from knowledge.templates import (RUNTIME_SOURCE, PointwiseSpec, ReductionSpec, SoftmaxSpec,
@@ -149,13 +150,16 @@ def build_spec(plan: FusionPlan, g: Group):
                         dim=g.rdims[0], compute=compute)
         return spec, ins, outs
     red_var = {"argmax": "acc_idx", "argmin": "acc_idx"}.get(red_op.name, "acc")
-    if g.kind == "softmax":
+    bcast = broadcast_epilogue(g)
+    if g.kind == "softmax" and not bcast:
         red_var = "sm"
     namer = _Namer(g, slots, red_var)
     src = red_op.operands[0]
     red_in = namer(src, "pro", red_op, 0)
     pro_stmts = _stmts(plan, g.prologue(), namer, "pro")
-    epi_stmts = _stmts(plan, g.epilogue(), namer, "epi")
+    # a broadcast reduction: statements on the reduced value, then on the domain (tile loads)
+    red_stmts = _stmts(plan, [m for m in g.epilogue() if m not in bcast], namer, "epi")
+    epi_stmts = _stmts(plan, bcast, namer, "pro") if bcast else red_stmts
 
     def out_var(m: fx.Node) -> str:
         if m in g.aliases:
@@ -165,7 +169,8 @@ def build_spec(plan: FusionPlan, g: Group):
     outputs = [(out_var(m), _dt(m)) for m in outs]
     if g.kind == "softmax":
         spec = SoftmaxSpec(red_op.name, in_dtypes, pro, epi, pro_stmts, red_in, epi_stmts, outputs,
-                           g.rdims[0], _inner(g), compute)
+                           g.rdims[0], _inner(g), compute, red_stmts if bcast else [],
+                           list(g.rdims))
         return spec, ins, outs
     name = {"max_dim": "argmax", "min_dim": "argmin"}.get(red_op.name, red_op.name)
     spec = ReductionSpec(name, in_dtypes, pro, epi, pro_stmts, red_in, epi_stmts, outputs,

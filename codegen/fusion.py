@@ -220,6 +220,25 @@ def norm_dims(dim, nd: int) -> list[int] | None:
     return sorted(d % nd for d in dims) if nd else []
 
 
+#: reductions whose result a broadcast epilogue reads back over the reduced dims (x / rms(x),
+#: x - mean(x)): the template re-reads the reduced tile, so the reduction must be one an
+#: identity-filled tile combines exactly
+BROADCAST_OPS = ("sum", "mean", "amax", "amin")
+#: a broadcast epilogue keeps one program per independent reduction (no split over programs):
+#: below this many reductions most SMs would idle, and the split reduction + pointwise pass it
+#: replaces is faster (principle alg-reduce-broadcast)
+MIN_BROADCAST_REDUCTIONS = 1024
+
+
+def broadcast_epilogue(g: "Group") -> list[fx.Node]:
+    """Members of a reduction group (kind softmax: reduce, then write the full domain) that run
+    on the full domain after the reduction: a broadcast epilogue reading the reduced value and
+    the tile the reduction read (principle alg-reduce-broadcast). Empty for anything else."""
+    if g.kind != "softmax" or g.red is None or node_shape(g.red) == tuple(g.domain):
+        return []
+    return [m for m in g.epilogue() if node_shape(m) == tuple(g.domain)]
+
+
 def rolls_internal(members, nops) -> bool:
     """Would a rotate-half read a value computed in the same kernel? It is a load of its operand
     at another column, so the operand must come from memory (a kernel input)."""
@@ -278,6 +297,23 @@ def plan_fusion(gm: fx.GraphModule, disabled: set[str] | None = None) -> FusionP
                 if strict or order[u] < order[n]:
                     return False
         return True
+
+    def broadcast_join_ok(g: Group, n: fx.Node) -> bool:
+        """Can a full-domain pointwise op join reduction group g as its broadcast epilogue
+        (principle alg-reduce-broadcast)? A keepdim sum/mean/amax/amin whose values (and those
+        of the epilogue on its result) nothing but n reads, an epilogue on the reduced domain
+        that reads no other tensor, n's other inputs read broadcast over the domain, and enough
+        independent reductions to fill the GPU with one program each."""
+        if (nops[g.red].name not in BROADCAST_OPS or not g.keepdim or g.aliases
+                or not users_ok(g, n, strict=True)):
+            return False
+        inside = set(g.members)
+        if any(t not in inside for m in g.epilogue() for t in nops[m].tensor_inputs):
+            return False
+        if not all(t in inside or broadcasts_to(node_shape(t), g.domain)
+                   for t in nops[n].tensor_inputs):
+            return False
+        return _numel(g.out_shape) >= MIN_BROADCAST_REDUCTIONS
 
     def new_group(kind: str, **kw) -> Group:
         g = Group(id=f"g{len(groups)}", kind=kind, **kw)
@@ -403,6 +439,10 @@ def plan_fusion(gm: fx.GraphModule, disabled: set[str] | None = None) -> FusionP
                         g.domain = shape
                         joined = True
                 elif g.kind == "reduction" and shape == g.out_shape and users_ok(g, n, False):
+                    joined = True
+                elif (g.kind == "reduction" and shape == g.domain
+                      and broadcast_join_ok(g, n)):
+                    g.kind, g.out_shape = "softmax", g.domain  # reduce, then write the domain
                     joined = True
                 elif g.kind == "softmax" and shape == g.domain and users_ok(g, n, False):
                     joined = True
@@ -586,15 +626,16 @@ def tail_id(group_id: str) -> str:
 
 def group_slots(plan: FusionPlan, g: Group) -> tuple[list[fx.Node], dict[tuple[str, fx.Node], int]]:
     """External tensor inputs of a group and the slot of each (role, tensor): role "pro" (the
-    full domain, before a reduction-like op), "epi" (after it, on its result's domain) or "roll"
-    (a rotate-half's operand, loaded at the rolled column). A tensor read in two roles gets two
-    slots."""
+    full domain, before a reduction-like op, or in its broadcast epilogue), "epi" (after it, on
+    its result's domain) or "roll" (a rotate-half's operand, loaded at the rolled column). A
+    tensor read in two roles gets two slots."""
     inside = set(g.members) | set(g.aliases)
     pro_nodes = set(g.prologue()) | ({g.red} if g.red is not None else set())
     slots: dict[tuple[str, fx.Node], int] = {}
     ins: list[fx.Node] = []
+    bcast = set(broadcast_epilogue(g))  # full-domain members read the tile's loads
     for m in g.members:
-        role = "epi" if g.red is not None and m not in pro_nodes else "pro"
+        role = "epi" if g.red is not None and m not in pro_nodes and m not in bcast else "pro"
         if plan.nops[m].name == "rotate_half":
             role = "roll"
         for t in plan.nops[m].tensor_inputs:

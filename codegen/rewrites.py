@@ -897,6 +897,80 @@ def batchnorm_decompose(gm: fx.GraphModule) -> bool:
     return changed
 
 
+def _norm_call(n: fx.Node):
+    """(x, p, dim, keepdim, eps) of a vector norm call (torch.norm, Tensor.norm,
+    torch.linalg.vector_norm; eps None) or of F.normalize (x divided by its norm clamped to at
+    least eps) without a dtype or out argument, else None."""
+    import torch
+
+    if n.op == "call_method" and n.target == "norm":
+        names, p_default = ("input", "p", "dim", "keepdim", "dtype"), "fro"
+    elif n.op == "call_function" and n.target is torch.norm:
+        names, p_default = ("input", "p", "dim", "keepdim", "out", "dtype"), "fro"
+    elif n.op == "call_function" and n.target is torch.linalg.vector_norm:
+        names, p_default = ("input", "ord", "dim", "keepdim"), 2
+    elif n.op == "call_function" and n.target is torch.nn.functional.normalize:
+        names, p_default = ("input", "p", "dim", "eps", "out"), 2.0
+    else:
+        return None
+    b = dict(zip(names, n.args))
+    for k, v in n.kwargs.items():
+        b["p" if k == "ord" else k] = v
+    b.setdefault("p", b.pop("ord", p_default))
+    if b.get("dtype") is not None or b.get("out") is not None or not isinstance(b.get("input"), fx.Node):
+        return None
+    dim = b.get("dim")
+    if not (dim is None or isinstance(dim, int)
+            or (isinstance(dim, (list, tuple)) and all(isinstance(d, int) for d in dim))):
+        return None
+    if n.target is torch.nn.functional.normalize:  # x / max(||x||, eps) along dim (default 1)
+        dim = 1 if "dim" not in b else dim
+        if dim is None:
+            return None
+        return b["input"], b["p"], dim, True, float(b.get("eps", 1e-12))
+    return b["input"], b["p"], dim, bool(b.get("keepdim", False)), None
+
+
+def vector_norms(gm: fx.GraphModule) -> bool:
+    """Vector norms as the reductions they are: the 2-norm (p=2 or 'fro' over the given dims)
+    sqrt(sum(x * x)), the 1-norm sum(abs(x)), the inf-norm amax(abs(x)), so the reduction and
+    the ops around it fuse (x / ||x|| in one kernel, principle alg-reduce-broadcast); F.normalize
+    as x / clamp(norm, min=eps). Only float inputs; torch.linalg.norm (matrix norms over two
+    dims) stays."""
+    import math
+
+    import torch
+
+    graph = gm.graph
+    changed = False
+    for n in _live(graph):
+        call = _norm_call(n)
+        if call is None or not _float(call[0]):
+            continue
+        x, p, dim, keepdim, eps = call
+        if dim is None and node_shape(x) is None:
+            continue
+        kw = {"dim": list(range(len(node_shape(x)))) if dim is None else dim, "keepdim": keepdim}
+        with graph.inserting_before(n):
+            if p in (2, 2.0, "fro"):
+                sq = graph.call_function(torch.mul, (x, x))
+                new = graph.call_function(torch.sqrt, (graph.call_function(torch.sum, (sq,), kw),))
+            elif p in (1, 1.0):
+                new = graph.call_function(torch.sum, (graph.call_function(torch.abs, (x,)),), kw)
+            elif p == math.inf:
+                new = graph.call_function(torch.amax, (graph.call_function(torch.abs, (x,)),), kw)
+            else:
+                continue
+            if eps is not None:
+                new = graph.call_function(torch.div, (x, graph.call_function(
+                    torch.clamp, (new,), {"min": eps})))
+        new.meta = dict(n.meta)
+        n.replace_all_uses_with(new)
+        graph.erase_node(n)
+        changed = True
+    return changed
+
+
 def fold_dtype_queries(gm: fx.GraphModule) -> bool:
     """``x.dtype`` of a traced tensor is a constant: written in place of the query, so that
     ``h.to(x.dtype)`` does not make x's producer wait for a metadata read (a query is a user the
@@ -1032,7 +1106,7 @@ def drop_value_copies(gm: fx.GraphModule) -> bool:
 
 
 CANONICAL = [modules_to_functionals, flipped_scans, exclusive_scans, batchnorm_decompose,
-             fold_dtype_queries, device_queries_from_inputs, shape_queries_from_sources,
+             vector_norms, fold_dtype_queries, device_queries_from_inputs, shape_queries_from_sources,
              drop_value_copies]
 
 

@@ -15,7 +15,8 @@ import re
 import torch
 
 from codegen import pipeline
-from codegen.fusion import FusionPlan, Group, group_inputs, group_outputs, tail_id
+from codegen.fusion import (FusionPlan, Group, broadcast_epilogue, group_inputs, group_outputs,
+                            tail_id)
 from codegen.ops import node_dtype, node_shape
 from harness import roofline
 from harness.problem import load_problem
@@ -40,6 +41,13 @@ KIND_PRINCIPLES = {
     "matmul": ["alg-matmul-epilogue", "alg-no-lower-precision", "tile-grid-mapping"],
     "attention": ["alg-flash-attention", "alg-online-softmax", "alg-no-lower-precision"],
 }
+
+
+def group_principles(g: Group) -> list[str]:
+    """The principles behind a fused group: its kind's, and alg-reduce-broadcast for a reduction
+    whose result its epilogue reads back over the reduced dims."""
+    extra = ["alg-reduce-broadcast"] if broadcast_epilogue(g) else []
+    return KIND_PRINCIPLES[g.kind] + extra
 
 
 def _numel(shape) -> int:
@@ -146,7 +154,7 @@ class ExpertPolicy:
                 id=g.id, kind=g.kind, template=g.template,
                 nodes=[m.name for m in g.members] + [a.name for a in g.aliases],
                 reason=f"{len(g.members)} op(s) over {tuple(g.domain)} in one pass",
-                principle_ids=KIND_PRINCIPLES[g.kind], est_bytes_saved=bytes_saved(fplan, g),
+                principle_ids=group_principles(g), est_bytes_saved=bytes_saved(fplan, g),
                 est_us_saved=us_saved(fplan, g, hw)))
         for n, op in fplan.nops.items():
             if op.kind == "library":
@@ -248,7 +256,7 @@ class ExpertPolicy:
             em = emit_model(prob.source, fplan, configs, header)
         except EmitError as e:
             return Decline(f"cannot write a standalone ModelNew: {e}")
-        principles = sorted({p for g in fplan.groups for p in KIND_PRINCIPLES[g.kind]} | set(rewrites)
+        principles = sorted({p for g in fplan.groups for p in group_principles(g)} | set(rewrites)
                             | set(principles_extra))
         return Draft(
             source=em.source,

@@ -210,3 +210,28 @@ def get_init_inputs():
     comp = generated_matches(write_problem(src, "const"), tmp_path)
     assert "register_buffer('_tensor_constant0'" in comp.emitted.source
     assert [g.kind for g in comp.plan.groups] == ["pointwise"]
+
+
+@pytest.mark.parametrize("body, inputs, kinds", [
+    # the reduced value is returned too: it must be written, so the reduction stays its own kernel
+    ("        m = x.mean(1, keepdim=True)\n        return x - m, m\n",
+     "[torch.randn(2, 5, 40, 30)]", ["pointwise", "reduction"]),
+    # a handful of long reductions: the split reduction and a pointwise pass keep every SM busy
+    ("        return x - x.mean()\n", "[torch.randn(40, 50)]", ["pointwise", "reduction"]),
+    # the chain on the reduced value reads another tensor of the reduced shape
+    ("        return x / (x.sum(-1, keepdim=True) + b)\n", "[torch.rand(1100, 37), torch.rand(1100, 1)]",
+     ["pointwise", "reduction"]),
+    # nothing else reads it: one kernel
+    ("        return x / (x.sum(-1, keepdim=True) + 1.0)\n", "[torch.rand(1100, 37), torch.rand(1100, 1)]",
+     ["softmax"]),
+])
+def test_broadcast_reduction_only_where_the_reduced_value_stays_inside(body, inputs, kinds,
+                                                                      write_problem, tmp_path):
+    """A reduction read back over its reduced dims joins the reading ops' kernel only when
+    nothing else needs the reduced value written (principle alg-reduce-broadcast); every plan
+    matches torch."""
+    src = ("import torch\nimport torch.nn as nn\nclass Model(nn.Module):\n"
+           "    def forward(self, x, b=None):\n" + body
+           + f"def get_inputs():\n    return {inputs}\ndef get_init_inputs():\n    return []\n")
+    comp = generated_matches(write_problem(src, "bcast"), tmp_path)
+    assert sorted(g.kind for g in comp.plan.groups) == kinds

@@ -472,3 +472,26 @@ def test_exclusive_scan(write_problem, body, exclusive):
     assert bool(plan.nops[scans[0].red].p.get("exclusive")) is exclusive
     cats = [n for n in plan.gm.graph.nodes if getattr(n.target, "__name__", "") == "cat"]
     assert (not cats) is exclusive
+
+
+@pytest.mark.parametrize("body, reductions", [
+    ("        return x / torch.norm(x, p=2, dim=1, keepdim=True)\n", ["sum"]),
+    ("        return x.norm(dim=-1), torch.linalg.vector_norm(x, ord=1, dim=0)\n", ["sum", "sum"]),
+    ("        return torch.norm(x), torch.linalg.vector_norm(x, float('inf'), dim=1)\n", ["sum", "amax"]),
+    ("        return F.normalize(x, dim=0) * 2.0, F.normalize(x, p=1.0, eps=0.5)\n", ["sum", "sum"]),
+    # a dtype, a p-norm of another order, a matrix norm: the library call stays
+    ("        return torch.norm(x, p=3, dim=1), torch.linalg.norm(x, ord=2)\n", []),
+    ("        return torch.linalg.vector_norm(x, dim=1, dtype=torch.float64)\n", []),
+])
+def test_vector_norms_are_reductions(write_problem, body, reductions):
+    """Vector norms (and F.normalize) as the reductions they are, so they fuse with the ops
+    around them; the rewritten program matches the reference (rows of small norm included:
+    F.normalize's eps clamp)."""
+    src = _problem(body, "torch.randn(9, 23) * torch.rand(9, 1) ** 6")
+    _run(write_problem, src, "vnorm")
+    plan, _rw, _err = pipeline.analyze(load_problem(write_problem(src, "vnorm2")))
+    red = sorted(plan.nops[g.red].name for g in plan.groups if g.red is not None)
+    assert red == sorted(reductions)
+    left = [n for n in plan.gm.graph.nodes if getattr(n.target, "__name__", n.target) in
+            ("norm", "linalg_vector_norm", "linalg_norm", "normalize")]
+    assert bool(left) is (not reductions)

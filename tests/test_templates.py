@@ -42,6 +42,17 @@ CASES = {
     "softmax_two_pass": ("softmax", problem(
         "x):\n        return torch.softmax(x * 3.0, dim=-1)\n", "[torch.randn(37, 9001)]"),
         {"g0": {"ONE_PASS_MAX": 1024, "BLOCK_R": 1024}}),
+    # reductions read back over their reduced dims (alg-reduce-broadcast): columns (a mean of
+    # squares over channels), rows over two dims, and both mappings in two passes
+    "broadcast_reduction": ("softmax", problem(
+        "x, y):\n        return (x / torch.sqrt(torch.mean(x ** 2, dim=1, keepdim=True) + 1e-5),\n"
+        "                torch.exp(y - torch.amax(y, dim=(2, 3), keepdim=True)) * 0.5)\n",
+        "[torch.rand(2, 7, 40, 30) + 0.1, torch.randn(33, 37, 5, 7)]"), None),
+    "broadcast_reduction_two_pass": ("softmax", problem(
+        "x, w, y):\n        return F.normalize(x, dim=-1) * w, y / y.abs().sum(1, keepdim=True)\n",
+        "[torch.randn(1100, 781), torch.randn(781), torch.randn(3, 300, 347)]"),
+        {"g0": {"ONE_PASS_MAX": 256, "BLOCK_R": 128, "BLOCK_O": 2},
+         "g1": {"ONE_PASS_MAX": 64, "BLOCK_R": 64, "BLOCK_I": 16}}),
     "layer_norm_one": ("norm", problem(
         "x):\n        return F.relu(self.ln(x))\n", "[torch.randn(223, 781) * 2 + 1]",
         members="        self.ln = nn.LayerNorm(781)\n"), None),
@@ -135,7 +146,10 @@ ONE_GROUP = {"layer_norm_row_inputs", "layer_norm_row_inputs_split"}
 KERNELS = {"chanstats_recomputed_chain": [("chanstats", 4), ("pointwise", 0)],
            "chanstats_rows_recomputed_chain": [("chanstats", 2), ("pointwise", 0)],
            # the cat((identity, scan of the leading slice)) forms: two scans, no cat, no copy
-           "scan_exclusive": [("scan", 1), ("scan", 2)]}
+           "scan_exclusive": [("scan", 1), ("scan", 2)],
+           # one kernel per reduction and everything after it: the reduced value is not written
+           "broadcast_reduction": [("softmax", 0), ("softmax", 1)],
+           "broadcast_reduction_two_pass": [("softmax", 1), ("softmax", 1)]}
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

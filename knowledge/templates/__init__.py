@@ -57,9 +57,14 @@ class ReductionSpec:
 
 @dataclass
 class SoftmaxSpec:
-    """softmax / log_softmax over one dim; the result ``sm`` feeds full-domain epilogue stmts."""
+    """softmax / log_softmax over one dim; the result ``sm`` feeds full-domain epilogue stmts.
 
-    op: str  # softmax | log_softmax
+    Or a reduction (sum | mean | amax | amin over adjacent dims ``rdims``) broadcast back over
+    the reduced dims: ``red_stmts`` run on the reduced value ``acc`` (kept with size-1 reduced
+    dims), then ``epi_stmts`` on the domain, reading the tile's loads and prologue values.
+    """
+
+    op: str  # softmax | log_softmax | sum | mean | amax | amin
     in_dtypes: list[str]
     pro_inputs: list[int]
     epi_inputs: list[int]
@@ -70,6 +75,8 @@ class SoftmaxSpec:
     dim: int
     inner: bool
     compute: str = "fp32"
+    red_stmts: list[Stmt] = field(default_factory=list)
+    rdims: list[int] = field(default_factory=list)  # default: [dim]
 
 
 @dataclass

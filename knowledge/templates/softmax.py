@@ -1,8 +1,11 @@
-"""Template: softmax / log-softmax over one dim with fused prologue and epilogue.
+"""Template: softmax / log-softmax over one dim with fused prologue and epilogue, and reductions
+whose result is broadcast back over the reduced dims (x / sqrt(mean(x**2)), x - mean(x)).
 
 One pass when the reduced dim fits one tile (ONE_PASS); otherwise online softmax
 (principle alg-online-softmax): pass 1 keeps a running max and a rescaled running sum per lane,
-pass 2 recomputes the prologue and writes the normalized values.
+pass 2 recomputes the prologue and writes the normalized values. A broadcast reduction
+(principle alg-reduce-broadcast) is the same two passes: pass 1 reduces, statements on the
+reduced value follow, pass 2 re-reads the tile (mostly from L2) and runs the epilogue on it.
 """
 from __future__ import annotations
 
@@ -22,12 +25,18 @@ INFO = TemplateInfo(
               "num_stages": [1, 2, 3], "ONE_PASS_MAX": [2048, 4096, 8192]},
     defaults={"BLOCK_O": 1, "BLOCK_R": 1024, "BLOCK_I": 32, "num_warps": 4, "num_stages": 2,
               "ONE_PASS_MAX": 8192},
-    principle_ids=["alg-online-softmax", "alg-reduction-prologue", "alg-reduction-epilogue",
-                   "alg-fp32-accumulate", "tile-grid-mapping"],
-    description="softmax/log_softmax, one pass for short rows, online two-pass for long rows",
+    principle_ids=["alg-online-softmax", "alg-reduce-broadcast", "alg-reduction-prologue",
+                   "alg-reduction-epilogue", "alg-fp32-accumulate", "tile-grid-mapping"],
+    description="softmax/log_softmax and broadcast reductions (x / rms(x), x - mean(x)), one "
+                "pass for short rows, two passes for long rows",
 )
 
 NEG = 'float("-inf")'
+#: a reduction broadcast back over the reduced dims (principle alg-reduce-broadcast): its fill
+#: value, the reduction of a tile along an axis, and the running combine of two tiles
+BROADCAST = {"sum": ("0.0", "tl.sum", "{a} + {b}"), "mean": ("0.0", "tl.sum", "{a} + {b}"),
+             "amax": (NEG, "tl.max", "tl.maximum({a}, {b})"),
+             "amin": ('float("inf")', "tl.min", "tl.minimum({a}, {b})")}
 
 
 def _normalize(op: str, z: str, mx: str, s: str) -> str:
@@ -41,6 +50,8 @@ def render(spec: SoftmaxSpec, cfg: dict, kname: str, gname: str) -> Rendered:
     rows_v = spec.inner
     n_in = len(spec.in_dtypes)
     ct = compute_type(spec)
+    bcast = spec.op in BROADCAST
+    fill = BROADCAST[spec.op][0] if bcast else NEG
     params, grid, kw = launch_tail(rows_v, cfg)
     params = params + ["ONE_PASS: tl.constexpr"]
     head = signature(kname, n_in, len(spec.outputs), params)
@@ -56,30 +67,48 @@ def render(spec: SoftmaxSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         lines = [f"rr = {rr_expr}", f"m = {tile_mask(rows_v, 'rr')}"]
         lines += tile_loads(spec, spec.pro_inputs, rows_v, "rr", "m")
         lines += stmt_lines(spec.pro_stmts)
-        lines.append(f"z = tl.where(m, {spec.red_var}, {NEG})")
+        lines.append(f"z = tl.where(m, {spec.red_var}, {fill})")
         return lines
 
     def write_block() -> list[str]:
-        lines = [f"sm = {_normalize(spec.op, 'z', ex('mx'), ex('s'))}"]
+        lines = [] if bcast else [f"sm = {_normalize(spec.op, 'z', ex('mx'), ex('s'))}"]
         lines += tile_loads(spec, spec.epi_inputs, rows_v, "rr", "m")
         lines += stmt_lines(spec.epi_stmts)
         for j, (var, _dt) in enumerate(spec.outputs):
             lines.append(f"tl.store(O{j} + {oidx}, ({var}).to(O{j}.dtype.element_ty), mask=m)")
         return lines
 
+    def reduced(acc: str) -> list[str]:
+        """The reduced value (size-1 reduced axis, broadcasting over the tile) and the
+        statements on it."""
+        red = BROADCAST[spec.op][1]
+        lines = [f"acc = {ex(f'{red}({acc}, {ax})')}"]
+        if spec.op == "mean":
+            lines.append("acc = acc / R")
+        return lines + stmt_lines(spec.red_stmts)
+
     body = row_setup(n_in, rows_v)
     one = tile_block("tl.arange(0, BLOCK_R)")
-    one += [f"mx = tl.max(z, {ax})", f"s = tl.sum(tl.exp(z - {ex('mx')}), {ax})"]
+    if bcast:
+        one += reduced("z")
+    else:
+        one += [f"mx = tl.max(z, {ax})", f"s = tl.sum(tl.exp(z - {ex('mx')}), {ax})"]
     one += write_block()
-    two = [f"m2 = tl.full({tile}, {NEG}, {ct})", f"s2 = tl.zeros({tile}, {ct})",
-           "for r0 in range(0, R, BLOCK_R):"]
-    two += ["    " + ln for ln in tile_block("r0 + tl.arange(0, BLOCK_R)")]
-    two += ["    mn = tl.maximum(m2, z)",
-            f"    s2 = s2 * tl.where(mn == {NEG}, 0.0, tl.exp(m2 - mn)) + tl.where(mn == {NEG}, 0.0, tl.exp(z - mn))",
-            "    m2 = mn",
-            f"mx = tl.max(m2, {ax})",
-            f"s = tl.sum(tl.where(m2 == {NEG}, 0.0, s2 * tl.exp(m2 - {ex('mx')})), {ax})",
-            "for r0 in range(0, R, BLOCK_R):"]
+    loop = ["for r0 in range(0, R, BLOCK_R):"]
+    if bcast:
+        two = [f"a2 = tl.full({tile}, {fill}, {ct})"] + loop
+        two += ["    " + ln for ln in tile_block("r0 + tl.arange(0, BLOCK_R)")]
+        two += ["    a2 = " + BROADCAST[spec.op][2].format(a="a2", b="z")]
+        two += reduced("a2")
+    else:
+        two = [f"m2 = tl.full({tile}, {NEG}, {ct})", f"s2 = tl.zeros({tile}, {ct})"] + loop
+        two += ["    " + ln for ln in tile_block("r0 + tl.arange(0, BLOCK_R)")]
+        two += ["    mn = tl.maximum(m2, z)",
+                f"    s2 = s2 * tl.where(mn == {NEG}, 0.0, tl.exp(m2 - mn)) + tl.where(mn == {NEG}, 0.0, tl.exp(z - mn))",
+                "    m2 = mn",
+                f"mx = tl.max(m2, {ax})",
+                f"s = tl.sum(tl.where(m2 == {NEG}, 0.0, s2 * tl.exp(m2 - {ex('mx')})), {ax})"]
+    two += loop
     two += ["    " + ln for ln in tile_block("r0 + tl.arange(0, BLOCK_R)") + write_block()]
     body.append("if ONE_PASS:")
     body += ["    " + ln for ln in one]
@@ -89,7 +118,8 @@ def render(spec: SoftmaxSpec, cfg: dict, kname: str, gname: str) -> Rendered:
 
     args = ", ".join(f"a{i}" for i in range(n_in))
     # the epilogue's inputs live on the full domain: no reduced-domain lifting needed
-    w = wrapper_prelude(n_in, spec.pro_inputs + spec.epi_inputs, [], [spec.dim], True, rows_v)
+    rdims = spec.rdims or [spec.dim]
+    w = wrapper_prelude(n_in, spec.pro_inputs + spec.epi_inputs, [], rdims, True, rows_v)
     w += [f"o{j} = torch.empty(shape, device=dev, dtype=torch.{dt})"
           for j, (_v, dt) in enumerate(spec.outputs)]
     ret = ", ".join(f"o{j}" for j in range(len(spec.outputs)))
