@@ -228,6 +228,10 @@ BROADCAST_OPS = ("sum", "mean", "amax", "amin")
 #: below this many reductions most SMs would idle, and the split reduction + pointwise pass it
 #: replaces is faster (principle alg-reduce-broadcast)
 MIN_BROADCAST_REDUCTIONS = 1024
+#: ... and each reduction short enough to be held in registers in one pass (the softmax
+#: template's budget): a longer one is read twice either way, and its second read only hits L2
+#: while the programs in flight fit it (128 rows of 256 KB do not)
+MAX_BROADCAST_LENGTH = 8192
 
 
 def broadcast_epilogue(g: "Group") -> list[fx.Node]:
@@ -302,8 +306,9 @@ def plan_fusion(gm: fx.GraphModule, disabled: set[str] | None = None) -> FusionP
         """Can a full-domain pointwise op join reduction group g as its broadcast epilogue
         (principle alg-reduce-broadcast)? A keepdim sum/mean/amax/amin whose values (and those
         of the epilogue on its result) nothing but n reads, an epilogue on the reduced domain
-        that reads no other tensor, n's other inputs read broadcast over the domain, and enough
-        independent reductions to fill the GPU with one program each."""
+        that reads no other tensor, n's other inputs read broadcast over the domain, enough
+        independent reductions to fill the GPU with one program each, each short enough for
+        one pass over registers."""
         if (nops[g.red].name not in BROADCAST_OPS or not g.keepdim or g.aliases
                 or not users_ok(g, n, strict=True)):
             return False
@@ -313,7 +318,9 @@ def plan_fusion(gm: fx.GraphModule, disabled: set[str] | None = None) -> FusionP
         if not all(t in inside or broadcasts_to(node_shape(t), g.domain)
                    for t in nops[n].tensor_inputs):
             return False
-        return _numel(g.out_shape) >= MIN_BROADCAST_REDUCTIONS
+        n_red = _numel(g.out_shape)
+        return (n_red >= MIN_BROADCAST_REDUCTIONS
+                and _numel(g.domain) <= MAX_BROADCAST_LENGTH * n_red)
 
     def new_group(kind: str, **kw) -> Group:
         g = Group(id=f"g{len(groups)}", kind=kind, **kw)

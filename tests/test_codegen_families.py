@@ -235,3 +235,17 @@ def test_broadcast_reduction_only_where_the_reduced_value_stays_inside(body, inp
            + f"def get_inputs():\n    return {inputs}\ndef get_init_inputs():\n    return []\n")
     comp = generated_matches(write_problem(src, "bcast"), tmp_path)
     assert sorted(g.kind for g in comp.plan.groups) == kinds
+
+
+def test_broadcast_reduction_leaves_long_rows_to_two_kernels(write_problem, tmp_path):
+    """Rows longer than one pass over registers (8192 elements) would be read twice by the fused
+    kernel as well: the reduction and the division stay two kernels."""
+    src = ("import torch\nimport torch.nn as nn\nclass Model(nn.Module):\n"
+           "    def forward(self, x):\n        return x / x.abs().sum(-1, keepdim=True)\n"
+           "def get_inputs():\n    return [torch.rand(1024, 8193)]\ndef get_init_inputs():\n    return []\n")
+    from codegen import pipeline
+    from harness.problem import load_problem
+
+    plan, _rw, err = pipeline.analyze(load_problem(write_problem(src, "long")))
+    assert err is None
+    assert sorted(g.kind for g in plan.groups) == ["pointwise", "reduction"]
