@@ -72,13 +72,17 @@ def render(spec: PoolSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         "    pid = pid.to(tl.int64)",
         "offs = pid * BLOCK + tl.arange(0, BLOCK)",
         "mask = offs < N_OUT",
-        "ow = offs % OW",
-        "t = offs // OW",
-        "oh = t % OH",
-        "t = t // OH",
-        "od = t % OD",
-        "nc = t // OD",
-        "base = nc * (ID * IH * IW)",
+        "t = offs",
+    ]
+    # only the pooled dims are decomposed and bounds-checked: a 1-d pool's output index costs
+    # one division, not three by runtime sizes of 1
+    used = list(range(3 - spec.nd, 3))
+    for dim in reversed(used):
+        o, n = ["od", "oh", "ow"][dim], ["OD", "OH", "OW"][dim]
+        b += [f"{o} = t % {n}", f"t = t // {n}"]
+    b += [
+        "nc = t",
+        f"base = nc * ({' * '.join(['ID', 'IH', 'IW'][d] for d in used)})",
         f"acc = tl.full([BLOCK], {ident}, {ct})",
         f"cnt = tl.zeros([BLOCK], {ct})",
     ]
@@ -87,15 +91,22 @@ def render(spec: PoolSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         b.append(f"x{i} = {load_expr(f'P{i}', idx, 'mask', spec.in_dtypes[i], ct)}")
     loop = []
     ind = ""
-    for dim, (k, s, p, d) in enumerate(zip(K, S, Pd, D)):
+    for dim in used:
+        k, s, p, d = K[dim], S[dim], Pd[dim], D[dim]
         ax = "dhw"[dim]
         o = ["od", "oh", "ow"][dim]
         loop.append(f"{ind}for k{ax} in tl.static_range({k}):")
         ind += "    "
         loop.append(f"{ind}q{ax} = {o} * {s} - {p} + k{ax} * {d}")
-    loop.append(f"{ind}ok = mask & (qd >= 0) & (qd < ID) & (qh >= 0) & (qh < IH) & (qw >= 0) & (qw < IW)")
+    sizes = {"d": "ID", "h": "IH", "w": "IW"}
+    bounds = " & ".join(f"(q{ax} >= 0) & (q{ax} < {sizes[ax]})" for ax in ("dhw"[d] for d in used))
+    loop.append(f"{ind}ok = mask & {bounds}")
+    addr = "q" + "dhw"[used[0]]
+    for dim in used[1:]:
+        ax = "dhw"[dim]
+        addr = f"({addr}) * {sizes[ax]} + q{ax}"
     m = spec.main
-    loop.append(f"{ind}x{m} = {load_expr(f'P{m}', 'base + (qd * IH + qh) * IW + qw', 'ok', spec.in_dtypes[m], ct)}")
+    loop.append(f"{ind}x{m} = {load_expr(f'P{m}', f'base + {addr}', 'ok', spec.in_dtypes[m], ct)}")
     loop += [ind + ln for ln in stmt_lines(spec.pro_stmts)]
     if spec.op == "max":
         loop.append(f"{ind}acc = tl.maximum(acc, tl.where(ok, {spec.red_var}, {ident}))")
@@ -109,7 +120,8 @@ def render(spec: PoolSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         elif spec.count_include_pad:
             # window clipped to the padded extent, as torch counts it
             size = []
-            for dim, (k, s, p, d) in enumerate(zip(K, S, Pd, D)):
+            for dim in used:
+                k, s, p = K[dim], S[dim], Pd[dim]
                 o = ["od", "oh", "ow"][dim]
                 n = ["ID", "IH", "IW"][dim]
                 b.append(f"st{dim} = {o} * {s} - {p}")
