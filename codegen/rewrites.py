@@ -1028,6 +1028,63 @@ def device_queries_from_inputs(gm: fx.GraphModule) -> bool:
     return changed
 
 
+#: binary ops that read a 0-d constant tensor operand the same as the Python number
+_SCALAR_ARITH = {"add", "sub", "mul", "truediv", "div"}
+#: elementwise min / max against a constant: clamp's bound (NaN in x stays NaN either way)
+_CLAMP_SIDE = {"min": "max", "minimum": "max", "max": "min", "maximum": "min"}
+
+
+def _op_name(n: fx.Node) -> str:
+    return n.target if n.op == "call_method" else getattr(n.target, "__name__", "")
+
+
+def scalar_constants(gm: fx.GraphModule) -> bool:
+    """``torch.tensor(c, device=...)`` (c a Python number, no dtype) read by elementwise ops of
+    a floating tensor is the number itself: ``torch.min(x, t)`` becomes ``clamp(x, max=c)``,
+    ``x + t`` becomes ``x + c``. Creating the tensor on the GPU is a pageable host-to-device copy
+    in every call that stalls the host until the GPU has finished the work before it, and the
+    kernels after it then wait for their launches. A 0-d tensor does not promote a floating
+    tensor's dtype, so the results are the same."""
+    import operator
+
+    import torch
+
+    graph = gm.graph
+    changed = False
+    for n in _live(graph):
+        if not (n.op == "call_function" and n.target is torch.tensor and len(n.args) == 1
+                and type(n.args[0]) in (int, float) and set(n.kwargs) <= {"device"}):
+            continue
+        c = n.args[0]
+        for u in list(n.users):
+            name = _op_name(u)
+            others = [a for a in u.args if a is not n]
+            if len(u.args) != 2 or u.kwargs or len(others) != 1 or not _float(others[0]):
+                continue
+            x = others[0]
+            if name in _CLAMP_SIDE:
+                with graph.inserting_before(u):
+                    new = graph.call_function(torch.clamp, (x,), {_CLAMP_SIDE[name]: float(c)})
+                new.meta = dict(u.meta)
+                u.replace_all_uses_with(new)
+                graph.erase_node(u)
+            elif name in _SCALAR_ARITH and (
+                    (u.op == "call_function" and u.target is getattr(operator, name, None))
+                    or (u.args[1] is n and (u.op == "call_method"
+                                            or u.target is getattr(torch, name, None)))):
+                # (torch.sub(c, x) and a method of the constant need a tensor first operand)
+                u.args = tuple(c if a is n else a for a in u.args)
+            else:
+                continue
+            changed = True
+        if not n.users:
+            dev = n.kwargs.get("device")
+            graph.erase_node(n)
+            if isinstance(dev, fx.Node) and not dev.users and dev.target is getattr:
+                graph.erase_node(dev)  # the device query made only for the constant
+    return changed
+
+
 def _is_shape_query(n: fx.Node) -> bool:
     if n.op == "call_function" and n.target is getattr:
         return len(n.args) == 2 and n.args[1] == "shape"
@@ -1106,7 +1163,8 @@ def drop_value_copies(gm: fx.GraphModule) -> bool:
 
 
 CANONICAL = [modules_to_functionals, flipped_scans, exclusive_scans, batchnorm_decompose,
-             vector_norms, fold_dtype_queries, device_queries_from_inputs, shape_queries_from_sources,
+             vector_norms, fold_dtype_queries, device_queries_from_inputs, scalar_constants,
+             shape_queries_from_sources,
              drop_value_copies]
 
 

@@ -369,11 +369,12 @@ def test_rotate_half_left_alone(cat, write_problem):
 
 
 def test_device_query_of_an_intermediate_reads_the_input(write_problem):
-    """torch.min(y, torch.tensor(c, device=y.device)): the query reads x's device, so the chain
+    """torch.min(y, torch.full(..., device=y.device)): the query reads x's device, so the chain
     is one kernel (it was cut in two, the query being a user of y before min); past a .to()
-    (which may move the tensor) the query stays on y."""
+    (which may move the tensor) the query stays on y. (A 0-d torch.tensor constant is the
+    number itself: test_scalar_constants.)"""
     src = _problem("        y = torch.relu(x) * 2.0\n"
-                   "        return torch.min(y, torch.tensor(0.5, device=y.device)) + 1.0\n",
+                   "        return torch.min(y, torch.full((41,), 0.5, device=y.device)) + 1.0\n",
                    "torch.randn(37, 41)")
     _run(write_problem, src, "devq")
     plan, _rw, _err = pipeline.analyze(load_problem(write_problem(src, "devq2")))
@@ -495,3 +496,22 @@ def test_vector_norms_are_reductions(write_problem, body, reductions):
     left = [n for n in plan.gm.graph.nodes if getattr(n.target, "__name__", n.target) in
             ("norm", "linalg_vector_norm", "linalg_norm", "normalize")]
     assert bool(left) is (not reductions)
+
+
+@pytest.mark.parametrize("body, constants_left", [
+    ("        return torch.min(x, torch.tensor(0.25, device=x.device)) * 2.0\n", 0),
+    ("        y = torch.relu(x)\n        t = torch.tensor(-0.5, device=y.device)\n"
+     "        return torch.maximum(y - 1.0, t), x + t, t * x, x.sub(t)\n", 0),
+    # a dtype, a constant that is the first operand of a torch function, or not a number: kept
+    ("        return torch.min(x, torch.tensor(0.25, dtype=torch.float64, device=x.device))\n", 1),
+    ("        return torch.sub(torch.tensor(1.0, device=x.device), x)\n", 1),
+])
+def test_scalar_constants(write_problem, body, constants_left):
+    """torch.tensor(c, device=...) read by an elementwise op of a float tensor is the number c
+    (no host-to-device copy per call): min/max against it become clamps; the rewritten program
+    matches the reference."""
+    src = _problem(body, "torch.randn(7, 13)")
+    _run(write_problem, src, "scal")
+    plan, _rw, _err = pipeline.analyze(load_problem(write_problem(src, "scal2")))
+    left = [n for n in plan.gm.graph.nodes if n.target is torch.tensor]
+    assert len(left) == constants_left
