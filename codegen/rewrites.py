@@ -47,6 +47,11 @@ def _ops(gm: fx.GraphModule, kind: str, names: tuple[str, ...]):
             yield n, op
 
 
+def _op_name(n: fx.Node) -> str:
+    """A call's name: the method's, or the function's ("" for a callable without one)."""
+    return n.target if n.op == "call_method" else getattr(n.target, "__name__", "")
+
+
 def _replace(n: fx.Node, new: fx.Node) -> None:
     n.replace_all_uses_with(new)
     n.graph.erase_node(n)
@@ -730,7 +735,7 @@ def flipped_scans(gm: fx.GraphModule) -> bool:
         if f1 is None or len(f1) != 1 or len(n.users) != 1:
             continue
         scan = next(iter(n.users))
-        kind = scan.target if scan.op == "call_method" else getattr(scan.target, "__name__", "")
+        kind = _op_name(scan)
         if kind not in ("cumsum", "cumprod") or len(scan.users) != 1:
             continue
         sdim = scan.args[1] if len(scan.args) > 1 else scan.kwargs.get("dim")
@@ -802,12 +807,12 @@ def exclusive_scans(gm: fx.GraphModule) -> bool:
             continue
         d = dim % len(shape)
         head, scan = parts
-        kind = scan.target if scan.op == "call_method" else getattr(scan.target, "__name__", "")
+        kind = _op_name(scan)
         if kind not in ("cumsum", "cumprod") or len(scan.users) != 1 or scan.kwargs.get("dtype"):
             continue
         sdim = scan.args[1] if len(scan.args) > 1 else scan.kwargs.get("dim")
         x = _leading_slice(scan.args[0], d) if isinstance(sdim, int) and sdim % len(shape) == d else None
-        fill = _FILLS.get(head.target if head.op == "call_method" else getattr(head.target, "__name__", ""))
+        fill = _FILLS.get(_op_name(head))
         hs = node_shape(head)
         if (x is None or fill != (0.0 if kind == "cumsum" else 1.0) or hs is None
                 or hs != shape[:d] + (1,) + shape[d + 1:] or node_dtype(head) != node_dtype(scan)
@@ -1034,10 +1039,6 @@ _SCALAR_ARITH = {"add", "sub", "mul", "truediv", "div"}
 _CLAMP_SIDE = {"min": "max", "minimum": "max", "max": "min", "maximum": "min"}
 
 
-def _op_name(n: fx.Node) -> str:
-    return n.target if n.op == "call_method" else getattr(n.target, "__name__", "")
-
-
 def scalar_constants(gm: fx.GraphModule) -> bool:
     """``torch.tensor(c, device=...)`` (c a Python number, no dtype) read by elementwise ops of
     a floating tensor is the number itself: ``torch.min(x, t)`` becomes ``clamp(x, max=c)``,
@@ -1155,7 +1156,7 @@ def drop_value_copies(gm: fx.GraphModule) -> bool:
         if (op is None or op.kind != "identity" or n.kwargs or len(n.args) != 1
                 or not isinstance(n.args[0], fx.Node) or any(u.op == "output" for u in n.users)):
             continue
-        if getattr(n.target, "__name__", n.target) not in ("clone", "detach"):
+        if _op_name(n) not in ("clone", "detach"):
             continue
         _replace(n, n.args[0])
         changed = True
