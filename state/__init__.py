@@ -1,7 +1,7 @@
 """Typed shared state of an EGG run: the records, the graph state and the run settings."""
 from state.records import (  # noqa: F401
     Analysis, Attempt, Candidate, FusionGroup, HardwareInfo, KernelConfig, OpRecord,
-    OutputError, Plan, ProblemSpec, StageContext, TensorSpec, TimingRecord, VerificationRecord,
+    OutputError, Plan, TrialRecord, ProblemSpec, StageContext, TensorSpec, TimingRecord, VerificationRecord,
     LLMUsage, STAGES, STAGE_NODE, NEXT_STAGE,
 )
 from state.schema import EggState, EggInput, EggOutput, RECORD_TYPES  # noqa: F401

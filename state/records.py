@@ -145,6 +145,24 @@ class OutputError(BaseModel):
     passed_by: Literal["tolerance", "fp64", "none"] = "none"
 
 
+class TrialRecord(BaseModel):
+    """One verification trial: how the models were called and what came out (the evidence of
+    what "verified" covers, docs/verifier.md)."""
+
+    index: int
+    mode: Literal["train", "eval"] = "train"
+    grad: bool = Field(False, description="called with grad mode on (outputs compared detached)")
+    inputs: str = Field("own", description="how the inputs were drawn: own (get_inputs()), x3, "
+                        "x0.01, negated, large, partial (a few elements changed in the same buffers), "
+                        "recall (new values in the same buffers)")
+    shapes: list[list[int]] = Field(default_factory=list, description="tensor input shapes")
+    shape_variant: str = Field("", description="empty: the problem's own shapes; else e.g. 'batch 7'")
+    calls: int = 1
+    passed: bool = True
+    max_abs: float = 0.0
+    note: str = ""
+
+
 class VerificationRecord(BaseModel):
     candidate_id: str
     passed: bool
@@ -156,6 +174,9 @@ class VerificationRecord(BaseModel):
     outputs: list[OutputError] = Field(default_factory=list)
     wall_s: float = 0.0
     flags: list[str] = Field(default_factory=list)
+    trial_log: list[TrialRecord] = Field(default_factory=list, description="one entry per trial")
+    sandbox: list[str] = Field(default_factory=list,
+                               description="OS protections that held for the candidate process")
 
 
 class TimingRecord(BaseModel):
