@@ -66,7 +66,7 @@ def verify(problem_path: str, candidate_path: str, *, device: str = "cpu", trial
     proc, log = start_child("verify", req, log_dir, stdin=subprocess.PIPE)
     checks = ["static"] if static else []
     try:
-        out, _ = proc.communicate(nonce + "\n", timeout=timeout_s + 120)
+        out, _ = proc.communicate(nonce + "\n" + json.dumps(src) + "\n", timeout=timeout_s + 120)
     except subprocess.TimeoutExpired:
         kill_group(proc)
         return {**base, "category": "timeout", "checks": checks,
