@@ -680,7 +680,7 @@ def _run_trials(req, result, model, cand, kmap, prob, dev, tol, deadline, prev: 
     ran: set[str] = set()
     for tr in plan:
         n = tr.index + 1
-        result["trials"] = n
+        result["trials"] = len(result["trial_log"]) + 1  # trials run, this one included
         if time.time() > deadline:
             raise _Verdict("timeout", f"trial {n}: the verification did not finish within the time limit")
         variant, raised, kind = "", None, "run"
@@ -802,6 +802,7 @@ def _run_trials(req, result, model, cand, kmap, prob, dev, tol, deadline, prev: 
             result["trial_log"].append(entry)
             raise
         result["trial_log"].append(entry)
+        result["trials"] = len(result["trial_log"])
         ran.update({"train-eval"} if tr.mode == "eval" else set())
         ran.update({"grad-mode"} if tr.grad else set())
         if _TRIAL_CHECKS.get(tr.inputs):

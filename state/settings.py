@@ -32,7 +32,8 @@ class Settings(BaseModel):
         "graph.runs.stream: time_limit_s counts from it, so a resume or a replay gets the whole "
         "budget again; 0: from the planner's start (state.started_at)")
     # -- verification
-    trials: int = Field(5, description="fresh random inputs per verification", ge=1)
+    trials: int = Field(5, description="draws of the problem's own inputs per verification; the "
+                        "drop-in battery (modes, distributions, shapes) runs besides them", ge=1)
     atol_fp32: float = Field(1e-4, description="absolute tolerance for fp32 outputs")
     rtol_fp32: float = Field(1e-4, description="relative tolerance for fp32 outputs")
     atol_lowp: float = Field(1e-2, description="absolute tolerance for fp16/bf16 outputs")
