@@ -72,7 +72,7 @@ def test_cli_history_and_show(run):
     assert "current: c1" in res.output and "best: c0" in res.output and "_egg_k_g0" in res.output
     res = egg("show", "base", "--runs-dir", run.dir.parent)  # the latest checkpoint
     assert "made by reporter" in res.output and "best: c1" in res.output and "unmeasured" in res.output
-    res = egg("show", "base", "--checkpoint", designer[-12:], "--runs-dir", run.dir.parent, "--source")
+    res = egg("show", "base", "--checkpoint", designer[:18], "--runs-dir", run.dir.parent, "--source")
     assert res.exit_code == 0 and "@triton.jit" in res.output and "class ModelNew" in res.output
     res = egg("show", "base", "--checkpoint", ck(run, "verifier"), "--runs-dir", run.dir.parent, "--json")
     st = EggState.model_validate_json(res.output)
