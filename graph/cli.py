@@ -809,8 +809,9 @@ def fork(run_id: str = typer.Argument(..., metavar="RUN", help="the run (an id o
     try:
         r = R.open_run(run_id, runs_dir)
         full, row = _branch_start(r, checkpoint)
-        for a in set_:
-            R.parse_assignment(a)  # every --set checked before anything is written
+        values = dict(R.parse_assignment(a) for a in set_)  # all checked before anything is written
+        if values.get("problem_path"):
+            _probe(str(values["problem_path"]), None)  # a new problem is checked like any other
         R.fork_as_node(r, full)
         _prepare_device(r.settings.device)
         b = R.new_branch(r, "fork", full, set=list(set_))
@@ -1015,7 +1016,8 @@ def bench(folder: pathlib.Path = typer.Argument(..., metavar="DIR", help="a fold
                                                           "(default: on when --jobs > 1; docs/bench.md)"),
           policy: Optional[str] = typer.Option(None, "--policy", metavar="expert|llm|hybrid",
                                                help="who decides inside the roles (default expert)"),
-          model: Optional[str] = typer.Option(None, "--model", metavar="NAME", help="LLM model name"),
+          model: Optional[str] = typer.Option(None, "--model", metavar="NAME",
+                                              help=f"LLM model name (default {_default('llm_model')})"),
           base_url: Optional[str] = typer.Option(None, "--base-url", metavar="URL", help="OpenAI-compatible URL"),
           trials: Optional[int] = typer.Option(None, "--trials", metavar="N",
                                                help="verification trials per candidate (default 5)"),

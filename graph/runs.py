@@ -229,7 +229,8 @@ def override_settings(run: Run, updates: dict) -> Run:
         run.settings = Settings(**{**run.settings.model_dump(), **updates})
     except Exception as e:  # noqa: BLE001 - pydantic's message, one line
         raise RunError(f"bad settings: {str(e).splitlines()[0]}") from None
-    (run.dir / "settings.json").write_text(run.settings.model_dump_json(indent=2))
+    own = run.settings.model_copy(update={"run_dir": str(run.dir.resolve())})  # not a branch's
+    (run.dir / "settings.json").write_text(own.model_dump_json(indent=2))
     return run
 
 

@@ -104,6 +104,7 @@ def test_cli_replay(run):
     assert res.exit_code == 0, res.output
     assert "tiler" in res.output and "reporter" in res.output and "verifier" not in res.output
     assert "EGG result: tiny" in res.output
+    assert (run.dir / "branches" / "replay-1" / "report.json").is_file()
 
 
 def test_fork_is_applied_as_the_node_that_made_the_checkpoint(run):
@@ -134,6 +135,13 @@ def test_cli_fork_of_the_plan_at_the_planner_checkpoint(run):
               "--runs-dir", run.dir.parent)
     assert res.exit_code == 0, res.output
     assert "reference, no kernel" in res.output
+    # the run folder keeps its own answer; the branch's (the reference) is beside it
+    assert "@triton.jit" in (run.dir / "best.py").read_text()
+    assert json.loads((run.dir / "report.json").read_text())["best_id"] == "c1"
+    branch = run.dir / "branches" / "fork-1"
+    assert "@triton.jit" not in (branch / "best.py").read_text()
+    assert json.loads((branch / "report.json").read_text())["best_id"] == "c0"
+    assert f"forking run base at step {R.history(run)[2].step} (checkpoint {planner}" in res.output
     head = [r.node for r in R.history(run) if r.on_head]
     assert head == ["input", "__start__", "planner", "update_state", "review", "algorithm_designer",
                     "tiler", "memory_optimizer", "reporter"]
