@@ -170,6 +170,13 @@ def _llm_line(settings) -> str | None:
     return f"policy {settings.policy}: model {settings.llm_model} at {where}"
 
 
+def _loading():
+    """A status line while torch, Triton and LangGraph load (seconds, before any output)."""
+    st = StatusLine(out)
+    st.set("starting: loading torch, Triton and LangGraph")
+    return st
+
+
 def _probe(problem: str, timeout_s: float | None):
     """The problem checked in a child process with a time limit (harness.problem.probe_problem)."""
     from harness.problem import ProblemError, probe_problem
@@ -177,7 +184,7 @@ def _probe(problem: str, timeout_s: float | None):
 
     limit = Settings().probe_timeout_s if timeout_s is None else timeout_s
     with StatusLine(out) as st:
-        st.set(f"checking the problem {pathlib.Path(problem).name} (import, inputs, forward on meta tensors)")
+        st.set(f"checking {pathlib.Path(problem).name}: import, inputs, forward on meta tensors")
         try:
             return probe_problem(problem, limit)
         except ProblemError as e:
@@ -503,7 +510,9 @@ def run(problem: Optional[str] = typer.Argument(None, metavar="PROBLEM", show_de
     runs/<id>/llm/; exit code 3 when the endpoint cannot be reached or keeps failing (then
     --resume the run), 4 when no API key is set. Ctrl-C stops with exit code 130; the run
     continues with egg run --resume RUN."""
-    from graph import runs as R
+    with _loading():
+        from graph import runs as R  # noqa: F401 - the slow imports, under the status line
+        import torch  # noqa: F401
 
     if policy is not None and policy not in ("expert", "llm", "hybrid"):
         _fail(f"--policy must be expert, llm or hybrid, not {policy!r}")
@@ -519,6 +528,8 @@ def run(problem: Optional[str] = typer.Argument(None, metavar="PROBLEM", show_de
         return
     if not problem:
         _fail("give a problem file (or --resume RUN)")
+    from graph import runs as R
+
     try:
         if run_id is not None:
             R.check_run_id(run_id)
@@ -856,10 +867,11 @@ def verify(problem: str = typer.Argument(..., metavar="PROBLEM", help="the Kerne
                                               help="GiB for the candidate process; 0: half the RAM (and GPU)"),
            probe_timeout: Optional[float] = ProbeOpt()):
     """Verify a ModelNew file against a problem: exit 0 passed, 1 rejected, 2 unusable input."""
-    from harness.problem import ProblemError, check_candidate_file
-    from harness.verify import UNUSABLE, verify as run_verify
+    with _loading():
+        from harness.problem import ProblemError, check_candidate_file
+        from harness.verify import UNUSABLE, verify as run_verify
 
-    dev = _prepare_device(device)
+        dev = _prepare_device(device)
     spec = _probe(problem, probe_timeout)
     try:
         check_candidate_file(candidate)  # parses only: nothing of the candidate runs here
@@ -916,12 +928,13 @@ def profile(problem: str = typer.Argument(..., metavar="PROBLEM", help="the Kern
 
     On the CPU the timings are the Triton interpreter's and eager's CPU times: labelled, no
     speedup claimed, torch.compile not timed."""
-    from harness import profile as P
-    from harness import roofline
-    from harness.hardware import detect
-    from harness.problem import ProblemError, check_candidate_file, load_problem
+    with _loading():
+        from harness import profile as P
+        from harness import roofline
+        from harness.hardware import detect
+        from harness.problem import ProblemError, check_candidate_file, load_problem
 
-    dev = _prepare_device(device)
+        dev = _prepare_device(device)
     spec = _probe(problem, probe_timeout)
     try:
         prob = load_problem(spec.path)  # its forward is known to finish (the probe ran it)

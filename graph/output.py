@@ -197,8 +197,11 @@ class StatusLine:
                 + f"  ({now - since:.0f} s)")
 
     def __rich__(self):
-        self._spinner.update(text=Text(self.render_text()))
-        return self._spinner
+        # one line, never wrapped: a wrapped status line leaves copies of itself on the screen
+        frame = self._spinner.render(time.time())
+        line = Text.assemble(frame, " ", self.render_text(), no_wrap=True, overflow="ellipsis")
+        line.truncate(max(self.console.width - 1, 10), overflow="ellipsis")
+        return line
 
     def __enter__(self) -> "StatusLine":
         if self.active:

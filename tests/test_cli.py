@@ -306,6 +306,13 @@ def test_status_line_on_a_terminal_only_with_progress(tmp_path, monkeypatch):
         st.set("step 5 profiler: timing c2")  # older progress is not shown for a new step
         assert "trial 3/8" not in st.render_text()
     assert "step 4 verifier: verifying c2, trial 3/8" in buf.getvalue()
+    con, buf = _terminal(30)  # one line however long the text: never wrapped onto the next
+    with O.StatusLine(con) as st:
+        st.set("verifying " + "c2 " * 40)
+        time.sleep(0.3)
+    frames = [f for f in re.split(r"[\r\n]", re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", buf.getvalue())) if f]
+    assert frames and max(len(f) for f in frames) <= 30 and any("verifying c2" in f for f in frames)
+    assert buf.getvalue().count("\n") <= 1  # a wrapped line would add one per frame
     piped = io.StringIO()
     with O.StatusLine(O.EggConsole(file=piped), prog) as st:
         st.set("step 4 verifier: verifying c2")
