@@ -141,6 +141,19 @@ def test_a_run_by_id_or_by_folder_path_everywhere(runs, tmp_path, monkeypatch):
     assert res.exit_code == 2 and "is not a run folder" in res.output
 
 
+def test_resume_by_path_continues_the_same_thread(tmp_path):
+    """It used to start over on a second thread named by the path."""
+    prob = write_tiny(tmp_path)
+    run = R.create_run(str(prob), Settings(**FAST, review=True), tmp_path / "runs", "paused")
+    list(R.stream(run, {"problem_path": str(prob)}))  # planner, then the review pause
+    before = R.history(run)
+    res = egg("run", "--resume", (tmp_path / "runs" / "paused").resolve())
+    assert res.exit_code == 0 and "resuming run paused" in res.output
+    assert "waits for a plan review" in res.output and "planner:" not in res.output
+    assert R.history(R.open_run("paused", tmp_path / "runs")) == before  # nothing new, one thread
+    assert R._thread_id(tmp_path / "runs" / "paused") == "paused"
+
+
 def _step_of(runs, node) -> int:
     return next(r.step for r in R.history(R.open_run("base", runs)) if r.node == node)
 
