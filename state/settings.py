@@ -31,6 +31,10 @@ class Settings(BaseModel):
         0.0, description="when this invocation of the graph started (Unix seconds), set by "
         "graph.runs.stream: time_limit_s counts from it, so a resume or a replay gets the whole "
         "budget again; 0: from the planner's start (state.started_at)")
+    probe_timeout_s: float = Field(
+        120.0, description="wall-clock limit of the problem probe, seconds: the CLI first imports "
+        "the problem and runs its forward (on meta tensors) in a child process; a problem that "
+        "does not finish in time is unusable (exit code 2, no run folder); 0: no limit", ge=0)
     # -- verification
     trials: int = Field(5, description="draws of the problem's own inputs per verification; the "
                         "drop-in battery (modes, distributions, shapes) runs besides them", ge=1)
