@@ -52,7 +52,7 @@ from harness import trials as TR
 from harness.candidate_proc import MARK
 from harness.compare import (Tolerance, compare_output, flatten, fp64_door, structure_error)
 from harness.problem import ProblemError, build_model, load_problem, one_line
-from harness.runner import says_out_of_memory
+from harness.runner import report_progress, says_out_of_memory
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -743,6 +743,7 @@ def _run_trials(req, result, model, cand, kmap, prob, dev, tol, deadline, prev: 
                 continue
         desc = _describe(tr, variant)
         where = f"trial {n} ({desc})"
+        report_progress(f"verifying: trial {n}/{len(plan)} ({desc})")
         entry = _log(tr, priv, variant)
         try:
             _sync(dev)  # the candidate process reads these buffers on its own stream
@@ -1002,6 +1003,7 @@ class _Timer:
                 _sync(self.dev)
                 er, eo = _local_round(eager, self.dev, k, self.flush)
                 what = f"timed round {j + 1} of {len(sizes)} ({k} calls)"
+                report_progress(f"timing: {what}")
                 cr, co = _remote_round(cand, k, self.cuda, what)
                 e_rounds.append(er)
                 c_rounds.append(cr)
