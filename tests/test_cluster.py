@@ -185,8 +185,25 @@ def test_worker_killed_mid_suite_reruns_its_problem_elsewhere(tmp_path, dask_clu
     assert rep["problems"] == 4 and rep["correct"] == 4 and rep["scheduler"] == cl.address
 
 
+SLOW = "import pathlib, time\n" + HEADER + """class Model(nn.Module):
+    def forward(self, x):
+        return x * 2
+
+
+def get_inputs():
+    if pathlib.Path(__file__).with_suffix(".slow").exists():  # the first time: still running at Ctrl-C
+        time.sleep(90)
+    return [torch.randn(4)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
 def test_interrupted_client_leaves_whole_records_and_resumes(tmp_path, dask_cluster):
-    folder = _folder(tmp_path, {"a_mv.py": lib_only(16), "b_mv.py": lib_only(17), "c_mv.py": lib_only(18)})
+    folder = _folder(tmp_path, {"a_slow.py": SLOW, "b_mv.py": lib_only(17), "c_mv.py": lib_only(18)})
+    (folder / "a_slow.slow").write_text("")
     out = tmp_path / "out"
     cl = dask_cluster(2)
     argv = [sys.executable, "-m", "graph.cli", "bench", str(folder), "--out", str(out), "--device", "cpu",
@@ -204,21 +221,28 @@ def test_interrupted_client_leaves_whole_records_and_resumes(tmp_path, dask_clus
     before = (out / "results.jsonl").read_text()
     recs = [json.loads(ln) for ln in before.splitlines()]  # every line whole
     assert 1 <= len(recs) < 3 and all(r["correct"] for r in recs)
-    # the cancelled tasks' problems were killed on their workers
-    deadline = time.time() + 15
+    assert "a_slow.py" not in {r["name"] for r in recs}
+    # the cancelled tasks' problems were killed on their workers (a_slow would sleep 90 s)
+    deadline = time.time() + 10
     while time.time() < deadline and _bench_children(tmp_path):
         time.sleep(0.2)
     assert not _bench_children(tmp_path)
+    (folder / "a_slow.slow").unlink()
 
-    r = subprocess.run(argv + ["--resume"], capture_output=True, text=True, env=env, cwd=str(ROOT), timeout=400)
+    # resumed with the run folders written straight into OUT (as on storage every worker sees)
+    r = subprocess.run(argv + ["--resume", "--shared-dir", str(out)], capture_output=True, text=True, env=env,
+                       cwd=str(ROOT), timeout=400)
     assert r.returncode == 0, (r.stdout, r.stderr)
     assert f"resume: {len(recs)} of 3 problem(s) already in" in r.stdout
     assert f"{3 - len(recs)} left to run" in r.stdout
     after = (out / "results.jsonl").read_text()
     assert after.startswith(before)  # nothing finished was lost or re-run
     names = [x["name"] for x in _records(out)]
-    assert sorted(names) == ["a_mv.py", "b_mv.py", "c_mv.py"]
+    assert sorted(names) == ["a_slow.py", "b_mv.py", "c_mv.py"]
     assert json.loads((out / "report.json").read_text())["correct"] == 3
+    for n in names:  # sent back (before the interrupt) or written there (after)
+        assert (out / "runs" / B.run_id_of(n) / "report.json").exists()
+    assert list(cl.dir.rglob("egg-bench")) and not list(cl.dir.rglob("egg-bench/*"))  # scratch: cleaned up
 
 
 # ----------------------------------------------------------------------------- without a cluster
