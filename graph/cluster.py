@@ -394,7 +394,7 @@ def bench_task(spec: dict, tuning: dict | None = None) -> dict:
         settings = Settings(**spec["settings"])
         env = B._child_env(device, spec["verify_lock"])
         if device == "cuda":
-            res["note"] = _worker_peaks(env, out / "logs" / f"peaks-{key}.log")
+            res["note"] = _worker_peaks(env, pathlib.Path(w.local_directory) / "egg-peaks.log")
         cache_path = resolve_path(settings.tuning_cache)
         before = tuning_seed(cache_path, tuning or {}) if cache_path is not None else {}
 
@@ -430,6 +430,7 @@ def bench_task(spec: dict, tuning: dict | None = None) -> dict:
 class _Item:
     def __init__(self, path: pathlib.Path, name: str, alone: bool):
         self.path, self.name, self.alone = path, name, alone
+        self.cancels = 0  # times its task was cancelled by someone else (submitted again)
 
 
 def _lost_record(name: str, device: str, err: BaseException) -> dict:
@@ -445,17 +446,28 @@ def run_cluster_bench(problems: list[pathlib.Path], folder: pathlib.Path, out_di
                       problem_timeout_s: float = B.PROBLEM_TIMEOUT_S, verify_lock: bool | None = None,
                       shared_dir: pathlib.Path | None = None, retries: int = RETRIES) -> dict:
     """``egg bench --scheduler``: the suite on a Dask cluster; returns report.json's dict."""
+    from concurrent.futures import CancelledError
+
+    from distributed import TimeoutError as DaskTimeout
     from distributed import wait
     from harness.tuning_cache import TuningCache, resolve_path
     from policies.llm_io import LLMError
 
+    t_start = time.time()
     jobs = max(1, int(jobs))
+    parse_scheduler(scheduler)
+    settings, todo, done, alone_names = B.start_suite(problems, folder, out_dir, settings, resume,
+                                                      problem_timeout_s, console)
+    if not todo:  # nothing left: no cluster to start or reach
+        devs = {r.get("device") for r in B.read_results(out_dir / "results.jsonl")}
+        return B.finish_suite(problems, folder, out_dir,
+                              {"device": devs.pop() if len(devs) == 1 else settings.device, "jobs": jobs,
+                               "elapsed_s": 0.0, "problem_timeout_s": problem_timeout_s,
+                               "resumed": bool(done), "scheduler": scheduler, "workers": None})
     conn = connect(scheduler, settings.device, jobs, retries, console)
     client, device = conn.client, conn.device
     try:
         settings = settings.model_copy(update={"device": device})
-        settings, todo, done, alone_names = B.start_suite(problems, folder, out_dir, settings, resume,
-                                                          problem_timeout_s, console)
         verify_lock = (jobs > 1) if verify_lock is None else verify_lock
         shared = str(shared_dir.resolve()) if shared_dir is not None else None
         cache_path = resolve_path(settings.tuning_cache)
@@ -464,11 +476,10 @@ def run_cluster_bench(problems: list[pathlib.Path], folder: pathlib.Path, out_di
             console.print(f"Dask scheduler {conn.label}: {len(conn.workers())} worker(s), device {device}"
                           + (f", {len(entries)} tuning cache entries sent" if entries else ""),
                           highlight=False)
-        tuning = client.scatter([entries], broadcast=True, hash=False)[0] if todo else None
+        tuning = client.scatter([entries], broadcast=True, hash=False)[0]
         pending = collections.deque(sorted((_Item(p, str(p.relative_to(folder)), str(p.relative_to(folder))
                                                   in alone_names) for p in todo), key=lambda i: i.alone))
         inflight: dict = {}
-        t_start = time.time()
 
         def submit(item: _Item):
             src = item.path.read_text()
@@ -490,17 +501,27 @@ def run_cluster_bench(problems: list[pathlib.Path], folder: pathlib.Path, out_di
             item = inflight.pop(fut)
             try:
                 res = fut.result()
+            except CancelledError as e:  # not by us (a scheduler restart): submit it again
+                fut.release()
+                item.cancels += 1
+                if item.cancels <= retries + 1:
+                    pending.appendleft(item)
+                    return
+                res = {"record": _lost_record(item.name, device, e), "note": None}
             except Exception as e:  # noqa: BLE001 - KilledWorker past the cap, or the task broke
-                res = {"record": _lost_record(item.name, device, e), "files": None, "tuning": None,
-                       "llm_error": None, "stopped": False, "shared": False, "note": None}
+                res = {"record": _lost_record(item.name, device, e), "note": None}
             fut.release()
             if res.get("llm_error"):
                 raise LLMError(res["llm_error"])
             if res.get("note") and console is not None:
                 prog.console.print(f"{res['worker']}: {res['note']}", highlight=False, markup=False)
             if res.get("stopped"):  # its worker was told to stop it without our asking: again
-                pending.appendleft(item)
-                return
+                item.cancels += 1
+                if item.cancels <= retries + 1:
+                    pending.appendleft(item)
+                    return
+                res["record"] = B.empty_record(item.name, device)
+                res["record"]["failure"] = "task error: its worker stopped it again and again"
             rec = res["record"]
             if res.get("files"):
                 unpack(res["files"], out_dir, B.run_id_of(item.name))
@@ -513,43 +534,40 @@ def run_cluster_bench(problems: list[pathlib.Path], folder: pathlib.Path, out_di
                 prog.console.print(f"{item.name}: ran out of memory next to other problems; queued "
                                    "to run again alone", highlight=False)
                 return
-            if item.alone:
-                rec["ran_alone"] = True
             B.append_record(out_dir, rec)
             prog.advance(task)
             where = f" [{rec.get('worker', '?')}" + (f", attempt {rec['attempt']}" if rec.get("attempt", 1) > 1
                                                       else "") + "]"
             prog.console.print(B.record_line(rec) + where, highlight=False, markup=False)
 
-        if todo:
-            with B.progress(console) as prog:
-                task = prog.add_task("bench", total=len(todo))
-                waiting_said = False
-                try:
-                    while pending or inflight:
-                        cap = capacity(conn.workers(), device, jobs)
-                        used = sum(slots(i) for i in inflight.values())
-                        while pending and (used + slots(pending[0]) <= cap or (not inflight and cap > 0)):
-                            used += slots(pending[0])
-                            submit(pending.popleft())
-                        if cap == 0 and not inflight and not waiting_said:
-                            prog.console.print("no worker can take a problem now; waiting for one "
-                                               "(Ctrl-C stops, --resume continues)", highlight=False)
-                            waiting_said = True
-                        prog.update(task, description=f"bench ({len(inflight)} running)")
-                        if not inflight:
-                            time.sleep(1.0)
-                            continue
-                        try:
-                            finished = wait(list(inflight), timeout=1.0, return_when="FIRST_COMPLETED").done
-                        except TimeoutError:
-                            finished = ()
-                        for fut in finished:
-                            if fut in inflight:
-                                collect(fut, prog, task)
-                except BaseException:
-                    _stop(client, inflight, lambda f: collect(f, prog, task))
-                    raise
+        with B.progress(console) as prog:
+            task = prog.add_task("bench", total=len(todo))
+            waiting_said = False
+            try:
+                while pending or inflight:
+                    cap = capacity(conn.workers(), device, jobs)
+                    used = sum(slots(i) for i in inflight.values())
+                    while pending and (used + slots(pending[0]) <= cap or (not inflight and cap > 0)):
+                        used += slots(pending[0])
+                        submit(pending.popleft())
+                    if cap == 0 and not inflight and not waiting_said:
+                        prog.console.print("no worker can take a problem now; waiting for one "
+                                           "(Ctrl-C stops, --resume continues)", highlight=False)
+                        waiting_said = True
+                    prog.update(task, description=f"bench ({len(inflight)} running)")
+                    if not inflight:
+                        time.sleep(1.0)
+                        continue
+                    try:
+                        finished = wait(list(inflight), timeout=1.0, return_when="FIRST_COMPLETED").done
+                    except (TimeoutError, DaskTimeout):
+                        finished = ()
+                    for fut in finished:
+                        if fut in inflight:
+                            collect(fut, prog, task)
+            except BaseException:
+                _stop(client, inflight, lambda f: collect(f, prog, task))
+                raise
         return B.finish_suite(problems, folder, out_dir,
                               {"device": device, "jobs": jobs, "elapsed_s": round(time.time() - t_start, 1),
                                "problem_timeout_s": problem_timeout_s, "resumed": bool(done),
