@@ -355,7 +355,7 @@ def lost_after(spec: dict, deaths: int, worker: str) -> dict | None:
     rec = B.empty_record(spec["name"], spec["device"])
     rec["failure"] = (f"lost: {deaths} worker(s) died while running it; not run again "
                       f"(--retries {spec['retries']})")
-    rec.update(worker=worker, attempt=deaths + 1)
+    rec.update(worker=worker, attempt=deaths)  # the runs it had, every one lost with its worker
     return rec
 
 
