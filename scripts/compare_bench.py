@@ -55,6 +55,8 @@ def _timing(r: dict, kind: str) -> dict | None:
 
 def agree(a: dict, b: dict, kind: str) -> dict | None:
     """One figure of one problem on both sides: ratio, noise verdict, inside the band."""
+    if a.get("interpreter") or b.get("interpreter"):
+        return None  # CPU interpreter times are no GPU timings: nothing to compare
     ta, tb = _timing(a, kind), _timing(b, kind)
     if ta is None or tb is None:
         return None

@@ -20,6 +20,7 @@
 # Writes to OUT (7 files at most): results.jsonl, report.json, report.md, bench.png (GPU runs),
 #   slices.txt, state.tgz (what the next slice needs), runs.tgz (run folders without checkpoints).
 set -uo pipefail
+DEVICE=${DEVICE:-cuda}  # DEVICE=cpu: a smoke run of the script's steps on a CPU machine (no GPU timings)
 PROBLEMS=$1; LIST=$2; STATE=$3; OUT=$4; BUDGET=$5; JOBS=${6:-1}; FROM=${7:-}
 source scripts/gpu_env.sh
 mkdir -p "$STATE" "$OUT" && OUT=$(cd "$OUT" && pwd)
@@ -32,7 +33,7 @@ if [ -f "$LIST" ]; then grep -v '^\s*\(#\|$\)' "$LIST" > "$STATE/list.txt"; else
 NG=$(python3 -c "import torch; print(torch.cuda.device_count())")
 start=$(date +%s)
 timeout -s INT -k 90 "$BUDGET" python3 -m graph.cli bench "$PROBLEMS" --list "$STATE/list.txt" --out "$STATE" \
-  --device cuda --scheduler local --jobs "$JOBS" --resume --problem-timeout 360 > "$STATE/bench.log" 2>&1
+  --device "$DEVICE" --scheduler local --jobs "$JOBS" --resume --problem-timeout 360 > "$STATE/bench.log" 2>&1
 rc=$?
 done_n=$(grep -c . "$STATE/results.jsonl" 2>/dev/null || echo 0)
 echo "slice: $(( $(date +%s) - start )) s on $NG GPU(s), exit $rc, $done_n of $(grep -c . "$STATE/list.txt") problems done" \

@@ -13,6 +13,7 @@
 # figures within noise), local.jsonl, cluster.jsonl, warm.jsonl (the records), summary.txt
 # (wall time per phase, the warm run's cache hits and searches, each bench's last lines).
 set -uo pipefail
+DEVICE=${DEVICE:-cuda}  # DEVICE=cpu: a smoke run of the script's steps on a CPU machine (no GPU timings)
 PROBLEMS=$1; OUT=$2; LIST=${3:-scripts/cluster_check.txt}; JOBS=${4:-1}
 source scripts/gpu_env.sh
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
@@ -25,15 +26,15 @@ phase() {  # NAME BUDGET_S TUNING_CACHE [egg bench options]
   local name=$1 budget=$2 cache=$3 t0; shift 3
   t0=$(date +%s)
   EGG_TUNING_CACHE=$cache timeout -s INT -k 60 "$budget" python3 -m graph.cli bench "$PROBLEMS" --list "$LIST" \
-    --out "$W/$name" --device cuda --jobs "$JOBS" --problem-timeout 180 "$@" > "$W/$name.log" 2>&1
+    --out "$W/$name" --device "$DEVICE" --jobs "$JOBS" --problem-timeout 180 "$@" > "$W/$name.log" 2>&1
   echo "$name: exit $?, $(( $(date +%s) - t0 )) s" | tee -a "$S"
   cp "$W/$name/results.jsonl" "$OUT/$name.jsonl" 2>/dev/null
 }
 phase local 200 "$W/tuning-local.json"
 phase cluster 200 "$W/tuning-cluster.json" --scheduler local:1
 phase warm 110 "$W/tuning-cluster.json" --scheduler local:1
-python3 scripts/compare_bench.py "$W/local" "$W/cluster" --labels "local bench,Dask local:1" --out "$OUT/compare.md" \
-  | head -n 4 | tee -a "$S"
+python3 scripts/compare_bench.py "$W/local" "$W/cluster" --labels "local bench,Dask local:1" --out "$OUT/compare.md" > /dev/null
+grep '^- ' "$OUT/compare.md" | tee -a "$S"
 python3 - "$W/warm/results.jsonl" <<'PY' | tee -a "$S"
 import json, sys
 recs = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]

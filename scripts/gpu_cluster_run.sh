@@ -8,6 +8,7 @@
 # PROBLEMS, STATE, OUT, BUDGET_S, JOBS_PER_GPU, STATE_TGZ: as in scripts/gpu_bench_multi.sh (OUT gets the same
 # files, plus cluster.txt: the scheduler's and workers' last log lines).
 set -uo pipefail
+DEVICE=${DEVICE:-cuda}  # DEVICE=cpu: a smoke run of the script's steps on a CPU machine (no GPU timings)
 PROBLEMS=$1; STATE=$2; OUT=$3; BUDGET=$4; LIST=${5:-'level[12]/*.py'}; JOBS=${6:-1}; FROM=${7:-}
 source scripts/gpu_env.sh
 source scripts/dask_cluster.sh
@@ -24,7 +25,7 @@ python3 -m harness.peaks > "$STATE/peaks.json" 2>/dev/null || echo "peaks not me
 dask_start /tmp/egg-dask "$(seq -s ' ' 0 $((NG - 1)))" "$JOBS" || exit 1
 left=$(( BUDGET - ($(date +%s) - start) ))
 timeout -s INT -k 60 "$left" python3 -m graph.cli bench "$PROBLEMS" --list "$STATE/list.txt" --out "$STATE" \
-  --device cuda --scheduler "$DASK_ADDRESS" --jobs "$JOBS" --resume --problem-timeout 360 > "$STATE/bench.log" 2>&1
+  --device "$DEVICE" --scheduler "$DASK_ADDRESS" --jobs "$JOBS" --resume --problem-timeout 360 > "$STATE/bench.log" 2>&1
 rc=$?
 { for f in /tmp/egg-dask/*.log; do echo "== $f"; tail -n 5 "$f"; done; } > "$OUT/cluster.txt"
 dask_stop /tmp/egg-dask

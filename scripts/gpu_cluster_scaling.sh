@@ -15,6 +15,7 @@
 # Writes to OUT (7 files): scaling.md + scaling.json (the table: wall times, efficiency, per-problem
 # agreement), one.jsonl, many.jsonl (the records), one-report.json, many-report.json, summary.txt.
 set -uo pipefail
+DEVICE=${DEVICE:-cuda}  # DEVICE=cpu: a smoke run of the script's steps on a CPU machine (no GPU timings)
 PROBLEMS=$1; OUT=$2; LIST=${3:-scripts/cluster_scaling.txt}; NG=${4:-}; JOBS=${5:-1}; BUDGET=${6:-500}
 source scripts/gpu_env.sh
 source scripts/dask_cluster.sh
@@ -33,7 +34,7 @@ phase() {  # NAME GPUS BUDGET_S
   dask_start "$W/dask-$name" "$gpus" "$JOBS" >> "$S" 2>&1 || return 1  # not in a pipe: it sets DASK_ADDRESS
   EGG_TUNING_CACHE=$W/tuning-$name.json TRITON_CACHE_DIR=$W/triton-$name TORCHINDUCTOR_CACHE_DIR=$W/inductor-$name \
     timeout -s INT -k 60 "$budget" python3 -m graph.cli bench "$PROBLEMS" --list "$LIST" --out "$W/$name" \
-    --device cuda --scheduler "$DASK_ADDRESS" --jobs "$JOBS" --problem-timeout 240 > "$W/$name.log" 2>&1
+    --device "$DEVICE" --scheduler "$DASK_ADDRESS" --jobs "$JOBS" --problem-timeout 240 > "$W/$name.log" 2>&1
   echo "$name: exit $?, $(( $(date +%s) - t0 )) s with the cluster's start and stop" | tee -a "$S"
   dask_stop "$W/dask-$name"
   cp "$W/$name/results.jsonl" "$OUT/$name.jsonl" 2>/dev/null
@@ -41,7 +42,7 @@ phase() {  # NAME GPUS BUDGET_S
 }
 phase one "0" "$ONE_S"
 phase many "$(seq -s ' ' 0 $((NG - 1)))" "$MANY_S"
-python3 scripts/compare_bench.py "$W/one" "$W/many" --labels "1 GPU,$NG GPUs" --scaling --out "$OUT/scaling.md" \
-  | head -n 8 | tee -a "$S"
+python3 scripts/compare_bench.py "$W/one" "$W/many" --labels "1 GPU,$NG GPUs" --scaling --out "$OUT/scaling.md" > /dev/null
+grep '^- ' "$OUT/scaling.md" | tee -a "$S"
 for n in one many; do echo "== $n"; tail -n 4 "$W/$n.log"; done >> "$S"
 ls -la "$OUT"

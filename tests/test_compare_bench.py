@@ -47,6 +47,9 @@ def test_a_difference_beyond_noise_or_another_verdict_is_flagged(tmp_path):
     # a problem missing on one side
     _, s = m.compare([_rec("p1"), _rec("p2")], [_rec("p1")])
     assert not s["agree"] and s["both"] == 1
+    # CPU interpreter records: verdicts only, their times are not compared
+    _, s = m.compare([{**_rec("p1"), "interpreter": True}], [{**_rec("p1", egg=1.3), "interpreter": True}])
+    assert s["agree"] and s["egg_n"] == 0 and s["same_verdict"] == 1
     (tmp_path / "a.jsonl").write_text(json.dumps(_rec("p1")) + "\n")
     (tmp_path / "b.jsonl").write_text(json.dumps(_rec("p1", egg=1.3)) + "\n")
     assert m.main([str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")]) == 1
