@@ -109,11 +109,22 @@ def local_worker_specs(n: int, device: str, gpus: list[str], jobs: int) -> dict:
                            "(--jobs N runs N problems at once on each)")
     specs = {}
     for i in range(n):
-        opts = {"nthreads": max(1, int(jobs)), "memory_limit": 0, "silence_logs": logging.ERROR}
+        opts = {"nthreads": max(1, int(jobs)), "memory_limit": 0, "silence_logs": logging.ERROR,
+                "preload": ["graph.cluster"]}  # dask_setup below
         if device == "cuda":
             opts.update(env={"CUDA_VISIBLE_DEVICES": gpus[i]}, resources={GPU: 1})
         specs[f"egg-{device}-{gpus[i] if device == 'cuda' else i}"] = {"cls": Nanny, "options": opts}
     return specs
+
+
+def dask_setup(worker) -> None:
+    """Preload of the ``local[:N]`` workers: they ignore SIGINT. Ctrl-C in a terminal (or
+    ``timeout -s INT``) reaches the whole process group; the client then cancels the tasks and
+    stops its workers itself, where a worker killed by the signal would only print a traceback."""
+    if threading.current_thread() is threading.main_thread():
+        import signal
+
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def resolve_device(device: str, workers: dict) -> str:

@@ -273,6 +273,7 @@ def test_local_cluster_pins_one_gpu_per_worker():
     opts = [s["options"] for s in specs.values()]
     assert [o["env"]["CUDA_VISIBLE_DEVICES"] for o in opts] == ["0", "2", "5"]
     assert all(o["resources"] == {"GPU": 1} and o["nthreads"] == 2 and o["memory_limit"] == 0 for o in opts)
+    assert all(o["preload"] == ["graph.cluster"] for o in opts) and callable(C.dask_setup)
     with pytest.raises(C.ClusterError, match="one worker per GPU"):
         C.local_worker_specs(4, "cuda", ["0", "1"], jobs=1)
     cpu = [s["options"] for s in C.local_worker_specs(2, "cpu", [], jobs=1).values()]
