@@ -467,17 +467,21 @@ def run_cluster_bench(problems: list[pathlib.Path], folder: pathlib.Path, out_di
     t_start = time.time()
     jobs = max(1, int(jobs))
     parse_scheduler(scheduler)
-    settings, todo, done, alone_names = B.start_suite(problems, folder, out_dir, settings, resume,
-                                                      problem_timeout_s, console)
-    if not todo:  # nothing left: no cluster to start or reach
-        devs = {r.get("device") for r in B.read_results(out_dir / "results.jsonl")}
-        return B.finish_suite(problems, folder, out_dir,
-                              {"device": devs.pop() if len(devs) == 1 else settings.device, "jobs": jobs,
-                               "elapsed_s": 0.0, "problem_timeout_s": problem_timeout_s,
-                               "resumed": bool(done), "scheduler": scheduler, "workers": None})
+    if resume:  # what is left first: with nothing left, no cluster to start or reach
+        settings, todo, done, alone_names = B.start_suite(problems, folder, out_dir, settings, resume,
+                                                          problem_timeout_s, console)
+        if not todo:
+            devs = {r.get("device") for r in B.read_results(out_dir / "results.jsonl")}
+            return B.finish_suite(problems, folder, out_dir,
+                                  {"device": devs.pop() if len(devs) == 1 else settings.device, "jobs": jobs,
+                                   "elapsed_s": 0.0, "problem_timeout_s": problem_timeout_s,
+                                   "resumed": bool(done), "scheduler": scheduler, "workers": None})
     conn = connect(scheduler, settings.device, jobs, retries, console)
     client, device = conn.client, conn.device
     try:
+        if not resume:  # a new suite replaces the old records only once the cluster is there
+            settings, todo, done, alone_names = B.start_suite(problems, folder, out_dir, settings, resume,
+                                                              problem_timeout_s, console)
         settings = settings.model_copy(update={"device": device})
         verify_lock = (jobs > 1) if verify_lock is None else verify_lock
         shared = str(shared_dir.resolve()) if shared_dir is not None else None

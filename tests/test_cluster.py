@@ -355,3 +355,23 @@ def test_problem_file_on_a_worker(tmp_path):
     p.write_text(ADD_RELU + "\n# changed\n")  # same path, other source: the client's source wins
     spec["path"] = str(p)
     assert C._problem_file(spec, tmp_path / "scratch2").read_text() == ADD_RELU
+
+
+def test_an_unreachable_cluster_leaves_the_old_records(tmp_path, monkeypatch):
+    folder = _folder(tmp_path, {"a.py": lib_only(16)})
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "results.jsonl").write_text(json.dumps(B.empty_record("a.py", "cpu")) + "\n")
+
+    def unreachable(*a, **k):
+        raise C.ClusterError("--scheduler tcp://127.0.0.1:9: cannot reach the scheduler")
+
+    monkeypatch.setattr(C, "connect", unreachable)
+    with pytest.raises(C.ClusterError):
+        C.run_cluster_bench(B.select(folder, None, None), folder, out, Settings(device="cpu"), resume=False,
+                            scheduler="tcp://127.0.0.1:9")
+    assert len(_records(out)) == 1  # a new suite replaces them only once the cluster is there
+    # --resume with nothing left: reports from the records, no cluster reached at all
+    rep = C.run_cluster_bench(B.select(folder, None, None), folder, out, Settings(device="cpu"), resume=True,
+                              scheduler="tcp://127.0.0.1:9")
+    assert rep["problems"] == 1 and rep["workers"] is None and (out / "report.md").exists()
