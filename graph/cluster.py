@@ -27,7 +27,7 @@ it does locally.
 - Run folders: a task runs in a scratch folder of its worker and sends the run folder and log
   back (a tar.gz in its result) to OUT/runs/<run id> and OUT/logs; with ``--shared-dir DIR`` (a
   folder every worker sees at the same path) tasks write them under DIR instead.
-- Tuning cache: the client sends its cache's entries to every worker once; each task merges them
+- Tuning cache: the client sends its cache's entries with every task; each task merges them
   into its worker's cache file before the problem runs and returns what the run added or dropped,
   which the client merges into its own cache. A second run of the suite finds every kernel's
   configuration, whichever worker tuned it.
@@ -491,7 +491,9 @@ def run_cluster_bench(problems: list[pathlib.Path], folder: pathlib.Path, out_di
             console.print(f"Dask scheduler {conn.label}: {len(conn.workers())} worker(s), device {device}"
                           + (f", {len(entries)} tuning cache entries sent" if entries else ""),
                           highlight=False)
-        tuning = client.scatter([entries], broadcast=True, hash=False)[0]
+        # the entries travel inside each task, not scattered: data scattered to a worker that dies
+        # is lost, and with it every task that depends on it (Dask cancels them, "forgotten")
+        tuning = entries
         pending = collections.deque(sorted((_Item(p, str(p.relative_to(folder)), str(p.relative_to(folder))
                                                   in alone_names) for p in todo), key=lambda i: i.alone))
         inflight: dict = {}
@@ -577,6 +579,8 @@ def run_cluster_bench(problems: list[pathlib.Path], folder: pathlib.Path, out_di
                         finished = wait(list(inflight), timeout=1.0, return_when="FIRST_COMPLETED").done
                     except (TimeoutError, DaskTimeout):
                         finished = ()
+                    except CancelledError:  # cancelled by someone else: collect() submits them again
+                        finished = [f for f in inflight if f.status != "pending"]
                     for fut in finished:
                         if fut in inflight:
                             collect(fut, prog, task)

@@ -158,6 +158,11 @@ def test_worker_killed_mid_suite_reruns_its_problem_elsewhere(tmp_path, dask_clu
 
     t = threading.Thread(target=kill_first_busy_worker, daemon=True)
     t.start()
+    from harness.tuning_cache import TuningCache
+
+    # entries that travel with every task (a worker's death must not take them, and the tasks
+    # needing them, along: Dask cancels every task whose input data lived only on a dead worker)
+    TuningCache(tmp_path / "tuning.json").put("k", {"BLOCK": 64}, ms=1.0)
     settings = Settings(device="cpu", trials=1, tuning_cache=str(tmp_path / "tuning.json"))
     rep = C.run_cluster_bench(B.select(folder, None, None), folder, out, settings, resume=False,
                               scheduler=cl.address, problem_timeout_s=240)
@@ -183,6 +188,7 @@ def test_worker_killed_mid_suite_reruns_its_problem_elsewhere(tmp_path, dask_clu
         rid = B.run_id_of(n)
         assert (out / "runs" / rid / "report.json").exists() and (out / "logs" / f"{rid}.log").exists()
     assert rep["problems"] == 4 and rep["correct"] == 4 and rep["scheduler"] == cl.address
+    assert TuningCache(tmp_path / "tuning.json").get("k")["config"] == {"BLOCK": 64}
 
 
 SLOW = "import pathlib, time\n" + HEADER + """class Model(nn.Module):
