@@ -47,6 +47,7 @@ VERIFIER = ("tests/test_verifier_suite.py",)
 #: the templates' identities: the one-sign rows first (seconds), then every template case
 TEMPLATES = ("tests/test_templates.py::test_max_min_of_all_negative_and_all_positive_rows",
              "tests/test_templates.py")
+CASE = "tests/test_templates.py::test_template_matches_torch"  # one template case: CASE[name]
 STATE = ("tests/test_state_roundtrip.py",)
 
 
@@ -147,12 +148,14 @@ MUTANTS: list[Mutant] = [
            '"argmin": \'float("inf")\'', '"argmin": "0.0"', TEMPLATES,
            "argmin of an all-positive row is 0"),
     Mutant("reduction-sum-identity", "knowledge/templates/reduction.py",
-           'IDENTITY = {"sum": "0.0"', 'IDENTITY = {"sum": "1.0"', TEMPLATES,
+           'IDENTITY = {"sum": "0.0"', 'IDENTITY = {"sum": "1.0"', (f"{CASE}[reduction_rows]", *TEMPLATES),
            "masked lanes add 1 to a sum"),
     Mutant("reduction-prod-identity", "knowledge/templates/reduction.py",
-           '"prod": "1.0"', '"prod": "0.0"', TEMPLATES, "masked lanes zero a product"),
+           '"prod": "1.0"', '"prod": "0.0"', (f"{CASE}[reduction_prod]", *TEMPLATES), "masked lanes zero a product"),
     Mutant("reduction-logsumexp-identity", "knowledge/templates/reduction.py",
-           '"logsumexp": \'float("-inf")\'', '"logsumexp": "0.0"', TEMPLATES,
+           '"logsumexp": \'float("-inf")\'', '"logsumexp": "0.0"',
+           (TEMPLATES[0], "tests/test_codegen_families.py::test_generated_model_matches_reference[long_row_softmax]",
+            TEMPLATES[1]),
            "masked lanes add exp(0) to a logsumexp"),
     Mutant("reduction-split-merge-fill", "knowledge/templates/reduction.py",
            "mask=rmask[:, None] & (s < SPLITS)[None, :], other={ident})",
@@ -166,13 +169,13 @@ MUTANTS: list[Mutant] = [
            "x - amin(x) is wrong on all-positive rows"),
     Mutant("softmax-fill", "knowledge/templates/softmax.py",
            "fill = BROADCAST[spec.op][0] if bcast else NEG",
-           'fill = BROADCAST[spec.op][0] if bcast else "0.0"', TEMPLATES,
+           'fill = BROADCAST[spec.op][0] if bcast else "0.0"', (f"{CASE}[softmax_one_pass]", *TEMPLATES),
            "masked lanes take part in a softmax's max and sum"),
     Mutant("scan-identity", "knowledge/templates/scan.py",
-           'ident = "1.0" if prod else "0.0"', 'ident = "0.0"', TEMPLATES,
+           'ident = "1.0" if prod else "0.0"', 'ident = "0.0"', (f"{CASE}[scan_exclusive]", *TEMPLATES),
            "exclusive cumprod starts at 0"),
     Mutant("scan-sum-identity", "knowledge/templates/scan.py",
-           'ident = "1.0" if prod else "0.0"', 'ident = "1.0"', TEMPLATES,
+           'ident = "1.0" if prod else "0.0"', 'ident = "1.0"', (f"{CASE}[scan]", *TEMPLATES),
            "masked lanes of a reverse cumsum add 1"),
     Mutant("pool-max-identity", "knowledge/templates/pool.py",
            'ident = \'float("-inf")\' if spec.op == "max" else "0.0"', 'ident = "0.0"', TEMPLATES,

@@ -230,20 +230,28 @@ EXTREMES = {
         "x, y):\n        return x / torch.amax(x, dim=-1, keepdim=True), y / torch.amin(y, dim=-1, keepdim=True)\n",
         NEG_POS.format(s="1024, 37")),
         {g: {"ONE_PASS_MAX": 256, "BLOCK_R": 16, "BLOCK_O": 64} for g in ("g0", "g1")}, ()),
+    # logsumexp's running max starts at -inf too (a masked lane must add exp(-inf) = 0)
+    "logsumexp_rows": (problem(
+        "x, y):\n        return torch.logsumexp(x, dim=1), torch.logsumexp(y * 3.0, dim=-1)\n",
+        NEG_POS.format(s="13, 781")), None, ()),
     # max pooling whose windows reach into the padding (-inf there, not 0)
     "pool_max_padded": (problem(
         "x):\n        return self.p(x)\n", "[-torch.rand(2, 3, 37) - 0.5]",
         members="        self.p = nn.MaxPool1d(5, stride=2, padding=2)\n"), None, ()),
 }
 EXTREME_KINDS = {"reduction_rows": "reduction", "reduction_cols": "reduction", "reduction_split": "reduction",
-                 "broadcast_one_pass": "softmax", "broadcast_two_pass": "softmax", "pool_max_padded": "pool"}
+                 "logsumexp_rows": "reduction", "broadcast_one_pass": "softmax",
+                 "broadcast_two_pass": "softmax", "pool_max_padded": "pool"}
+#: max/min are exact; a logsumexp sums exponentials in another order than torch
+EXTREME_TOL = {"logsumexp_rows": 1e-5}
 
 
 @pytest.mark.parametrize("name", sorted(EXTREMES))
 def test_max_min_of_all_negative_and_all_positive_rows(name, write_problem, tmp_path):
-    """max/min and arg-max/min (and their broadcast and pooled forms) on rows of one sign at
-    non-power-of-two lengths: exact, in every mapping."""
+    """max/min and arg-max/min (their broadcast and pooled forms, and logsumexp's running max)
+    on rows of one sign at non-power-of-two lengths: exact, in every mapping."""
     src, configs, launched = EXTREMES[name]
+    tol = EXTREME_TOL.get(name, 0.0)
     comp = generated_matches(write_problem(src, f"ext_{name}"), tmp_path, seeds=(0,), configs=configs,
-                             launched=launched, atol=0, rtol=0)
+                             launched=launched, atol=tol, rtol=tol)
     assert {g.kind for g in comp.plan.groups} == {EXTREME_KINDS[name]}
