@@ -1021,12 +1021,22 @@ def bench(folder: pathlib.Path = typer.Argument(..., metavar="DIR", help="a fold
           list_file: Optional[pathlib.Path] = typer.Option(None, "--list", metavar="FILE", help="file of relative paths"),
           resume: bool = typer.Option(False, "--resume", help="skip problems already in results.jsonl"),
           jobs: int = typer.Option(1, "--jobs", "-j", min=1, metavar="N",
-                                   help="problems at once (subprocesses); timings never overlap"),
+                                   help="problems at once (subprocesses; with --scheduler: per GPU "
+                                        "worker); timings never overlap"),
           problem_timeout: float = typer.Option(900.0, "--problem-timeout", metavar="S",
                                                 help="wall-clock limit of one problem, seconds"),
           verify_lock: Optional[bool] = typer.Option(None, "--verify-lock/--no-verify-lock",
                                                      help="verification holds the GPU lock shared "
                                                           "(default: on when --jobs > 1; docs/bench.md)"),
+          scheduler: Optional[str] = typer.Option(None, "--scheduler", metavar="ADDRESS",
+                                                  help="run the problems as tasks on a Dask cluster: "
+                                                       "tcp://HOST:PORT, or local[:N] (docs/cluster.md)"),
+          shared_dir: Optional[pathlib.Path] = typer.Option(
+              None, "--shared-dir", metavar="DIR",
+              help="with --scheduler: a folder every worker sees at this path; run folders and logs go "
+                   "there instead of back to OUT"),
+          retries: int = typer.Option(1, "--retries", min=0, metavar="N",
+                                      help="with --scheduler: runs again of a problem whose worker died"),
           policy: Optional[str] = typer.Option(None, "--policy", metavar="expert|llm|hybrid",
                                                help="who decides inside the roles (default expert)"),
           model: Optional[str] = typer.Option(None, "--model", metavar="NAME",
@@ -1036,11 +1046,12 @@ def bench(folder: pathlib.Path = typer.Argument(..., metavar="DIR", help="a fold
                                                help="verification trials per candidate (default 5)"),
           rep_ms: Optional[float] = typer.Option(None, "--rep-ms", metavar="MS",
                                                  help="time spent repeating each timed function")):
-    """Run every problem under DIR through the graph; results.jsonl, report.json/.md, plot."""
+    """Run every problem under DIR through the graph; results.jsonl, report.json/.md, plot.
+    Exit 1 when no problem of the suite has a correct answer."""
     from graph import bench as B
     from policies.llm_io import LLMError
 
-    dev = _prepare_device(device)
+    dev = device if scheduler else _prepare_device(device)  # a cluster's workers decide (graph.cluster)
     try:
         problems = B.select(folder, filter_, list_file)
     except B.BenchError as e:
@@ -1048,15 +1059,30 @@ def bench(folder: pathlib.Path = typer.Argument(..., metavar="DIR", help="a fold
     settings = _settings(device=dev, policy=policy, trials=trials, llm_model=model, llm_base_url=base_url,
                          timing_rep_ms=rep_ms)
     try:
-        rep = B.run_bench(problems, folder, out_dir, settings, resume, console=out, jobs=jobs,
-                          problem_timeout_s=problem_timeout,
-                          verify_lock=(jobs > 1) if verify_lock is None else verify_lock)
+        if scheduler:
+            from graph import cluster as C
+
+            rep = C.run_cluster_bench(problems, folder, out_dir, settings, resume, scheduler, console=out,
+                                      jobs=jobs, problem_timeout_s=problem_timeout, verify_lock=verify_lock,
+                                      shared_dir=shared_dir, retries=retries)
+        else:
+            rep = B.run_bench(problems, folder, out_dir, settings, resume, console=out, jobs=jobs,
+                              problem_timeout_s=problem_timeout,
+                              verify_lock=(jobs > 1) if verify_lock is None else verify_lock)
+    except B.BenchError as e:
+        _fail(str(e))
     except LLMError as e:
         _fail(f"{e}\nbench stopped; the problems done so far are in {out_dir / 'results.jsonl'}: "
               "continue with egg bench ... --resume", EXIT_LLM)
+    except KeyboardInterrupt:
+        _fail(f"interrupted; the problems done so far are in {out_dir / 'results.jsonl'}: "
+              "continue with egg bench ... --resume", 130)
     out.print(B.summary_table(rep))
-    out.print(f"wrote {out_dir / 'results.jsonl'}, {out_dir / 'report.json'}, {out_dir / 'report.md'}, "
-              f"{out_dir / 'bench.png'}")
+    out.print(B.written_files(rep, out_dir), highlight=False)
+    if rep["problems"] and not rep["correct"]:
+        _fail(f"no problem of the suite has a correct answer ({rep['failed']} failed, "
+              f"{rep.get('reference_nondeterministic', 0)} with a non-deterministic reference)",
+              B.EXIT_NO_CORRECT)
 
 
 def main() -> None:

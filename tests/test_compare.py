@@ -1,12 +1,13 @@
-"""The precision contract at its boundaries (harness.compare): the float64 door, the
-lower-precision guard, the deep-net regime, and the precision / mismatch label. Pure tensor
-code, no processes: each case builds eager's and the candidate's outputs around a float64 truth
-with errors of known size."""
+"""The precision contract on its own (harness.compare, no processes): integer outputs compared
+exactly, the tolerance and non-finite rules, and the boundaries of the float64 door, the
+lower-precision guard, the deep-net regime and the precision / mismatch label: each case builds
+eager's and the candidate's outputs around a float64 truth with errors of known size. The
+verifier suite covers the same contract end to end."""
 import pytest
 import torch
 
 from harness import compare as CMP
-from harness.compare import Tolerance, compare_output, fp64_door
+from harness.compare import Tolerance, compare_output, fp64_door, structure_error
 
 N = 4096
 
@@ -123,3 +124,32 @@ def test_low_precision_problems_have_no_guard(dtype):
     cand = (t + _noise(N, 1e-4, 7)).to(dtype)
     chk = fp64_door(compare_output(0, eager, cand, Tolerance()), t, eager, cand, Tolerance())
     assert chk.ok, chk.reason
+
+
+def test_integer_outputs_must_be_equal():
+    """argmax-style outputs: one index off fails (no tolerance applies to integers)."""
+    ref = torch.tensor([3, 0, 7, 1])
+    assert compare_output(0, ref, ref.clone(), Tolerance()).ok
+    off = ref.clone()
+    off[2] = 6
+    chk = compare_output(0, ref, off, Tolerance())
+    assert not chk.ok and chk.max_abs == 1.0 and "integer values differ" in chk.reason
+
+
+def test_float_tolerance_and_non_finite_values():
+    ref = torch.tensor([1.0, -2.0, 1000.0])
+    tol = Tolerance()
+    assert compare_output(0, ref, ref + 5e-5, tol).ok  # inside atol + rtol * |ref|
+    chk = compare_output(0, ref, ref + torch.tensor([0.0, 0.0, 0.2]), tol)
+    assert not chk.ok and chk.max_abs > 0.1  # 0.2 > 1e-4 + 1e-4 * 1000
+    nan = ref.clone()
+    nan[0] = float("nan")
+    assert not compare_output(0, ref, nan, tol).ok
+    assert "NaN/Inf" in compare_output(0, ref, nan, tol).reason
+
+
+def test_structure_shape_and_dtype():
+    ref = [torch.zeros(2, 3)]
+    assert structure_error(ref, [torch.zeros(2, 3)]) is None
+    assert "shape" in structure_error(ref, [torch.zeros(3, 2)])
+    assert "dtype" in structure_error(ref, [torch.zeros(2, 3, dtype=torch.float64)])
