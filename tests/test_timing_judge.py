@@ -72,6 +72,15 @@ def test_wrong_only_in_timed_calls_is_rejected_not_timed(session, tmp_path):
     assert e.value.category == "mismatch" and "timed calls are wrong" in str(e.value)
 
 
+def test_wrong_in_a_timed_round_is_rejected(session, tmp_path):
+    """Right on the first timed call (the warm-up), wrong from the third: a round's check."""
+    path = tmp_path / "round_wrong.py"
+    path.write_text(LATE_WRONG.replace("self.calls <= 20", "self.calls <= 2"))
+    with pytest.raises(P.ProfileRejected) as e:
+        session.time_candidate(str(path))
+    assert e.value.category == "mismatch" and "timed round" in str(e.value)
+
+
 def test_input_changed_during_timing_is_rejected(session, tmp_path):
     path = tmp_path / "mutates_late.py"
     path.write_text(MUTATES_LATE)
