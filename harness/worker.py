@@ -33,6 +33,7 @@ import traceback
 import torch
 import torch.multiprocessing as mp
 
+from harness import sandbox
 from harness.compare import (Tolerance, compare_output, flatten, fp64_door, structure_error)
 from harness.problem import ProblemError, build_model, load_module, load_problem, one_line
 from harness.runner import says_out_of_memory
@@ -367,8 +368,8 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
 def judge(req: dict, chan) -> None:
     t_start = time.time()
     result = {"passed": False, "reason": "", "category": "", "trials": 0, "checks": [],
-              "outputs": [], "flags": [], "launches": 0, "device": req["device"]}
-    proc = conn = None
+              "outputs": [], "flags": [], "launches": 0, "device": req["device"], "sandbox": []}
+    proc = conn = plan = None
     try:
         dev = _device(req["device"])
         deadline = t_start + float(req.get("timeout_s", 600))
@@ -383,10 +384,20 @@ def judge(req: dict, chan) -> None:
         creq = {k: req[k] for k in ("problem", "candidate", "device")}
         creq.update(init_seed=init_seed, memory_limit_bytes=mem if dev.type == "cpu" else 0,
                     device_memory_limit_bytes=_device_limit(req, dev))
-        proc = ctx.Process(target=candidate_main, args=(child, creq), daemon=True)
+        # --- sandbox wiring (harness/sandbox.py): the candidate process starts in
+        # sandbox.candidate_process, which enters the OS sandbox before torch or the candidate is
+        # imported, reports what held (first message), then calls candidate_main
+        plan = sandbox.prepare(req["device"], paths=(req["problem"], req["candidate"]),
+                               memory_limit_bytes=mem)
+        creq["sandbox"] = plan
+        proc = ctx.Process(target=sandbox.candidate_process, args=(child, creq), daemon=True)
         proc.start()
         child.close()
         watch = _Watch(conn, proc, deadline, mem)
+        refused = sandbox.report(watch.recv("entering the sandbox"), result, plan)
+        if refused:
+            raise _Verdict("harness", refused)
+        # --- end of sandbox wiring
         msg = watch.recv("loading the candidate")
         if msg[0] == "error":
             raise _Verdict(_cand_category(msg[1]), msg[2])
@@ -483,6 +494,8 @@ def judge(req: dict, chan) -> None:
             if proc.is_alive():
                 proc.kill()
                 proc.join(5)
+        # --- sandbox wiring: whatever the candidate started dies here (the judge is a subreaper)
+        sandbox.cleanup(plan)
     result["wall_s"] = round(time.time() - t_start, 3)
     if req.get("nonce"):
         result["nonce"] = req["nonce"]
