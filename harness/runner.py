@@ -53,6 +53,7 @@ def start_child(mode: str, req: dict, log_dir: str | None = None, stdin=None) ->
     tag = secrets.token_hex(8)
     env[sandbox.ENV_TAG] = tag
     sandbox.become_subreaper()
+    sandbox.harden_starter()
     proc = subprocess.Popen(
         [sys.executable, "-m", "harness.child", mode, json.dumps(req)],
         stdin=stdin, stdout=subprocess.PIPE, stderr=errf, env=env,

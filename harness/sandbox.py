@@ -226,6 +226,20 @@ def become_subreaper() -> bool:
         return False
 
 
+def harden_starter() -> bool:
+    """The EGG process's side, before it starts a judge: where Landlock cannot keep candidates
+    away from other processes (not enabled, or left out), make this process non-dumpable, so a
+    candidate of the same uid cannot read its memory (the verdicts' nonces) or open its pipes
+    through /proc. True when it did (no core dumps of it then; a debugger needs root)."""
+    try:
+        if mode() == "off" or (landlock_abi() > 0 and "landlock" not in skipped()):
+            return False
+        _prctl(4, 0)  # PR_SET_DUMPABLE
+        return True
+    except (OSError, SandboxError):
+        return False
+
+
 def _proc_table() -> dict[int, tuple[int, str, int]]:
     """pid -> (parent pid, state, uid) of every process visible in /proc."""
     table = {}
@@ -592,16 +606,16 @@ def _is_subreaper() -> bool:
 
 
 # ----------------------------------------------------------------------------- candidate side
-STEPS = ("env", "rlimits", "no-new-privs", "netns", "private-shm", "landlock", "identity",
-         "seccomp")
-#: what strict mode requires (as root also a dropped identity)
-REQUIRED = ("no-new-privs", "rlimits", "seccomp", "landlock-fs")
+STEPS = ("env", "rlimits", "no-new-privs", "netns", "private-shm", "landlock", "ro-mounts",
+         "identity", "seccomp")
+#: what strict mode requires: each entry is a group, one of whose names must hold
+REQUIRED = (("no-new-privs",), ("rlimits",), ("seccomp",), ("landlock-fs", "ro-mounts"))
 
 
 def _default_steps(plan: dict) -> list[str]:
     steps = [s for s in STEPS if s not in plan.get("skip", ())]
     if not plan.get("root"):
-        steps = [s for s in steps if s not in ("netns", "private-shm", "identity")]
+        steps = [s for s in steps if s not in ("netns", "private-shm", "ro-mounts", "identity")]
     if plan.get("abstract"):
         steps.remove("netns") if "netns" in steps else None
     if str(plan.get("device", "cpu")).startswith("cuda") and "private-shm" in steps:
@@ -677,6 +691,37 @@ def _step_private_shm(plan: dict) -> str:
     if c.mount(b"tmpfs", b"/dev/shm", b"tmpfs", ctypes.c_ulong(MS_NOSUID | MS_NODEV | MS_NOEXEC), opts) != 0:
         raise _err("mount(/dev/shm)")
     return "private-shm"
+
+
+MOUNT_FLAGS = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC, "noatime": 1 << 10,
+               "nodiratime": 1 << 11, "relatime": 1 << 21, "strictatime": 1 << 24}
+MS_RDONLY, MS_REMOUNT, MS_BIND = 1, 32, 4096
+
+
+def _step_ro_mounts(plan: dict) -> str:
+    """Without Landlock (root only): a mount namespace of its own in which every file system is
+    read-only but the scratch folder and the sandbox cache (bind-mounted writable) and the
+    kernel's /proc, /sys and /dev (so a write elsewhere fails with EROFS, whatever its mode)."""
+    c = _c()
+    if c.unshare(ctypes.c_int(CLONE_NEWNS)) != 0:
+        raise _err("unshare(CLONE_NEWNS)")
+    if c.mount(None, b"/", None, ctypes.c_ulong(MS_REC | MS_PRIVATE), None) != 0:
+        raise _err("mount(/, private)")
+    keep = [os.path.realpath(plan["scratch"]), os.path.realpath(plan["cache"])]
+    for d in keep:
+        if c.mount(d.encode(), d.encode(), None, ctypes.c_ulong(MS_BIND | MS_REC), None) != 0:
+            raise _err(f"bind {d}")
+    with open("/proc/self/mountinfo") as f:
+        mounts = [(ln.split()[4].replace("\040", " "), ln.split()[5]) for ln in f]
+    for point, opts in mounts:
+        if point in keep or point.startswith(("/proc", "/sys", "/dev")):
+            continue
+        flags = MS_REMOUNT | MS_BIND | MS_RDONLY
+        for o in opts.split(","):
+            flags |= MOUNT_FLAGS.get(o, 0)
+        if c.mount(None, point.encode(), None, ctypes.c_ulong(flags), None) != 0:
+            raise _err(f"remount {point} read-only")
+    return "ro-mounts"
 
 
 def _ll_rule(ruleset: int, path: str, access: int) -> None:
@@ -853,13 +898,13 @@ def _step_seccomp(plan: dict) -> str:
 
 _STEP_FN = {"env": _step_env, "rlimits": _step_rlimits, "no-new-privs": _step_nnp,
             "netns": _step_netns, "private-shm": _step_private_shm, "landlock": _step_landlock,
-            "identity": _step_identity, "seccomp": _step_seccomp}
+            "ro-mounts": _step_ro_mounts, "identity": _step_identity, "seccomp": _step_seccomp}
 
 
 def _apply(plan: dict, steps: list[str]) -> tuple[list[str], list[str]]:
     held, missing = [], []
     for s in STEPS:
-        if s not in steps:
+        if s not in steps or s == "ro-mounts" and "landlock-fs" in held:  # only without Landlock
             continue
         try:
             got = _STEP_FN[s](plan)
@@ -890,6 +935,8 @@ def _verify(plan: dict, held: list[str]) -> tuple[list[str], list[str]]:
             why = "the judge's network namespace"
         elif name.startswith("landlock-") and not landlock:
             why = "a file could be made outside the scratch folder"
+        elif name == "ro-mounts" and not _write_refused(plan):
+            why = "a file could be made outside the scratch folder"
         (bad if why else ok).append(f"{name}: {why}" if why else name)
     return ok, bad
 
@@ -918,10 +965,13 @@ def _write_refused(plan: dict) -> bool:
 
 
 def _required_missing(plan: dict, held: list[str]) -> list[str]:
-    need = list(REQUIRED)
-    out = [n for n in need if n not in held]
-    if plan.get("root") and not any(h.startswith("uid:") or h == "root-no-caps" for h in held):
-        out.append("a dropped identity (uid or capabilities)")
+    """The required protections that did not hold (one line per group)."""
+    out = [" or ".join(g) for g in REQUIRED if not any(n in held for n in g)]
+    private_uid = any(h.startswith("uid:") for h in held)
+    if plan.get("root") and not private_uid and "root-no-caps" not in held:
+        out.append("a dropped identity (a private uid or no capabilities)")
+    if "landlock-fs" not in held and not private_uid:
+        out.append("landlock-fs or a private uid (other processes of its uid are within reach)")
     return out
 
 
