@@ -1061,7 +1061,7 @@ def _gpu_steps(plan: dict, steps: list[str]) -> tuple[list[str], list[str]]:
     if plan.get("uid"):
         tries.append((list(steps), True))
     cur = list(steps)
-    for name in ("netns", "landlock", "seccomp"):
+    for name in ("netns", "ro-mounts", "landlock", "seccomp"):
         if name in cur:
             cur = [s for s in cur if s != name]
             tries.append((list(cur), True))

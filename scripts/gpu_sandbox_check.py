@@ -248,7 +248,8 @@ def main() -> int:
         hf = [(c, pool.submit(run_verify, CANDIDATES / f"{c}.py", PROBLEMS / f"{p}.py", args.device, True, 2))
               for c, p in honest]
         ef = [(e, pool.submit(run_verify, E.candidate_path(e.candidate), E.problem_path(e.problem),
-                              args.device, False, 2 if e.expect.startswith("passed") else 1)) for e in E.ESCAPES]
+                              args.device, False, 2 if e.expect.startswith("passed") else 1))
+              for e in E.ESCAPES + E.ROUTES_OFF]
         md += ["## Honest candidates through verify()", "", "| candidate | verdict | sandbox | s |", "|---|---|---|---|"]
         print()
         for c, f in hf:
@@ -277,13 +278,18 @@ def main() -> int:
         print("left behind:", left or "none")
 
     # the cost of the sandbox: one honest verification, off then auto
-    md += ["## Cost", "", "| EGG_SANDBOX | verdict | verify() wall s |", "|---|---|---|"]
-    for m in ("off", "auto"):
-        os.environ["EGG_SANDBOX"] = m
+    # and whether the judge may be non-dumpable on this GPU (EGG_HARDEN_JUDGE=1) with CUDA IPC
+    md += ["## Cost, and a non-dumpable judge", "", "| setting | verdict | sandbox | verify() wall s |",
+           "|---|---|---|---|"]
+    for label, env in (("EGG_SANDBOX=off", {"EGG_SANDBOX": "off"}), ("EGG_SANDBOX=auto", {}),
+                       ("auto + EGG_HARDEN_JUDGE=1", {"EGG_HARDEN_JUDGE": "1"})):
+        os.environ.update(env)
         r = run_verify(CANDIDATES / "honest_triton_pointwise.py", PROBLEMS / "pointwise.py", args.device, True, 2)
-        md.append(f"| {m} | {'passed' if r.get('passed') else r.get('category')} | {r.get('elapsed_s')} |")
-        print(f"EGG_SANDBOX={m}: {'passed' if r.get('passed') else r.get('reason', '')[:100]} in {r.get('elapsed_s')} s")
-    os.environ.pop("EGG_SANDBOX", None)
+        for k in env:
+            os.environ.pop(k, None)
+        verdict = "passed" if r.get("passed") else f"{r.get('category')}: {r.get('reason', '')[:120]}"
+        md.append(f"| {label} | {verdict} | `{', '.join(r.get('sandbox', []))}` | {r.get('elapsed_s')} |")
+        print(f"{label}: {verdict[:100]} in {r.get('elapsed_s')} s")
     md += ["", f"All as expected: **{'yes' if ok else 'no'}** ({time.time() - t_start:.0f} s in all)", ""]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(md))

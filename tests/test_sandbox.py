@@ -37,7 +37,7 @@ def arena(tmp_path_factory):
 @pytest.fixture(scope="module")
 def verdicts(arena):
     pool = cf.ThreadPoolExecutor(max_workers=2)
-    futs = {e.id: pool.submit(_verify, e.candidate, e.problem, trials=2 if e.expect == "passed" else 1)
+    futs = {e.id: pool.submit(_verify, e.candidate, e.problem, trials=1)
             for e in E.ESCAPES}
     futs.update({c: pool.submit(_verify, c, p, static=True, trials=2) for c, p in HONEST})
     yield futs
@@ -113,6 +113,73 @@ def test_autotune_shim_picks_the_config_with_fewest_programs():
                 setattr(Autotuner, k, v)
 
 
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in "ZX"
+    except OSError:
+        return False
+
+
+def test_kill_group_kills_a_hung_judges_whole_tree():
+    """The EGG process's side: a judge that must be killed (it hangs) has a daemon below it that
+    left its process group (setsid); killing the group alone would leave the daemon."""
+    import subprocess
+    import sys
+
+    from harness import runner
+
+    code = ("import os, sys, time\n"
+            f"sys.path.insert(0, {str(E.CANDIDATES.parent.parent.parent)!r})\n"
+            "from harness import sandbox\n"
+            "sandbox.become_subreaper()\n"
+            "if os.fork() == 0:\n"
+            "    os.setsid()\n"
+            "    if os.fork() == 0:\n"
+            "        time.sleep(120)\n"
+            "    os._exit(0)\n"
+            "os.wait()\n"
+            "print('ready', flush=True)\n"
+            "time.sleep(120)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    assert proc.stdout.readline().strip() == "ready"
+    (daemon,) = sandbox.descendants(proc.pid)  # re-parented to the "judge", in a session of its own
+    assert os.getsid(daemon) != os.getsid(proc.pid)
+    runner.kill_group(proc)
+    assert proc.returncode is not None and not _alive(daemon)
+
+
+def test_gpu_probe_falls_back_and_caches(tmp_path, monkeypatch):
+    """The GPU path's choice (CUDA IPC cannot be tried here): a fake probe for which a private
+    uid and the network namespace break CUDA IPC; the first working set of steps is chosen, the
+    plan drops its uid, and the answer is cached (no probe the second time)."""
+    calls = []
+
+    def fake_probe(plan, steps, as_root):
+        calls.append((tuple(steps), as_root))
+        if not as_root:
+            return False, "the judge's IPC tensor reads 0.0"
+        return ("netns" not in steps), "CUDA error: invalid device context"
+
+    monkeypatch.setattr(sandbox, "_probe", fake_probe)
+    monkeypatch.setattr(sandbox, "probe_cache_path", lambda: str(tmp_path / "state" / "cuda-probe.json"))
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    base = dict(device="cuda", root=True, uid=sandbox.UID_BASE + 7, gid=sandbox.UID_BASE,
+                read_caps=False, scratch=str(scratch), ipc_probe=b"x", ipc_expect=1.0,
+                judge_dumpable=1, landlock=7)
+    steps = sandbox._default_steps(dict(base))
+    plan = dict(base)
+    got, notes = sandbox._gpu_steps(plan, steps)
+    assert "netns" not in got and "landlock" in got and "seccomp" in got
+    assert plan["uid"] is None and plan["gid"] is None
+    assert len(calls) == 3 and any("gave up netns, a private uid" in n for n in notes), notes
+    plan2 = dict(base)
+    assert sandbox._gpu_steps(plan2, steps)[0] == got and len(calls) == 3  # from the cache
+    assert plan2["uid"] is None
+
+
 def test_settings_are_checked(monkeypatch):
     monkeypatch.setenv(sandbox.ENV_MODE, "paranoid")
     with pytest.raises(sandbox.SandboxError, match="off, auto, strict"):
@@ -152,8 +219,8 @@ def test_off_mode_lets_the_escape_through(verdicts, arena, monkeypatch):
 def test_strict_mode_refuses_a_candidate_without_a_required_protection(verdicts, monkeypatch):
     _all_done(verdicts)
     monkeypatch.setenv(sandbox.ENV_MODE, "strict")
-    monkeypatch.setenv(sandbox.ENV_SKIP, "landlock")
+    monkeypatch.setenv(sandbox.ENV_SKIP, "landlock,ro-mounts")
     res = _verify("honest_autotune")
     assert not res["passed"] and res["category"] == "harness", res
-    assert "EGG_SANDBOX=strict" in res["reason"] and "landlock-fs" in res["reason"]
+    assert "EGG_SANDBOX=strict" in res["reason"] and "landlock-fs or ro-mounts" in res["reason"]
     assert "parameters" not in res["checks"]  # refused before the candidate was imported

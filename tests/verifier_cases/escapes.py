@@ -55,11 +55,15 @@ ESCAPES = [
     Escape("escape_socket", "runtime", (), ("escape:", "tcp="), ("=sent",), note="network sockets"),
     Escape("escape_exit_hook", "passed", ("escape_exit_hook.txt",), note="exit hooks writing a file"),
     # the static check's routes with the check off: the OS sandbox keeps their side effects away
+    Escape("route_builtins_payload", "compile", ("route_payload.txt",), (REFUSED,),
+           note="a base64+zlib payload run by builtins.exec (its write raises at import)"),
+]
+#: the static check's routes with the check off (the GPU script runs them too; the CPU tests run
+#: ``route_builtins_payload`` from ESCAPES: the others' mechanisms are the escapes' above)
+ROUTES_OFF = [
     Escape("route_torch_os", "passed|compile", ("route_torch_os.txt", "route_torch_os_popen.txt"),
            no_exec={"must": ("PermissionError",)},
            note="torch.os.system / popen (where no program may run, popen raises at import)"),
-    Escape("route_builtins_payload", "compile", ("route_payload.txt",), (REFUSED,),
-           note="a base64+zlib payload run by builtins.exec (its write raises at import)"),
     Escape("route_atexit", "passed", ("route_atexit.txt",), note="atexit reached through torch"),
 ]
 
