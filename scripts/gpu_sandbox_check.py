@@ -53,6 +53,11 @@ def add_one(x_ptr, n, BLOCK: tl.constexpr):
 '''
 
 
+def _outside(plan: dict) -> str:
+    """A file next to the scratch folder (where nothing of the candidate may be written)."""
+    return os.path.join(os.path.dirname(plan["scratch"]), "egg-sandbox-check-escape")
+
+
 def _inside(conn, plan: dict, kernel_file: str) -> None:
     """The check process: enter the sandbox first, then try things and report each."""
     out: dict = {}
@@ -85,8 +90,7 @@ def _inside(conn, plan: dict, kernel_file: str) -> None:
         return float(x.sum())
 
     attempt("triton compile+run", triton_run)
-    attempt("write outside scratch", lambda: open(os.path.join(tempfile.gettempdir(), "..",
-                                                               "egg-sandbox-check-escape"), "w").write("x"))
+    attempt("write outside scratch", lambda: open(_outside(plan), "w").write("x"))
     attempt("write in scratch", lambda: open(os.path.join(plan["scratch"], "ok"), "w").write("x"))
 
     def sock():
@@ -172,7 +176,7 @@ def sandboxed_process(device: str, folder: pathlib.Path) -> dict:
     out["start_s"] = round(time.time() - t0, 1)
     out["plan_notes"] = plan.get("notes", [])
     out["left_behind"] = sandbox.cleanup(plan)
-    for f in ("/tmp/egg-sandbox-check-shell", os.path.join(tempfile.gettempdir(), "..", "egg-sandbox-check-escape")):
+    for f in ("/tmp/egg-sandbox-check-shell", _outside(plan)):
         if os.path.exists(f):
             out.setdefault("escaped_files", []).append(f)
             os.unlink(f)

@@ -140,6 +140,11 @@ class Arena:
                     pass
 
     def __enter__(self) -> "Arena":
+        for e in ESCAPES + ROUTES_OFF:  # what an earlier run without the sandbox left next to scratch folders
+            for f in e.files:
+                p = pathlib.Path(tempfile.gettempdir()) / f
+                if p.is_file() and not p.is_symlink():
+                    p.unlink()
         env = {"EGG_ESCAPE_DIR": str(self.dir), "EGG_ESCAPE_TOKEN": self.token,
                "EGG_ESCAPE_PORT": str(self.port)}
         for k, v in env.items():
