@@ -1,7 +1,9 @@
 """The candidate process: the only process that imports and runs candidate code.
 
 Started by a judge (harness.worker: the verification judge or the timing judge) with
-multiprocessing "spawn", so it is a fresh interpreter that never held the judge's memory. It
+multiprocessing "spawn", so it is a fresh interpreter that never held the judge's memory; it
+enters the OS sandbox (harness.sandbox.candidate_process) and reports what held before this
+module, torch or the candidate is imported. It
 never imports the problem module: the judge sends the constructor arguments, and the candidate
 file (a private copy the judge wrote into this process's scratch folder, from the source text the
 judge verified) defines ``ModelNew``. It answers the judge's requests on a pipe:
@@ -81,7 +83,7 @@ def _limit_memory(creq: dict, dev: torch.device) -> None:
             hard = resource.getrlimit(resource.RLIMIT_AS)[1]
             if hard != resource.RLIM_INFINITY:
                 cap = min(cap, hard)
-            resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+            resource.setrlimit(resource.RLIMIT_AS, (cap, cap))  # the candidate cannot raise it
     dlim = int(creq.get("device_memory_limit_bytes") or 0)
     if dev.type == "cuda" and dlim > 0:
         total = torch.cuda.get_device_properties(dev).total_memory
@@ -195,8 +197,6 @@ def main(conn, creq: dict) -> None:
     if dev.type == "cpu":
         torch.set_num_threads(1)  # the interpreter's own process: steady timings, one core
     launches = count_triton_launches()
-    # the OS protections that held for this process, reported before any candidate code runs
-    conn.send(("sandbox", []))
     try:
         _limit_memory(creq, dev)
         mod = load_module(creq["candidate"], "candidate")

@@ -47,7 +47,7 @@ from collections import OrderedDict
 import torch
 import torch.multiprocessing as mp
 
-from harness import candidate_proc
+from harness import sandbox
 from harness import trials as TR
 from harness.candidate_proc import MARK
 from harness.compare import (Tolerance, compare_output, flatten, fp64_door, structure_error)
@@ -173,20 +173,33 @@ class CandidateProcess:
 
     def __init__(self, source: str, label: str, dev: torch.device, init: list, init_seed: int,
                  mem_limit: int, device_limit: int, deadline: float):
-        self.scratch = tempfile.mkdtemp(prefix="egg-cand-")
+        # the scratch folder and the candidate's identity (harness.sandbox); the candidate file is
+        # a private copy there, readable by that identity
+        self.plan = sandbox.prepare(str(dev), memory_limit_bytes=mem_limit)
+        self.scratch = self.plan["scratch"]
         path = os.path.join(self.scratch, "candidate.py")
         with open(path, "w") as f:
             f.write(source)
+        os.chmod(path, 0o444)
         self.deadline, self.dev = deadline, dev
         ctx = mp.get_context("spawn")
         self.conn, child = ctx.Pipe()
         creq = {"candidate": path, "label": label, "device": str(dev), "init": list(init),
                 "init_seed": init_seed, "memory_limit_bytes": mem_limit if dev.type == "cpu" else 0,
-                "device_memory_limit_bytes": device_limit, "scratch": self.scratch}
-        self.proc = ctx.Process(target=candidate_proc.main, args=(child, creq), daemon=True)
+                "device_memory_limit_bytes": device_limit, "sandbox": self.plan}
+        # the candidate process starts in sandbox.candidate_process: it enters the OS sandbox
+        # before torch or the candidate is imported, reports what held, then runs candidate_proc
+        self.proc = ctx.Process(target=sandbox.candidate_process, args=(child, creq), daemon=True)
         self.proc.start()
         child.close()
         self.watch = _Watch(self.conn, self.proc, deadline, mem_limit)
+
+    def enter(self, result: dict) -> None:
+        """The sandbox report (the first message, sent before any candidate code ran) into
+        ``result``; strict mode's refusal is a verdict."""
+        refused = sandbox.report(self.recv("entering the sandbox"), result, self.plan)
+        if refused:
+            raise _Verdict("harness", refused)
 
     def send(self, msg) -> None:
         self.conn.send(msg)
@@ -203,16 +216,24 @@ class CandidateProcess:
             raise _Verdict("cheat", f"the candidate process sent an unexpected message during {what}")
         return msg
 
-    def close(self) -> None:
+    def close(self, everything: bool = True) -> None:
+        """End the candidate process. ``everything``: and whatever any candidate of this judge
+        started (descendants of the judge, processes of the candidates' uid: sandbox.cleanup);
+        else this one's process tree only (a timing judge keeps other candidates alive)."""
         try:
             self.conn.send(("quit",))
         except Exception:  # noqa: BLE001
             pass
         self.proc.join(5)
         if self.proc.is_alive():
+            sandbox.kill_descendants(self.proc.pid)
             self.proc.kill()
             self.proc.join(5)
-        shutil.rmtree(self.scratch, ignore_errors=True)
+        if everything:
+            sandbox.cleanup(self.plan)
+        else:
+            sandbox.kill_descendants(self.proc.pid)
+            shutil.rmtree(self.scratch, ignore_errors=True)
 
 
 # ----------------------------------------------------------------------------- what may cross
@@ -598,7 +619,7 @@ def judge(req: dict, chan) -> None:
     t_start = time.time()
     result = {"passed": False, "reason": "", "category": "", "trials": 0, "checks": [],
               "outputs": [], "flags": [], "launches": 0, "device": req["device"],
-              "trial_log": [], "sandbox": []}
+              "trial_log": [], "sandbox": [], "sandbox_notes": []}
     cand = None
     try:
         dev = _device(req["device"])
@@ -613,9 +634,7 @@ def judge(req: dict, chan) -> None:
         result["candidate_sha256"] = hashlib.sha256(source.encode()).hexdigest()
         cand = CandidateProcess(source, req["candidate"], dev, init, init_seed, mem,
                                 _device_limit(req, dev), deadline)
-        msg = cand.expect("sandbox", "starting the candidate process")
-        if isinstance(msg[1], list) and all(isinstance(x, str) for x in msg[1]):
-            result["sandbox"] = list(msg[1])
+        cand.enter(result)
         msg = cand.expect("ready", "loading the candidate")
         kmap = _key_map(model, msg[1], result)
         _check_same_init(model, msg[1], kmap)
@@ -1085,13 +1104,13 @@ def profile_server(req: dict, chan, stdin) -> None:
                     cand = cache.pop(sha, None)
                     if cand is None or not cand.proc.is_alive():
                         while len(cache) >= PROFILE_CACHE:
-                            cache.popitem(last=False)[1].close()
+                            cache.popitem(last=False)[1].close(everything=False)
                             if dev.type == "cuda":
                                 torch.cuda.empty_cache()
                         deadline = time.time() + float(req.get("timeout_s", 900))
                         cand = CandidateProcess(source, r["path"], dev, init, seed, mem,
                                                 _device_limit(req, dev), deadline)
-                        cand.expect("sandbox", "starting the candidate process")
+                        cand.enter({})
                         msg = cand.expect("ready", "loading the candidate")
                         kmap = _key_map(timer.model, msg[1], {"flags": []})
                         _check_same_init(timer.model, msg[1], kmap)
@@ -1103,10 +1122,11 @@ def profile_server(req: dict, chan, stdin) -> None:
             except _Verdict as v:
                 bad = cache.pop(sha, None) if sha else None
                 if bad is not None:
-                    bad.close()
+                    bad.close(everything=False)
                 reply({"ok": False, "rejected": True, "category": v.category, "error": v.reason})
             except BaseException:  # noqa: BLE001
                 reply({"ok": False, "error": _tail(traceback.format_exc())})
     finally:
         for c in cache.values():
-            c.close()
+            c.close(everything=False)
+        sandbox.cleanup(None)  # whatever any candidate of this judge left: descendants, orphans
