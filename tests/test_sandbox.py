@@ -70,7 +70,7 @@ def test_nothing_outlives_the_judges(verdicts, arena):
 def test_honest_candidate_passes(cand, problem, verdicts):
     res = verdicts[cand].result(timeout=600)
     assert res["passed"], res["reason"]
-    assert res["trials"] == 2 and res["checks"][0] == "static"
+    assert res["trials"] == len(res["trial_log"]) >= 12 and res["checks"][0] == "static"
     if LANDLOCK:
         held = set(res["sandbox"])
         assert {"no-new-privs", "rlimits", "seccomp", "landlock-fs", "landlock-exec", "subreaper"} <= held
