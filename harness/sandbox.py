@@ -461,11 +461,17 @@ def _open_judge_channel() -> bool:
         return False
 
 
-def prepare(device: str, *, paths: tuple = (), memory_limit_bytes: int = 0) -> dict:
+def prepare(device: str, *, paths: tuple = (), memory_limit_bytes: int = 0,
+            mode_override: str | None = None) -> dict:
     """Judge side, before spawning the candidate process: become a subreaper, make the scratch
     folder, choose the candidate's identity, prepare the GPU probe. The plan goes to the
-    candidate process (``candidate_process(conn, creq)`` reads ``creq["sandbox"]``)."""
+    candidate process (``candidate_process(conn, creq)`` reads ``creq["sandbox"]``).
+    ``mode_override``: off / auto / strict for this candidate instead of ``EGG_SANDBOX``."""
     m = mode()
+    if mode_override:
+        if mode_override not in MODES:
+            raise SandboxError(f"sandbox mode {mode_override!r}: use one of {', '.join(MODES)}")
+        m = mode_override
     tag = os.environ.get(ENV_TAG) or secrets.token_hex(8)
     plan = dict(mode=m, device=device, tag=tag, judge=os.getpid(), judge_parent=os.getppid(),
                 subreaper=become_subreaper(), skip=skipped(), notes=[])

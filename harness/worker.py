@@ -172,10 +172,10 @@ class CandidateProcess:
     copy of the candidate's source, built with the reference's constructor arguments and seed."""
 
     def __init__(self, source: str, label: str, dev: torch.device, init: list, init_seed: int,
-                 mem_limit: int, device_limit: int, deadline: float):
+                 mem_limit: int, device_limit: int, deadline: float, sandbox_mode: str | None = None):
         # the scratch folder and the candidate's identity (harness.sandbox); the candidate file is
         # a private copy there, readable by that identity
-        self.plan = sandbox.prepare(str(dev), memory_limit_bytes=mem_limit)
+        self.plan = sandbox.prepare(str(dev), memory_limit_bytes=mem_limit, mode_override=sandbox_mode)
         self.scratch = self.plan["scratch"]
         path = os.path.join(self.scratch, "candidate.py")
         with open(path, "w") as f:
@@ -633,7 +633,7 @@ def judge(req: dict, chan) -> None:
         source = req["candidate_source"]
         result["candidate_sha256"] = hashlib.sha256(source.encode()).hexdigest()
         cand = CandidateProcess(source, req["candidate"], dev, init, init_seed, mem,
-                                _device_limit(req, dev), deadline)
+                                _device_limit(req, dev), deadline, req.get("sandbox_mode"))
         cand.enter(result)
         msg = cand.expect("ready", "loading the candidate")
         kmap = _key_map(model, msg[1], result)

@@ -29,7 +29,8 @@ class Case:
 
     @property
     def id(self) -> str:
-        tag = "" if self.static else "-nostatic"
+        tag = ("" if self.static else "-nostatic") + (
+            f"-sandbox-{self.opts['sandbox_mode']}" if self.opts.get("sandbox_mode") else "")
         name = self.candidate.strip("<>").replace(":", "-")
         return f"{name}@{self.problem.split('/')[-1]}{tag}"
 
@@ -81,8 +82,12 @@ DYNAMIC = [
     Case("cheat_deferred_thread", "rowsum", "mismatch", "trial 1", static=False),
     # on a GPU the forged bytes land in the judge's CUDA IPC channel too: the outputs do not open
     Case("cheat_forge_verdict", "rowsum", "mismatch|runtime", "trial 1", static=False),
-    # the nonce alone stops it: the forged line is the only one the EGG process reads
-    Case("cheat_forge_then_kill", "rowsum", "crash", "without a verdict", static=False),
+    # the nonce alone stops it (the sandbox off, so that the forge and the kill get through):
+    # the forged line is the only one the EGG process reads
+    Case("cheat_forge_then_kill", "rowsum", "crash", "without a verdict", static=False,
+         opts={"sandbox_mode": "off"}),
+    # with the sandbox: neither the judge's pipes nor the judge itself are reachable
+    Case("cheat_forge_then_kill", "rowsum", "mismatch", "trial 1", static=False),
 ]
 
 #: candidates right at the problem's own call, wrong in a call a user makes (issue "Drop-in
