@@ -433,9 +433,10 @@ def _dispatch(dr, fast: dict[bool, str | None], ref: dict[bool, str], sig: str) 
     names = dr.arg_names
     plain = all(n.isidentifier() for n in names)
     guard_args = (dr.train.args if dr.train is not None else [])
+    modes = dr.mode_modules if not dr.same else []  # their flags choose the kernels
     parts = ["self.training"]
-    if dr.mode_modules:
-        parts += [f"mm[{i}].training" for i in range(len(dr.mode_modules))]
+    if modes:
+        parts += [f"mm[{i}].training" for i in range(len(modes))]
     for n, a in zip(names, guard_args):
         parts += [f"{n}.shape", f"{n}.dtype", f"{n}.device"] if "dtype" in a else [n]
     args = ", ".join(names)
@@ -450,7 +451,7 @@ def _dispatch(dr, fast: dict[bool, str | None], ref: dict[bool, str], sig: str) 
     if not plain:  # *args / **kwargs: no guard to check them against
         lines.append(f"    return {pick(ref)}")
         return lines
-    if dr.mode_modules:
+    if modes:
         lines.append("    mm = self._egg_mode_modules")
     lines += [
         "    try:",
@@ -540,7 +541,7 @@ def emit_model(problem_source: str, plan: FusionPlan, configs: dict[str, dict] |
             r_imports, r_src = _forward_source(gm.graph, {})
             imports |= set(r_imports)
             methods.append(_renamed(r_src, ref[mode == "train"]))
-        if dr.mode_modules:
+        if dr.mode_modules and not dr.same:
             init.append("self._egg_mode_modules = ("
                         + "".join(f"self.get_submodule({m!r}), " for m in dr.mode_modules) + ")")
         init.append("self._egg_ready = True")
@@ -567,6 +568,7 @@ def emit_model(problem_source: str, plan: FusionPlan, configs: dict[str, dict] |
                  "#: a value; lead: the arguments that may take extra leading dims",
                  f"_EGG_GUARDS = {{True: {_literal(guards[True])},\n               False: "
                  f"{_literal(guards[False])}}}",
+                 f"_EGG_SAME = {bool(dr.same)}  # one set of kernels serves train() and eval()",
                  "#: the parameters and buffers the kernels read, and the traced constants",
                  f"_EGG_STATE = {{'params': {_literal(dr.params)},\n              'constants': "
                  f"{_literal({k: t.dtype for k, t in consts.items()})}}}"]

@@ -162,8 +162,9 @@ def _dropin(prob: LoadedProblem, cap, ref, disabled, use_rewrites: bool, channel
     if cached is None:
         base_t = _probe(prob, cap.inputs, True, tr_dis, use_rewrites, channels_last)
         # the compile reads the mode only through the trace and the modules mode_modules names
-        # (batch norm, dropout): without them, one trace means one file
-        plain = same_ref and not D.mode_modules(ref) and tr_dis == ev_dis
+        # (batch norm, dropout): without them, one trace means one file (and train()'s
+        # disabled groups are eval()'s)
+        plain = same_ref and not D.mode_modules(ref)
         base_e = base_t if plain else _probe(prob, cap.inputs, False, ev_dis, use_rewrites,
                                              channels_last)
         same = base_t is not None and base_t == base_e and same_ref

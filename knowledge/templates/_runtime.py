@@ -344,8 +344,9 @@ def _egg_nhwc_operand(t, nd):
 
 
 # ---- drop-in dispatch (codegen.dropin, docs/dropin.md): which calls take the kernels. The file
-# defines _EGG_GUARDS (mode -> what the kernels were built for, or None) and _EGG_STATE (the
-# parameters and buffers they read, the traced constants, with their dtypes).
+# defines _EGG_GUARDS (mode -> what the kernels were built for, or None), _EGG_SAME (one set of
+# kernels serves both modes) and _EGG_STATE (the parameters and buffers they read, the traced
+# constants, with their dtypes).
 
 #: any device may reach the kernels (set by the compile check, which records launches on meta
 #: or CPU tensors instead of running them); otherwise CUDA, or the CPU under TRITON_INTERPRET
@@ -379,18 +380,19 @@ def _egg_dropin_init(module):
 
 
 def _egg_admit(module, guard, args):
-    """Is this call one the kernels were built for? The module and its submodules in one mode,
-    the parameters as traced, and each argument: a non-tensor equal to the traced value; a tensor
+    """Is this call one the kernels were built for? The parameters as traced, the module and
+    its submodules in one mode (unless one set of kernels serves both), and each argument: a non-tensor equal to the traced value; a tensor
     of the traced dtype, on a device the kernels can read (the parameters' device), with each
     dim of its traced size, or (a free dim named sK) any size >= 2 that is the same wherever sK
     appears; the arguments in ``lead`` may carry the same extra leading dims, each >= 2."""
     ok, pdev = module._egg_pstate
     if not ok:
         return False
-    mode = module.training
-    for m in module.modules():
-        if m.training != mode:
-            return False
+    if not _EGG_SAME:  # each mode has kernels of its own: every module in that mode
+        mode = module.training
+        for m in module.modules():
+            if m.training != mode:
+                return False
     want = guard["args"]
     if len(args) != len(want):
         return False
