@@ -433,7 +433,7 @@ def _dispatch(dr, fast: dict[bool, str | None], ref: dict[bool, str], sig: str) 
     names = dr.arg_names
     plain = all(n.isidentifier() for n in names)
     guard_args = (dr.train.args if dr.train is not None else [])
-    modes = dr.mode_modules if not dr.same else []  # their flags choose the kernels
+    modes = dr.mode_modules  # their flags choose the kernels (or Model's ops)
     parts = ["self.training"]
     if modes:
         parts += [f"mm[{i}].training" for i in range(len(modes))]
@@ -541,9 +541,10 @@ def emit_model(problem_source: str, plan: FusionPlan, configs: dict[str, dict] |
             r_imports, r_src = _forward_source(gm.graph, {})
             imports |= set(r_imports)
             methods.append(_renamed(r_src, ref[mode == "train"]))
-        if dr.mode_modules and not dr.same:
+        if dr.mode_modules:
             init.append("self._egg_mode_modules = ("
                         + "".join(f"self.get_submodule({m!r}), " for m in dr.mode_modules) + ")")
+        init.append("self._egg_train_modes = _egg_train_modes(self)  # as traced for train()")
         init.append("self._egg_ready = True")
         init.append("_egg_dropin_init(self)")
     cls = ["class ModelNew(Model):"]

@@ -239,3 +239,29 @@ def test_the_checker_passes_an_honest_module():
 def test_exact_guard_without_probes():
     g = D.derive_guard([torch.empty(4, 1, 6, device="meta"), 0.5], lambda xs: None, None)
     assert g.args == [{"dtype": torch.float32, "dims": [4, 1, 6]}, {"value": 0.5}] and g.lead == []
+
+
+FROZEN_BN = problem("        self.bn = nn.BatchNorm1d(4)\n        self.bn.eval()  # frozen at construction\n",
+                    "    def forward(self, x):\n        return torch.relu(self.bn(x)) * 2.0\n",
+                    "[torch.randn(6, 4)]")
+
+
+def test_a_submodule_frozen_at_construction(write_problem):
+    """Traced as built (the frozen batch norm on running statistics), the same file as the
+    model in eval(): the kernels serve the model as built and in eval(), and a call with every
+    module in train() (never traced) takes Model's ops, which update the statistics."""
+    comp = compiled(write_problem, FROZEN_BN, "frozen")
+    assert comp.plan.dropin.same
+    prob, cand = load_sources(FROZEN_BN, comp.emitted.source)
+    ref, new = prob.Model(), cand.ModelNew()
+    x = torch.randn(6, 4)
+    assert cand._egg_admit(new, cand._EGG_GUARDS[True], (x,))  # as built
+    new.eval()
+    assert cand._egg_admit(new, cand._EGG_GUARDS[False], (x,))
+    ref.train()
+    new.train()  # the batch norm in train() too: not what was traced
+    assert not cand._egg_admit(new, cand._EGG_GUARDS[True], (x,))
+    with torch.no_grad():
+        torch.testing.assert_close(new(x), ref(x))
+    torch.testing.assert_close(new.bn.running_mean, ref.bn.running_mean)
+    assert int(new.bn.num_batches_tracked) == 1

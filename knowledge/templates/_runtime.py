@@ -379,20 +379,28 @@ def _egg_dropin_init(module):
     module._egg_routes = {}
 
 
+def _egg_train_modes(module):
+    """The modes of the module and its submodules that train()'s kernels were traced with: as
+    built when built in train() (a submodule frozen in eval() stays so), else all train()."""
+    built = [m.training for m in module.modules()]
+    return built if built[0] else [True] * len(built)
+
+
 def _egg_admit(module, guard, args):
-    """Is this call one the kernels were built for? The parameters as traced, the module and
-    its submodules in one mode (unless one set of kernels serves both), and each argument: a non-tensor equal to the traced value; a tensor
+    """Is this call one the kernels were built for? The parameters as traced, the modules in the
+    modes that were traced (any modes when one set of kernels serves a model built in train()
+    and the same model in eval()), and each argument: a non-tensor equal to the traced value; a tensor
     of the traced dtype, on a device the kernels can read (the parameters' device), with each
     dim of its traced size, or (a free dim named sK) any size >= 2 that is the same wherever sK
     appears; the arguments in ``lead`` may carry the same extra leading dims, each >= 2."""
     ok, pdev = module._egg_pstate
     if not ok:
         return False
-    if not _EGG_SAME:  # each mode has kernels of its own: every module in that mode
-        mode = module.training
-        for m in module.modules():
-            if m.training != mode:
-                return False
+    built = module._egg_train_modes
+    if not (_EGG_SAME and all(built)):  # the modules in the modes that were traced
+        modes = [m.training for m in module.modules()]
+        if modes != (built if module.training else [False] * len(modes)):
+            return False
     want = guard["args"]
     if len(args) != len(want):
         return False
