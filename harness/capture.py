@@ -23,10 +23,16 @@ class Captured:
     error: str | None = None
 
 
-def capture(prob: LoadedProblem) -> Captured:
+def capture(prob: LoadedProblem, inputs: list | None = None, training: bool = True) -> Captured:
+    """``inputs``: meta inputs to trace with (default: the problem's own); ``training``: the
+    mode the model is traced in (fx bakes ``self.training`` into the graph): True traces it as
+    built (submodules a constructor froze in eval() stay so) unless it was built in eval(),
+    False traces it in eval()."""
     init = prob.init_inputs()
-    inputs = meta_inputs(prob)
+    inputs = meta_inputs(prob) if inputs is None else inputs
     model = meta_model(prob, init)
+    if not training or not model.training:
+        model.train(training)
     try:
         gm = fx.symbolic_trace(model)
     except Exception as e:  # noqa: BLE001
