@@ -524,9 +524,12 @@ def _dumpable() -> int:
 def _cuda_probe_tensor(device: str) -> dict:
     """A small tensor of the judge's, shared by CUDA IPC, that the GPU probe opens."""
     try:
-        import torch
-        from torch.multiprocessing.reductions import ForkingPickler  # registers CUDA reductions
+        from multiprocessing.reduction import ForkingPickler
 
+        import torch
+        import torch.multiprocessing.reductions as reductions
+
+        reductions.init_reductions()  # CUDA tensors pickle as IPC handles (idempotent)
         t = torch.arange(4096, dtype=torch.float32, device=device)
         torch.cuda.synchronize(t.device)
         _KEEP.append(t)
@@ -1044,7 +1047,7 @@ def _probe_key(plan: dict, steps: list[str], as_root: bool) -> str:
         pass
     uid = "root" if as_root or not plan.get("uid") else ("uid+read" if plan.get("read_caps") else "uid")
     return json.dumps([platform.release(), drv, tv, os.geteuid(), uid, plan.get("judge_dumpable"),
-                       plan.get("landlock"), sorted(steps)])
+                       plan.get("landlock"), sorted(steps), bool(plan.get("ipc_probe"))])
 
 
 def _as_root(plan: dict) -> None:
@@ -1061,8 +1064,9 @@ def _gpu_steps(plan: dict, steps: list[str]) -> tuple[list[str], list[str]]:
     """The steps under which CUDA and CUDA IPC from the judge still work (a forked child tries
     them, most protective first; the answer is cached per machine), and notes on what was given
     up. May switch the plan from a private uid to root-no-caps."""
-    if not plan.get("ipc_probe"):
-        return steps, [f"gpu probe: {plan.get('ipc_error', 'no probe tensor')}"]
+    notes = []
+    if not plan.get("ipc_probe"):  # still find the steps under which CUDA itself works
+        notes.append(f"gpu probe: CUDA IPC not probed ({plan.get('ipc_error', 'no probe tensor')})")
     tries = [(list(steps), False)]
     if plan.get("uid"):
         tries.append((list(steps), True))
@@ -1078,7 +1082,6 @@ def _gpu_steps(plan: dict, steps: list[str]) -> tuple[list[str], list[str]]:
             cache = json.load(f)
     except (OSError, ValueError):
         pass
-    notes = []
     for i, (t, as_root) in enumerate(tries):
         key = _probe_key(plan, t, as_root)
         if key in cache:
@@ -1129,9 +1132,10 @@ def _probe(plan: dict, steps: list[str], as_root: bool) -> tuple[bool, str]:
 
             x = torch.ones(256, device=plan["device"]) * 3
             assert float(x.sum()) == 768.0, "a CUDA kernel computed a wrong sum"
-            t = pickle.loads(plan["ipc_probe"])
-            got = float(t.sum())
-            assert got == plan["ipc_expect"], f"the judge's IPC tensor reads {got}"
+            if plan.get("ipc_probe"):
+                t = pickle.loads(plan["ipc_probe"])
+                got = float(t.sum())
+                assert got == plan["ipc_expect"], f"the judge's IPC tensor reads {got}"
             msg, code = "ok", 0
         except BaseException as e:  # noqa: BLE001
             msg = f"{type(e).__name__}: {e}"[:300]

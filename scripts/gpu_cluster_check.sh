@@ -5,7 +5,7 @@
 # (scripts/compare_bench.py); then the cluster once more on the tuning cache its run filled: the
 # tiler must search nothing.
 #
-#   bash scripts/gpu_cluster_check.sh PROBLEMS OUT [LIST=scripts/cluster_check.txt] [JOBS=1]
+#   [PHASE_S=200] bash scripts/gpu_cluster_check.sh PROBLEMS OUT [LIST=scripts/cluster_check.txt] [JOBS=1]
 #
 # PROBLEMS: a folder of problems, or the folder holding materialize.py (the dev set is written
 # out). Each phase has its own fresh tuning cache (both search), the warm phase the cluster's.
@@ -30,9 +30,10 @@ phase() {  # NAME BUDGET_S TUNING_CACHE [egg bench options]
   echo "$name: exit $?, $(( $(date +%s) - t0 )) s" | tee -a "$S"
   cp "$W/$name/results.jsonl" "$OUT/$name.jsonl" 2>/dev/null
 }
-phase local 200 "$W/tuning-local.json"
-phase cluster 200 "$W/tuning-cluster.json" --scheduler local:1
-phase warm 110 "$W/tuning-cluster.json" --scheduler local:1
+B=${PHASE_S:-200}  # each of the two phases' time limit (the warm phase gets half)
+phase local "$B" "$W/tuning-local.json"
+phase cluster "$B" "$W/tuning-cluster.json" --scheduler local:1
+phase warm $(( B / 2 + 10 )) "$W/tuning-cluster.json" --scheduler local:1
 python3 scripts/compare_bench.py "$W/local" "$W/cluster" --labels "local bench,Dask local:1" --out "$OUT/compare.md" > /dev/null
 grep '^- ' "$OUT/compare.md" | tee -a "$S"
 python3 - "$W/warm/results.jsonl" <<'PY' | tee -a "$S"

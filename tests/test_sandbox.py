@@ -180,6 +180,41 @@ def test_gpu_probe_falls_back_and_caches(tmp_path, monkeypatch):
     assert plan2["uid"] is None
 
 
+def test_gpu_probe_runs_without_an_ipc_tensor(tmp_path, monkeypatch):
+    """The judge could not make its IPC probe tensor (on the H200, torch 2.11 moved
+    ForkingPickler): the probe still tries CUDA under each set of steps instead of applying every
+    step untried (which left CUDA broken in every candidate process), and says IPC went unprobed."""
+    calls = []
+
+    def fake_probe(plan, steps, as_root):
+        calls.append((tuple(steps), as_root))
+        return ("seccomp" not in steps), "RuntimeError: Unexpected error from cudaGetDeviceCount()"
+
+    monkeypatch.setattr(sandbox, "_probe", fake_probe)
+    monkeypatch.setattr(sandbox, "probe_cache_path", lambda: str(tmp_path / "cuda-probe.json"))
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    plan = dict(device="cuda", root=True, uid=None, gid=None, read_caps=False, scratch=str(scratch),
+                ipc_probe=None, ipc_error="ImportError: cannot import name 'ForkingPickler'",
+                judge_dumpable=1, landlock=7)
+    steps = sandbox._default_steps(dict(plan))
+    got, notes = sandbox._gpu_steps(plan, steps)
+    assert calls and "seccomp" not in got and "rlimits" in got
+    assert any("CUDA IPC not probed" in n and "ForkingPickler" in n for n in notes), notes
+    assert any("gave up" in n and "seccomp" in n for n in notes), notes
+
+
+def test_the_ipc_probe_tensor_is_made(monkeypatch):
+    """The judge's side of the probe pickles a tensor as CUDA IPC does (here on the CPU: the
+    import path is what broke on the GPU image)."""
+    import torch
+
+    monkeypatch.setattr(torch, "arange", lambda *a, **k: torch.zeros(4096))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    got = sandbox._cuda_probe_tensor("cpu")
+    assert got.get("ipc_probe"), got
+
+
 def test_settings_are_checked(monkeypatch):
     monkeypatch.setenv(sandbox.ENV_MODE, "paranoid")
     with pytest.raises(sandbox.SandboxError, match="off, auto, strict"):
