@@ -50,7 +50,7 @@ import torch.multiprocessing as mp
 from harness import sandbox
 from harness import trials as TR
 from harness.candidate_proc import MARK
-from harness.compare import (Tolerance, compare_output, flatten, fp64_door, structure_error)
+from harness.compare import (Tolerance, _chunks, compare_output, flatten, fp64_door, structure_error)
 from harness.problem import ProblemError, build_model, load_problem, one_line
 from harness.runner import report_progress, says_out_of_memory
 
@@ -517,11 +517,23 @@ def _scaled(tol: Tolerance, k: float) -> Tolerance:
 
 
 def _scale(t) -> float:
+    """The largest finite magnitude of ``t`` (in chunks: no full-size temporary)."""
     if not isinstance(t, torch.Tensor) or not t.dtype.is_floating_point or t.numel() == 0:
         return 0.0
-    a = t.detach().abs()
-    a = a[torch.isfinite(a)]
-    return float(a.max()) if a.numel() else 0.0
+    m = 0.0
+    for (x,) in _chunks(t.detach()):
+        x = x.abs()
+        x = x[torch.isfinite(x)]
+        if x.numel():
+            m = max(m, float(x.max()))
+    return m
+
+
+def _release(dev: torch.device) -> None:
+    """Between trials: hand the device memory of the last trial's tensors back (the candidate
+    process and the bench's other jobs share the GPU; a problem's inputs can be several GiB)."""
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def _nonfinite(t) -> bool:
@@ -698,6 +710,9 @@ def _run_trials(req, result, model, cand, kmap, prob, dev, tol, deadline, prev: 
     sizes: list | None = None
     ran: set[str] = set()
     for tr in plan:
+        # the last trial's tensors go before this one's are made (peak memory: one trial's, not two)
+        ref = got = priv = before = checks = xs = base = more = opts = first = None  # noqa: F841
+        _release(dev)
         n = tr.index + 1
         result["trials"] = len(result["trial_log"]) + 1  # trials run, this one included
         if time.time() > deadline:
@@ -724,6 +739,7 @@ def _run_trials(req, result, model, cand, kmap, prob, dev, tol, deadline, prev: 
                 xs, variant, raised = first
                 before = _buffers(model)
             priv, shared = xs, [x.clone() if isinstance(x, torch.Tensor) else x for x in xs]
+            base = more = opts = first = xs = None  # noqa: F841 - only priv and shared are kept
             ran.add("shape-variants")
         else:
             if tr.same_buffers and shared is not None:
@@ -736,6 +752,7 @@ def _run_trials(req, result, model, cand, kmap, prob, dev, tol, deadline, prev: 
                         kind = "again"
                     else:
                         shared = new
+                    new = None
                 else:
                     TR.partial_change(shared, gen)
                     kind = "again"
