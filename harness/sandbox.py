@@ -1063,7 +1063,9 @@ def _as_root(plan: dict) -> None:
 def _gpu_steps(plan: dict, steps: list[str]) -> tuple[list[str], list[str]]:
     """The steps under which CUDA and CUDA IPC from the judge still work (a forked child tries
     them, most protective first; the answer is cached per machine), and notes on what was given
-    up. May switch the plan from a private uid to root-no-caps."""
+    up. The fallbacks drop steps cumulatively; once one works, each dropped step (and the private
+    uid) is tried back alone, so only the steps CUDA cannot live with are given up. May switch the
+    plan from a private uid to root-no-caps."""
     notes = []
     if not plan.get("ipc_probe"):  # still find the steps under which CUDA itself works
         notes.append(f"gpu probe: CUDA IPC not probed ({plan.get('ipc_error', 'no probe tensor')})")
@@ -1082,19 +1084,28 @@ def _gpu_steps(plan: dict, steps: list[str]) -> tuple[list[str], list[str]]:
             cache = json.load(f)
     except (OSError, ValueError):
         pass
-    for i, (t, as_root) in enumerate(tries):
+
+    def works(t: list[str], as_root: bool) -> tuple[bool, str]:
         key = _probe_key(plan, t, as_root)
-        if key in cache:
-            ok, why = cache[key]
-        else:
-            ok, why = _probe(plan, t, as_root)
-            cache[key] = (ok, why)
+        if key not in cache:
+            cache[key] = _probe(plan, t, as_root)
             _save_cache(path, cache)
+        return tuple(cache[key])
+
+    for i, (t, as_root) in enumerate(tries):
+        ok, why = works(t, as_root)
         if ok:
-            lost = sorted(set(steps) - set(t)) + (["a private uid"] if as_root and plan.get("uid") else [])
+            if i:  # steps were dropped together: take back, one at a time, each that CUDA allows
+                for s in [s for s in steps if s not in t]:
+                    trial = [x for x in steps if x in t or x == s]
+                    if works(trial, as_root)[0]:
+                        t = trial
+                if as_root and plan.get("uid") and works(t, False)[0]:
+                    as_root = False
+            lost = [s for s in steps if s not in t] + (["a private uid"] if as_root and plan.get("uid") else [])
             if as_root:
                 _as_root(plan)
-            if i:
+            if lost:
                 notes.append(f"gpu probe: gave up {', '.join(lost)}: CUDA or CUDA IPC failed with them")
             return t, notes
         notes.append(f"gpu probe ({', '.join(t)}{', root' if as_root else ''}): {why}")
