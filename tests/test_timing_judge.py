@@ -138,6 +138,23 @@ def test_channel_overhead_is_not_charged_to_the_candidate():
     assert s["median_ms"] == pytest.approx(1.0) and not s["flags"]
 
 
+def test_a_rounds_fixed_cost_is_not_charged_per_call():
+    """Each round costs 1.3 ms beyond its calls (the channel, opening the outputs' IPC handles):
+    an honest 2.7 ms kernel in rounds of 7 stays 2.7 ms (charged per call it read 2.86 ms on the
+    H200); a kernel whose events report 1 ms of 2.7 ms of marginal wall time is still raised."""
+    fixed, k, flush = 1.3, 7, 0.06
+
+    def rounds(event_ms, work_ms):
+        rs = [{"times": [event_ms] * k, "wall_ms": fixed + k * (work_ms + flush)} for _ in range(8)]
+        return rs + [{"times": [event_ms], "wall_ms": fixed + work_ms + flush} for _ in range(2)]
+
+    honest = summarize_rounds(rounds(2.7, 2.7), flush_ms=flush, ipc_ms=0.2)
+    assert honest["median_ms"] == pytest.approx(2.7) and not honest["flags"]
+    hidden = summarize_rounds(rounds(1.0, 2.7), flush_ms=flush, ipc_ms=0.2)
+    assert hidden["median_ms"] == pytest.approx(2.7 - WALL_ALLOWANCE_MS, rel=1e-6)
+    assert any("wall clock" in f for f in hidden["flags"])
+
+
 def test_long_rounds_far_faster_than_checked_single_calls_are_inconsistent():
     """A memo within a round: calls after the first cost nothing; the single-call rounds (every
     output checked) show the real cost."""
