@@ -35,7 +35,7 @@ import torch
 
 from harness.compare import flatten
 from harness.problem import ProblemError, load_module, one_line
-from harness.runner import says_out_of_memory
+from harness.runner import proc_status_kb, says_out_of_memory
 from harness.timing import FLUSH_BYTES, run_round
 
 #: device memory filled with NaN before each verification call: at most this much, at most a
@@ -61,23 +61,12 @@ def sendable(o):
     return (MARK, "object", type(o).__qualname__)
 
 
-def _proc_kb(field: str) -> int:
-    try:
-        with open("/proc/self/status") as f:
-            for ln in f:
-                if ln.startswith(field + ":"):
-                    return int(ln.split()[1])
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
-
-
 def _limit_memory(creq: dict, dev: torch.device) -> None:
     lim = int(creq.get("memory_limit_bytes") or 0)
     if dev.type == "cpu" and lim > 0:
         import resource
 
-        vm = _proc_kb("VmSize") * 1024
+        vm = proc_status_kb("self", "VmSize") * 1024
         if vm > 0:
             cap = vm + lim + AS_SLACK_BYTES
             hard = resource.getrlimit(resource.RLIMIT_AS)[1]

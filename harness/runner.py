@@ -26,6 +26,19 @@ MEMORY_WORDS = ("out of memory", "outofmemoryerror", "can't allocate memory", "n
                 "cannot allocate memory")
 
 
+def proc_status_kb(pid: int | str, field: str) -> int:
+    """A kB field of /proc/PID/status (``VmRSS``, ``VmSize``; PID may be ``"self"``); 0 when
+    unreadable."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for ln in f:
+                if ln.startswith(field + ":"):
+                    return int(ln.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
 def says_out_of_memory(text: str | None) -> bool:
     """Does this error text (an exception's, a failure reason) say memory ran out?"""
     t = (text or "").lower()

@@ -52,7 +52,7 @@ from harness import trials as TR
 from harness.candidate_proc import MARK
 from harness.compare import (Tolerance, _chunks, compare_output, flatten, fp64_door, structure_error)
 from harness.problem import ProblemError, build_model, load_problem, one_line
-from harness.runner import report_progress, says_out_of_memory
+from harness.runner import proc_status_kb, report_progress, says_out_of_memory
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -112,17 +112,6 @@ def memory_limit_bytes(limit_gb: float | None) -> int:
     if limit_gb < 0:
         return 0
     return int(limit_gb * (1 << 30))
-
-
-def _proc_kb(pid: int | str, field: str) -> int:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for ln in f:
-                if ln.startswith(field + ":"):
-                    return int(ln.split()[1])
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
 
 
 def _is_memory_error(e: BaseException) -> bool:
@@ -306,7 +295,7 @@ class _Watch:
                     self.proc.join(5)
                     break
             if self.mem:
-                rss = _proc_kb(self.proc.pid, "VmRSS") * 1024
+                rss = proc_status_kb(self.proc.pid, "VmRSS") * 1024
                 if rss > self.mem:
                     self.proc.kill()
                     self.proc.join(5)
