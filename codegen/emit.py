@@ -21,10 +21,11 @@ from codegen.fusion import (FusionPlan, Group, broadcast_epilogue, group_outputs
 from codegen.fusion import chanstats_aux_pattern, norm_pattern, pool_aux_pattern
 from codegen.layout import init_lines as layout_init_lines
 from knowledge.templates import (RUNTIME_SOURCE, PointwiseSpec, ReductionSpec, SoftmaxSpec,
-                                 attention, chanstats, matmul, norm, pointwise, pool, reduction,
-                                 scan, softmax)
+                                 attention, chanstats, linear_ce, matmul, norm, pointwise, pool,
+                                 reduction, scan, softmax)
 from knowledge.templates.attention import AttentionSpec
 from knowledge.templates.chanstats import ChanStatsSpec
+from knowledge.templates.linear_ce import LinearCESpec
 from knowledge.templates.matmul import MatmulSpec
 from knowledge.templates.scan import ScanSpec
 from knowledge.templates.norm import NormSpec
@@ -32,7 +33,7 @@ from knowledge.templates.pool import PoolSpec
 
 TEMPLATES = {"pointwise": pointwise, "reduction": reduction, "softmax": softmax, "norm": norm,
              "pool": pool, "scan": scan, "chanstats": chanstats, "matmul": matmul,
-             "attention": attention}
+             "attention": attention, "linear_ce": linear_ce}
 MARK = "# ======== EGG generated below this line ========"
 #: functions of these modules are defined in every generated file under their own names
 RUNTIME_MODULES = ("egg_generated", "knowledge.templates._runtime")
@@ -85,7 +86,7 @@ def _stmts(plan: FusionPlan, nodes: list[fx.Node], namer: _Namer, role: str) -> 
     out = []
     for m in nodes:
         op = plan.nops[m]
-        r = "roll" if op.name == "rotate_half" else role  # its operand's rolled slot
+        r = O.ROLLED.get(op.name, role)  # a rotation's operand: its rolled slot
         args = [namer(o, r, op, i) for i, o in enumerate(op.operands)]
         expr = args[0] if op.name == "identity" else O.emit(op, args)
         out.append((f"v_{m.name}", expr))
@@ -104,8 +105,9 @@ def build_spec(plan: FusionPlan, g: Group):
         stmts = _stmts(plan, g.members, namer, "pro")
         outputs = [(f"v_{m.name}", _dt(m)) for m in outs]
         rolls = {i: int(O.node_shape(t)[-1]) for (role, t), i in slots.items() if role == "roll"}
+        pairs = sorted(i for (role, _t), i in slots.items() if role == "pair")
         std = [j for j, m in enumerate(outs) if plan.nops[m].p.get("standard_layout")]
-        return PointwiseSpec(in_dtypes, stmts, outputs, compute, rolls, std), ins, outs
+        return PointwiseSpec(in_dtypes, stmts, outputs, compute, rolls, std, pairs), ins, outs
     red_op = plan.nops[g.red]
     if g.kind == "chanstats":  # outputs in the wrapper's order: (mean, var)
         outs = sorted(g.aliases, key=lambda a: g.aliases[a] != "mean")
@@ -127,6 +129,13 @@ def build_spec(plan: FusionPlan, g: Group):
         ins = list(red_op.operands[:3])  # q, k, v in the wrapper's order (a tensor may repeat)
         p = red_op.p
         spec = AttentionSpec(dtype=_dt(ins[0]), causal=p["causal"], scale=p["scale"], gqa=p["gqa"])
+        return spec, ins, outs
+    if g.kind == "linear_ce":
+        x, w, t, b = red_op.operands[:4]
+        ins = [x, w, t] + ([b] if b is not None else [])
+        spec = LinearCESpec(dtype=_dt(x), has_bias=b is not None,
+                            ignore_index=int(red_op.p["ignore_index"]),
+                            reduction=str(red_op.p["reduction"]))
         return spec, ins, outs
     if g.kind == "matmul":
         namer = _Namer(g, slots, "acc")
@@ -343,7 +352,11 @@ _BUILTIN_GLOBALS = {
 def _forward_source(graph: fx.Graph, stubs: dict) -> tuple[list[str], str]:
     """The generated forward and the module-level imports its globals need."""
     pc = graph.python_code(root_module="self")
-    src = pc.src.strip("\n")
+    # fx marks functions it wrapped while tracing (math.sqrt of a shape, say) with a
+    # wrap("name") call for re-tracing; at run time it is not needed, and fx.wrap refuses to run
+    # anywhere but at a module's top level (the candidate would fail at import)
+    src = re.sub(r"^\s*torch\.fx\._symbolic_trace\.wrap\([^)]*\)\s*$", "", pc.src, flags=re.M)
+    src = src.strip("\n")
     imports = []
     for name, obj in pc.globals.items():
         if isinstance(obj, str):  # a type annotation kept as text, e.g. 'torch.Tensor'

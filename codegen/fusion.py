@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import fx
 
-from codegen.ops import FLOAT_DTYPES, NOp, classify, node_dtype, node_shape
+from codegen.ops import FLOAT_DTYPES, ROLLED, NOp, classify, node_dtype, node_shape
 
 FUSABLE_DTYPES = FLOAT_DTYPES | {torch.bool}
 
@@ -20,7 +20,7 @@ FUSABLE_DTYPES = FLOAT_DTYPES | {torch.bool}
 @dataclass(eq=False)
 class Group:
     id: str
-    kind: str  # pointwise | reduction | softmax
+    kind: str  # pointwise | reduction | softmax | norm | pool | scan | chanstats | matmul | attention | linear_ce
     members: list[fx.Node] = field(default_factory=list)
     domain: tuple[int, ...] = ()
     red: fx.Node | None = None  # the reduction / softmax node
@@ -167,6 +167,8 @@ def matmul_form(op: NOp) -> tuple[bool, bool] | str:
 
 #: head dims the attention template holds in registers (BLOCK_D = next power of two)
 MAX_HEAD_DIM = 256
+#: operand dtypes the attention template computes on tensor cores (fp32 as 3xTF32)
+ATTENTION_DTYPES = {torch.float32, torch.float16, torch.bfloat16}
 
 
 def attention_form(op: NOp) -> str | None:
@@ -176,9 +178,9 @@ def attention_form(op: NOp) -> str | None:
     if sq is None or sk is None or sv is None:
         return "attention of unknown shapes"
     dts = {node_dtype(t) for t in (q, k, v)}
-    if dts != {torch.float32}:
-        # 16-bit: eager runs FlashAttention / cuDNN kernels; fp64: no tensor-core path
-        return f"attention over {', '.join(sorted(str(d) for d in dts))}: PyTorch's fused kernels"
+    if len(dts) != 1 or not dts <= ATTENTION_DTYPES:
+        # fp64 (or mixed dtypes): no tensor-core path, PyTorch's math kernel stays
+        return f"attention over {', '.join(sorted(str(d) for d in dts))}: no tensor-core path"
     if not (len(sq) == len(sk) == len(sv) and len(sq) in (3, 4)):
         return "attention operands are not all 3-d or all 4-d"
     if sk != sv or sq[0] != sk[0] or sq[-1] != sk[-1]:
@@ -187,6 +189,24 @@ def attention_form(op: NOp) -> str | None:
         return f"head dim {sq[-1]} above {MAX_HEAD_DIM}: the query block would not fit registers"
     if len(sq) == 4 and sq[1] != sk[1] and not (op.p.get("gqa") and sq[1] % sk[1] == 0):
         return "attention heads differ without grouped-query attention"
+    return None
+
+
+def linear_ce_form(op: NOp) -> str | None:
+    """Why the LM-head + cross-entropy template cannot take this call (None: it can)."""
+    x, w, t, b = op.operands[:4]
+    sx, sw, st = node_shape(x), node_shape(w), node_shape(t)
+    if sx is None or sw is None or st is None:
+        return "linear cross-entropy of unknown shapes"
+    dts = {node_dtype(x), node_dtype(w)} | ({node_dtype(b)} if b is not None else set())
+    if len(dts) != 1 or not dts <= MATMUL_DTYPES:
+        return f"linear cross-entropy over {', '.join(sorted(str(d) for d in dts))}: no tensor-core path"
+    if node_dtype(t) != torch.int64:
+        return "linear cross-entropy with targets that are not int64 class indices"
+    if len(sx) != 2 or len(sw) != 2 or sw[1] != sx[1] or tuple(st) != (sx[0],):
+        return "linear cross-entropy of other than x [T, H], W [V, H], targets [T]"
+    if b is not None and tuple(node_shape(b) or ()) != (sw[0],):
+        return "linear cross-entropy with a bias that is not a vector over the vocabulary"
     return None
 
 
@@ -247,7 +267,7 @@ def rolls_internal(members, nops) -> bool:
     """Would a rotate-half read a value computed in the same kernel? It is a load of its operand
     at another column, so the operand must come from memory (a kernel input)."""
     inside = set(members)
-    return any(nops[m].name == "rotate_half" and nops[m].operands[0] in inside for m in members)
+    return any(nops[m].name in ROLLED and nops[m].operands[0] in inside for m in members)
 
 
 def _merge_pointwise(groups: list, where: dict, order: dict, nops: dict) -> None:
@@ -346,7 +366,7 @@ def plan_fusion(gm: fx.GraphModule, disabled: set[str] | None = None) -> FusionP
                 if m.users and all(u in moving or u is g.red for u in m.users):
                     moving.add(m)
             move = [m for m in pg.members if m in moving]
-        if (not move or any(nops[m].name == "rotate_half" for m in move)
+        if (not move or any(nops[m].name in ROLLED for m in move)
                 or not ok(Group(id="", kind="pointwise", members=move, domain=pg.domain))):
             return  # (a rotate-half is a rolled load only the pointwise template makes)
         if len(move) == len(pg.members):
@@ -379,7 +399,7 @@ def plan_fusion(gm: fx.GraphModule, disabled: set[str] | None = None) -> FusionP
         ext = {t for m in need for t in nops[m].tensor_inputs if t not in need}
         pats = [chanstats_aux_pattern(g.domain, node_shape(t)) for t in ext]
         if (None in pats or pats.count("full") > MAX_RECOMPUTE_READS or len(need) > MAX_RECOMPUTE_OPS
-                or any(nops[m].name == "rotate_half" for m in need)):
+                or any(nops[m].name in ROLLED for m in need)):
             return
         if all(u in need or u is g.red for m in need for u in m.users):
             absorb_prologue(g, src)  # nothing else reads the chain: it moves
@@ -432,7 +452,7 @@ def plan_fusion(gm: fx.GraphModule, disabled: set[str] | None = None) -> FusionP
                 op.kind, op.why = "library", "dtype not handled by the pointwise template"
                 continue
             cands = [where[t] for t in op.tensor_inputs if t in where]
-            if op.name == "rotate_half":  # its operand must stay a kernel input
+            if op.name in ROLLED:  # its operand must stay a kernel input
                 cands = []
             cands.sort(key=lambda g: max(order[m] for m in g.members + list(g.aliases)))
             joined = False
@@ -493,6 +513,15 @@ def plan_fusion(gm: fx.GraphModule, disabled: set[str] | None = None) -> FusionP
                 continue
             op.p["batched"], op.p["b_nk"] = form
             g = new_group("matmul", members=[n], domain=shape, red=n, out_shape=shape)
+            where[n] = g
+            continue
+        if op.kind == "linear_ce":
+            why = linear_ce_form(op)
+            if why:
+                op.kind, op.why = "library", why
+                continue
+            g = new_group("linear_ce", members=[n], domain=node_shape(op.operands[0]), red=n,
+                          out_shape=shape)
             where[n] = g
             continue
         if op.kind == "attention":
@@ -643,8 +672,8 @@ def group_slots(plan: FusionPlan, g: Group) -> tuple[list[fx.Node], dict[tuple[s
     bcast = set(broadcast_epilogue(g))  # full-domain members read the tile's loads
     for m in g.members:
         role = "epi" if g.red is not None and m not in pro_nodes and m not in bcast else "pro"
-        if plan.nops[m].name == "rotate_half":
-            role = "roll"
+        if plan.nops[m].name in ROLLED:
+            role = ROLLED[plan.nops[m].name]
         for t in plan.nops[m].tensor_inputs:
             if t in inside or (role, t) in slots:
                 continue
@@ -655,7 +684,7 @@ def group_slots(plan: FusionPlan, g: Group) -> tuple[list[fx.Node], dict[tuple[s
 
 def slot_roles(slots: dict[tuple[str, fx.Node], int]) -> tuple[list[int], list[int]]:
     """The slots the prologue reads (full domain, rolled ones included) and the epilogue's."""
-    pro = sorted(i for (role, _t), i in slots.items() if role in ("pro", "roll"))
+    pro = sorted(i for (role, _t), i in slots.items() if role in ("pro", "roll", "pair"))
     epi = sorted(i for (role, _t), i in slots.items() if role == "epi")
     return pro, epi
 

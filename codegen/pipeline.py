@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 
 from codegen.emit import Emitted, emit_model
 from codegen.fusion import FusionPlan, Group, group_inputs, plan_fusion
-from codegen.ops import node_shape
+from codegen.ops import node_dtype, node_shape
 from codegen import layout as L
 from codegen import rewrites as RW
 from harness.capture import capture
@@ -43,9 +43,18 @@ def group_geometry(plan: FusionPlan, g: Group, n_inputs: int) -> dict:
         return {"numel": numel, "n_inputs": n_inputs, "nrows": c, "r": numel // max(1, c),
                 "batch": g.domain[0], "inner": 1, "rows_variant": True}
     if g.kind == "attention":
-        sq, sk = (node_shape(t) for t in plan.nops[g.red].operands[:2])
+        q, k = plan.nops[g.red].operands[:2]
+        sq, sk = node_shape(q), node_shape(k)
+        heads = sq[1] if len(sq) == 4 else 1
+        kv_heads = sk[1] if len(sk) == 4 else 1
         return {"numel": numel, "n_inputs": n_inputs, "M": sq[-2], "N": sk[-2],
-                "head_dim": sq[-1], "batch_heads": numel // max(1, sq[-2] * sq[-1])}
+                "head_dim": sq[-1], "batch_heads": numel // max(1, sq[-2] * sq[-1]),
+                "group": max(1, heads // max(1, kv_heads)), "itemsize": node_dtype(q).itemsize}
+    if g.kind == "linear_ce":
+        x, w = plan.nops[g.red].operands[:2]
+        (m_, k_), n_ = node_shape(x), node_shape(w)[0]
+        return {"numel": numel, "n_inputs": n_inputs, "M": m_, "N": n_, "K": k_, "batch": 1,
+                "itemsize": node_dtype(x).itemsize}
     if g.kind == "matmul":
         op = plan.nops[g.red]
         sa = node_shape(op.operands[0])

@@ -39,7 +39,9 @@ KIND_PRINCIPLES = {
     "pool": ["alg-pool-direct", "alg-reduction-prologue", "alg-reduction-epilogue"],
     "norm": ["alg-norm-fusion", "alg-reduction-prologue", "alg-reduction-epilogue", "tile-split-rows"],
     "matmul": ["alg-matmul-epilogue", "alg-no-lower-precision", "tile-grid-mapping"],
-    "attention": ["alg-flash-attention", "alg-online-softmax", "alg-no-lower-precision"],
+    "linear_ce": ["alg-linear-cross-entropy", "alg-online-softmax", "alg-no-lower-precision"],
+    "attention": ["alg-flash-attention", "alg-split-kv-decode", "alg-online-softmax",
+                  "alg-no-lower-precision"],
 }
 
 
@@ -110,9 +112,12 @@ def group_config(plan: FusionPlan, g: Group, sm_count: int) -> dict:
     if g.kind == "chanstats":
         return H.chanstats_config(geo["nrows"], geo["batch"], sm_count)
     if g.kind == "attention":
-        return H.attention_config(geo["M"], geo["N"], geo["head_dim"], geo["batch_heads"], sm_count)
+        return H.attention_config(geo["M"], geo["N"], geo["head_dim"], geo["batch_heads"], sm_count,
+                                  geo["itemsize"])
     if g.kind == "matmul":
         return H.matmul_config(geo["M"], geo["N"], geo["K"], geo["batch"], sm_count)
+    if g.kind == "linear_ce":
+        return H.linear_ce_config(geo["M"], geo["N"], geo["K"], geo["itemsize"], sm_count)
     return H.softmax_config(geo["nrows"], geo["r"], geo["inner"], geo["rows_variant"])
 
 
