@@ -1026,23 +1026,38 @@ def attention_pattern(gm: fx.GraphModule) -> bool:
 
 # ---------------------------------------------------------------------------------------------
 # LM head + cross-entropy (rw-linear-cross-entropy)
-def _single_chain(gm: fx.GraphModule, n, kinds=("cast", "view")):
-    """Follow n up through single-user casts and reshapes: (source, casts seen, views seen)."""
-    casts, views = [], []
+def _feeds_only(n: fx.Node, inside: set) -> bool:
+    """Do all of n's (transitive) uses end in nodes of ``inside``?"""
+    todo, seen = list(n.users), set()
+    while todo:
+        u = todo.pop()
+        if u in inside or u in seen:
+            continue
+        seen.add(u)
+        if u.op == "output" or not u.users:
+            return False
+        todo.extend(u.users)
+    return True
+
+
+def _chain_to_linear(gm: fx.GraphModule, n, consumer: fx.Node):
+    """Follow n (read by consumer) up through casts and reshapes (``logits.view(-1,
+    logits.shape[-1]).float()``), each used only by the next and by shape queries that feed the
+    chain: (the node reached or None, the chain's nodes)."""
+    chain = []
     while isinstance(n, fx.Node) and n.op in ("call_function", "call_method"):
         op = classify(n, gm)
-        if op.kind == "pointwise" and op.name == "cast" and "cast" in kinds:
-            casts.append(op.p["dtype"])
-        elif op.kind == "view" and op.name in ("view", "reshape", "flatten") and "view" in kinds:
-            views.append(n)
-        elif op.kind == "identity":
-            pass
-        else:
+        if not ((op.kind == "pointwise" and op.name == "cast") or op.kind == "identity"
+                or (op.kind == "view" and op.name in ("view", "reshape", "flatten"))):
             break
-        if len(n.users) != 1:
-            break
+        chain.append(n)
         n = n.args[0]
-    return n, casts, views
+    inside = set(chain) | {consumer}
+    for m in chain + ([n] if isinstance(n, fx.Node) else []):
+        for u in m.users:
+            if u not in inside and not (_is_shape_query(u) and _feeds_only(u, inside)):
+                return None, chain
+    return n, chain
 
 
 def linear_cross_entropy_pattern(gm: fx.GraphModule) -> bool:
@@ -1069,9 +1084,11 @@ def linear_cross_entropy_pattern(gm: fx.GraphModule) -> bool:
         if kw.get("reduction", "mean") not in ("mean", "sum", "none") or node_dtype(logits) != torch.float32:
             continue
         ls = node_shape(logits)
-        lin, _casts, _views = _single_chain(gm, logits)
+        if len(logits.users) != 1:
+            continue
+        lin, _chain = _chain_to_linear(gm, logits, n)
         lop = classify(lin, gm) if isinstance(lin, fx.Node) and lin.op == "call_function" else None
-        if lop is None or lop.kind != "matmul" or lop.name != "linear" or len(lin.users) != 1:
+        if lop is None or lop.kind != "matmul" or lop.name != "linear":
             continue
         x, w, b = lop.operands[:3]
         xs, ws = node_shape(x), node_shape(w)
@@ -1915,8 +1932,8 @@ def _repeated_heads(gm: fx.GraphModule, n) -> tuple[fx.Node, int] | None:
         b = dict(zip(names, n.args[1:]))
         b.update({k: v for k, v in n.kwargs.items() if k in names})
         xs = node_shape(x) if isinstance(x, fx.Node) else None
-        g, dim = b.get("repeats"), b.get("dim")
-        if (xs is None or len(xs) != 4 or not isinstance(g, int) or isinstance(g, bool) or g < 1
+        g, dim = _static_int(b.get("repeats")), b.get("dim")
+        if (xs is None or len(xs) != 4 or g is None or g < 1
                 or not isinstance(dim, int) or dim % 4 != 1 or set(n.kwargs) - set(names) - {"input"}):
             return None
         return (x, g) if tuple(ns) == (xs[0], xs[1] * g, xs[2], xs[3]) else None
