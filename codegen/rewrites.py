@@ -980,6 +980,10 @@ def attention_pattern(gm: fx.GraphModule) -> bool:
         s, _ = _through(gm, x, ())
         causal, scale, head, ok = False, 1.0, 0, True
         while ok and isinstance(s, fx.Node) and len(s.users) == 1:
+            up, _ = _through(gm, s, ())
+            if up is not s:  # casts between the steps (scores.float() / c)
+                s = up
+                continue
             sc = _scale_step(gm, s, head_dim=_qk_head_dim(gm, s))
             if sc is not None:
                 s, c = sc
