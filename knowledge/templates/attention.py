@@ -44,6 +44,11 @@ INFO = TemplateInfo(
 )
 
 
+#: warps of a split-KV program: its query tile is 16-64 packed rows (too short for Hopper's
+#: warpgroup products), so it streams keys with 4 warps as flash-decoding kernels do
+DECODE_WARPS = 4
+
+
 @dataclass
 class AttentionSpec:
     dtype: str  # of q, k, v and the output
@@ -282,7 +287,7 @@ def render(spec: AttentionSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         f"    {kname}_split[(B * HKV, splits)](q4, k4, v4, o, op, mp, lp, *q4.stride(), *k4.stride(),",
         "        *v4.stride(), H, HKV, M, ne, D, qk_scale, chunk, SPLITS=splits,",
         f"        CAUSAL={causal}, DOT_F32=f32, BLOCK_M=BR, BLOCK_N={bn}, BLOCK_D=BD,",
-        f"        num_warps={nw}, num_stages={ns})",
+        f"        num_warps={min(nw, DECODE_WARPS)}, num_stages={ns})",
         "    if splits > 1:",
         f"        {kname}_merge[(B * HKV * G * M,)](o, op, mp, lp, H, HKV, G, M, D, splits,",
         "            SPLITS_P2=triton.next_power_of_2(splits), BLOCK_D=BD, num_warps=4)",
