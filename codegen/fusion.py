@@ -20,7 +20,8 @@ FUSABLE_DTYPES = FLOAT_DTYPES | {torch.bool}
 @dataclass(eq=False)
 class Group:
     id: str
-    kind: str  # pointwise | reduction | softmax | norm | pool | scan | chanstats | matmul | attention | linear_ce
+    # pointwise | reduction | softmax | norm | pool | scan | chanstats | matmul | attention | linear_ce
+    kind: str
     members: list[fx.Node] = field(default_factory=list)
     domain: tuple[int, ...] = ()
     red: fx.Node | None = None  # the reduction / softmax node

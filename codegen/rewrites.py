@@ -929,6 +929,12 @@ def _scale_step(gm: fx.GraphModule, n, head_dim: int | None = None):
     return None
 
 
+def _plain_product(op) -> bool:
+    """Is op a matmul / bmm of two tensors (no bias)?"""
+    return (op is not None and op.kind == "matmul" and op.name in ("matmul", "bmm")
+            and op.operands[2] is None)
+
+
 def _qk_head_dim(gm: fx.GraphModule, s: fx.Node) -> int | None:
     """The head dim of the q @ k^T below s (through scale steps), for a shape-derived scale."""
     while isinstance(s, fx.Node):
@@ -957,7 +963,7 @@ def attention_pattern(gm: fx.GraphModule) -> bool:
     changed = False
     for n in _live(graph):
         op = classify(n, gm) if n.op in ("call_function", "call_method") else None
-        if op is None or op.kind != "matmul" or op.name not in ("matmul", "bmm") or op.operands[2] is not None:
+        if not _plain_product(op):
             continue
         p, v = op.operands[:2]
         shape = node_shape(n)
@@ -1005,7 +1011,7 @@ def attention_pattern(gm: fx.GraphModule) -> bool:
         if not isinstance(s, fx.Node) or len(s.users) != 1:
             continue
         qk = classify(s, gm) if s.op in ("call_function", "call_method") else None
-        if qk is None or qk.kind != "matmul" or qk.name not in ("matmul", "bmm") or qk.operands[2] is not None:
+        if not _plain_product(qk):
             continue
         q, kt = qk.operands[:2]
         k = _transposed_last(kt)
@@ -1952,7 +1958,8 @@ def _repeated_heads(gm: fx.GraphModule, n) -> tuple[fx.Node, int] | None:
         if xs is None or es is None or len(xs) != 4 or len(es) != 5:
             return None
         g = es[2]
-        if (es[:2], es[3:]) != (tuple(xs[:2]), tuple(xs[2:])) or tuple(ns) != (xs[0], xs[1] * g, xs[2], xs[3]):
+        if (es[:2], es[3:]) != (tuple(xs[:2]), tuple(xs[2:])) \
+                or tuple(ns) != (xs[0], xs[1] * g, xs[2], xs[3]):
             return None
         return x, int(g)
     return None

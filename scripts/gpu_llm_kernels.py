@@ -55,7 +55,8 @@ VARIANTS = {
     "lm_head": [("fused 128x128", {"linear_ce": {"MODE": 1, "BLOCK_M": 128, "BLOCK_N": 128}}),
                 ("fused 128x256", {"linear_ce": {"MODE": 1, "BLOCK_M": 128, "BLOCK_N": 256, "num_stages": 3}}),
                 ("chunk 8192", {"linear_ce": {"CHUNK_N": 8192}})],
-    "norm": [("16 warps", {"norm": {"num_warps": 16}}), ("4 warps", {"norm": {"num_warps": 4}})],
+    "norm": [("16 warps", {"norm": {"num_warps": 16}}), ("4 warps", {"norm": {"num_warps": 4}}),
+             ("2 rows", {"norm": {"BLOCK_O": 2, "num_warps": 8}})],
 }
 KIND_OF = {"01": "norm", "02": "norm", "10": "norm", "11": "norm", "15": "norm",
            "06": "decode", "12": "decode", "17": "decode", "07": "prefill", "13": "prefill",

@@ -178,7 +178,7 @@ def test_gpu_templates_script_casts_a_case_and_verifies_it(tmp_path):
     mod = load_script("scripts/gpu_templates.py")
     r = mod.run_case("group_norm", "bfloat16", "cpu", 1, tmp_path)
     assert r["ok"], r["why"]
-    r = mod.run_case("linear_ce", "bfloat16", "cpu", 1, tmp_path)  # 16-bit LM head + loss
+    r = mod.run_case("attention", "bfloat16", "cpu", 1, tmp_path)  # tensor cores in 16-bit too
     assert r["ok"] and r["dtype"] == "bfloat16", r["why"]
     assert "torch.bfloat16" in (tmp_path / "group_norm.py").read_text()
 

@@ -85,11 +85,15 @@ def _flash(spec: AttentionSpec, kname: str) -> str:
     def block(masked: bool) -> list[str]:
         kmask = "mn[None, :] & md[:, None]" if masked else "md[:, None]"
         vmask = "mn[:, None] & md[None, :]" if masked else "md[None, :]"
-        lines = [
-            "rn = n0 + tl.arange(0, BLOCK_N)",
-            "mn = rn < N",
-            "kt = tl.load(K + kb + rn[None, :] * skn + rd[:, None] * skd,",
-            f"             mask={kmask}, other=0.0)",
+        kp = "K + kb + rn[None, :] * skn + rd[:, None] * skd"
+        vp = "V + vb + rn[:, None] * svn + rd[None, :] * svd"
+        lines = ["rn = n0 + tl.arange(0, BLOCK_N)", "mn = rn < N"]
+        if masked:
+            lines.append(f"kt = tl.load({kp}, mask={kmask}, other=0.0)")
+        else:  # whole key blocks: no mask at all when the head dim fills BLOCK_D
+            lines += ["if EVEN_D:", f"    kt = tl.load({kp})", "else:",
+                      f"    kt = tl.load({kp}, mask={kmask}, other=0.0)"]
+        lines += [
             "if DOT_F32:",
             "    kt = kt.to(tl.float32)",
             f"s = tl.dot(q, kt{opt}) * QK_SCALE",  # scores in log2 units
@@ -99,9 +103,13 @@ def _flash(spec: AttentionSpec, kname: str) -> str:
                       "if CAUSAL:",
                       "    keep = keep & (rn[None, :] <= rm[:, None])",
                       's = tl.where(keep, s, float("-inf"))']
-        lines += STEP + [
-            "v = tl.load(V + vb + rn[:, None] * svn + rd[None, :] * svd,",
-            f"            mask={vmask}, other=0.0)",
+        lines += STEP
+        if masked:
+            lines.append(f"v = tl.load({vp}, mask={vmask}, other=0.0)")
+        else:
+            lines += ["if EVEN_D:", f"    v = tl.load({vp})", "else:",
+                      f"    v = tl.load({vp}, mask={vmask}, other=0.0)"]
+        lines += [
             "if DOT_F32:",
             "    v = v.to(tl.float32)",
             *p_cast,
@@ -149,8 +157,8 @@ def _flash(spec: AttentionSpec, kname: str) -> str:
     ]
     params = ["Q", "K", "V", "O", "sqb", "sqh", "sqm", "sqd", "skb", "skh", "skn", "skd",
               "svb", "svh", "svn", "svd", "H", "HKV", "M", "N", "D", "QK_SCALE",
-              "CAUSAL: tl.constexpr", "DOT_F32: tl.constexpr", "BLOCK_M: tl.constexpr",
-              "BLOCK_N: tl.constexpr", "BLOCK_D: tl.constexpr"]
+              "CAUSAL: tl.constexpr", "DOT_F32: tl.constexpr", "EVEN_D: tl.constexpr",
+              "BLOCK_M: tl.constexpr", "BLOCK_N: tl.constexpr", "BLOCK_D: tl.constexpr"]
     return f"@triton.jit\ndef {kname}({', '.join(params)}):\n{indent(body, 4)}\n"
 
 
@@ -275,7 +283,8 @@ def render(spec: AttentionSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         f"if G * M <= {int(cfg['DECODE_ROWS'])}:  # decode: GQA rows packed, keys split",
         f"    ne = min(N, M) if {causal} else N  # top-left causal: row m sees keys <= m",
         "    BR = max(16, triton.next_power_of_2(G * M))",
-        f"    splits = max(1, min(triton.cdiv(ne, {bn}), triton.cdiv({int(cfg['SPLIT_PROGRAMS'])}, B * HKV)))",
+        f"    want = triton.cdiv({int(cfg['SPLIT_PROGRAMS'])}, B * HKV)  # programs per (b, kv head)",
+        f"    splits = max(1, min(triton.cdiv(ne, {bn}), want))",
         f"    chunk = max(1, triton.cdiv(triton.cdiv(ne, splits), {bn})) * {bn}",
         "    splits = max(1, triton.cdiv(ne, chunk))",
         "    if splits > 1:",
@@ -296,7 +305,8 @@ def render(spec: AttentionSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         f"BN = min({bn}, {bm}) if {causal} else {bn}",
         f"grid = (triton.cdiv(M, {bm}), B * H)",
         f"{kname}[grid](q4, k4, v4, o, *q4.stride(), *k4.stride(), *v4.stride(), H, HKV, M, N, D,",
-        f"    qk_scale, CAUSAL={causal}, DOT_F32=f32, BLOCK_M={bm}, BLOCK_N=BN, BLOCK_D=BD,",
+        f"    qk_scale, CAUSAL={causal}, DOT_F32=f32, EVEN_D=D == BD, BLOCK_M={bm}, BLOCK_N=BN,",
+        "    BLOCK_D=BD,",
         f"    num_warps={nw}, num_stages={ns})",
         "return o if q.dim() == 4 else o.squeeze(1)",
     ]
