@@ -236,6 +236,23 @@ def test_interleaved_rope_is_one_kernel_per_tensor(write_problem, tmp_path):
     assert "rw-rotate-half" in comp.rewrites
 
 
+def test_a_rotation_of_a_value_made_in_the_kernel_reads_it_from_memory(write_problem, tmp_path):
+    """The rotated operand is computed by another kernel (a rolled load needs memory)."""
+    src = problem("q", "        y = q * 2.0 + 1.0\n"
+                  "        return y + torch.stack((-y[..., 1::2], y[..., ::2]), dim=-1).flatten(-2)\n",
+                  "[torch.randn(3, 5, 12)]")
+    comp = generated_matches(write_problem(src, "pairs_mem"), tmp_path, seeds=(0,))
+    assert [g.kind for g in comp.plan.groups] == ["pointwise", "pointwise"]
+
+
+def test_a_forward_with_math_of_a_shape_loads(write_problem, tmp_path):
+    """fx wraps math.sqrt(x.shape[-1]) and writes a wrap() call into the forward's code; the
+    emitted ModelNew must import (fx.wrap refuses to run below a module's top level)."""
+    src = problem("x", "        return torch.tanh(x / math.sqrt(x.shape[-1])) * 2.0\n", "[torch.randn(6, 49)]")
+    comp = generated_matches(write_problem(src, "wrapped"), tmp_path, seeds=(0,))
+    assert "symbolic_trace.wrap" not in comp.emitted.source
+
+
 def test_the_pair_rotation_needs_the_odd_columns_negated(write_problem):
     src = problem("q", "        return q * 2.0 + torch.stack((q[..., 1::2], -q[..., ::2]), dim=-1).flatten(-2)\n",
                   "[torch.randn(2, 7, 10)]")

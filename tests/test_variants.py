@@ -198,3 +198,20 @@ def test_repeated_kv_heads_are_read_through_the_index(name, rule, problems, monk
     assert _attention_operands(vp) == ["placeholder"] * 3
     monkeypatch.setattr(RW, "CANONICAL", [f for f in RW.CANONICAL if f is not RW.gqa_repeats])
     assert _attention_operands(vp) != ["placeholder"] * 3
+
+
+def test_the_survey_script_reports_each_variant(problems, capsys):
+    """scripts/variant_plans.py (the same check over any folder, e.g. the dev problems) on two
+    problems written here: every variant OK, exit code 0."""
+    import shutil
+
+    paths, out = problems
+    folder = out / "survey"
+    folder.mkdir()
+    for name in ("rms_fp32", "attention_fp32"):
+        shutil.copy(paths[name], folder / f"{name}.py")
+    rc = load_script("scripts/variant_plans.py").main([str(folder), "--values"])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    assert "OK     rms_fp32.py mean_as_sum_div" in text and "PLAN" not in text
+    assert "attention_fp32.py sdpa_written_out" in text

@@ -178,12 +178,24 @@ class MulRsqrtAsDiv(_Counting):
         return node
 
 
+#: torch dtype attributes a cast names
+DTYPES = {"float32", "float", "float16", "half", "bfloat16", "float64", "double"}
+
+
+def _dtype_like(v) -> bool:
+    """Is v written as a dtype: torch.float32, x.dtype, a name called dtype?"""
+    if isinstance(v, ast.Attribute):
+        return v.attr == "dtype" or (_dotted(v.value) == "torch" and v.attr in DTYPES)
+    return isinstance(v, ast.Name) and "dtype" in v.id
+
+
 class CastSpelling(_Counting):
     """x.to(D) with one positional dtype -> x.type(D); x.float() -> x.to(torch.float32)."""
 
     def visit_Call(self, node):
         self.generic_visit(node)
-        if _is_attr_call(node, "to") and len(node.args) == 1 and not node.keywords:
+        if (_is_attr_call(node, "to") and len(node.args) == 1 and not node.keywords
+                and _dtype_like(node.args[0])):
             self.hits += 1
             return ast.Call(func=ast.Attribute(value=node.func.value, attr="type", ctx=ast.Load()),
                             args=node.args, keywords=[])
