@@ -227,6 +227,25 @@ def vector_like(op: NOp, out_shape) -> bool:
     return min(m, n) < VECTOR_LIKE and max(m, n) * k >= 1 << 20
 
 
+#: a decode GEMV: at most this many rows (tokens being decoded) ...
+DECODE_ROWS = 16
+#: ... against a 16-bit weight of at least this many elements (the weight read dominates)
+DECODE_WEIGHT = 1 << 22
+
+
+def decode_gemv(op: NOp, out_shape) -> bool:
+    """A linear layer applied to a handful of decoding tokens with a large 16-bit weight: the
+    template's split-K tiles of 16 rows stream the weight over every SM, where cuBLAS's GEMV
+    reached 65% of the H200's bandwidth (workloads/llm/09_decode_gemv, 0.042 ms,
+    docs/results/workloads_h200.md); principle alg-decode-gemv."""
+    if op.name != "linear" or op.p.get("batched") or node_dtype(op.node) not in (torch.float16, torch.bfloat16):
+        return False
+    out = tuple(out_shape)
+    m, n = _numel(out[:-1]), out[-1]
+    k = (node_shape(op.operands[0]) or (1,))[-1]
+    return m <= DECODE_ROWS and n * k >= DECODE_WEIGHT and n >= 1024 and k >= 256
+
+
 def _all_float(nodes) -> bool:
     return all(node_dtype(n) in FUSABLE_DTYPES for n in nodes)
 
@@ -623,7 +642,9 @@ def plan_fusion(gm: fx.GraphModule, disabled: set[str] | None = None) -> FusionP
         if g.kind != "matmul":
             continue
         why = None
-        if len(g.members) == 1 and node_dtype(g.red) != torch.float32:
+        if decode_gemv(nops[g.red], g.out_shape):
+            pass  # a few rows against a large 16-bit weight: split-K tiles (alg-decode-gemv)
+        elif len(g.members) == 1 and node_dtype(g.red) != torch.float32:
             why = "16-bit matrix product with no epilogue to fuse: cuBLAS as fast"
         elif vector_like(nops[g.red], g.out_shape):
             why = (f"matrix-vector product (fewer than {VECTOR_LIKE} rows or columns): "

@@ -49,6 +49,9 @@ def group_principles(g: Group) -> list[str]:
     """The principles behind a fused group: its kind's, and alg-reduce-broadcast for a reduction
     whose result its epilogue reads back over the reduced dims."""
     extra = ["alg-reduce-broadcast"] if broadcast_epilogue(g) else []
+    if g.kind == "matmul" and g.red is not None and g.red.meta.get("tensor_meta") is not None \
+            and len(g.members) == 1 and node_dtype(g.red) in (torch.float16, torch.bfloat16):
+        extra.append("alg-decode-gemv")  # a 16-bit product alone is kept only as a decode GEMV
     return KIND_PRINCIPLES[g.kind] + extra
 
 

@@ -298,3 +298,23 @@ def test_redundant_upcasts(body, dropped, write_problem):
     src = problem("h, w", body, f"[torch.randn(4, 16), torch.randn(16, {BF})]")
     ops = canonical_ops(write_problem, src, "upcast")
     assert ("float" not in ops) is dropped, ops
+
+
+# ------------------------------------------------------------------------------ decode GEMV
+def test_decode_gemv_is_a_split_k_kernel_and_matches_torch(write_problem, tmp_path):
+    """A few decoding rows against a large bf16 weight (alg-decode-gemv): the template's 16-row
+    split-K tiles, the partials summed by its second kernel."""
+    src = problem("x", "        return self.fc(x)\n", f"[torch.randn(3, 4096, {BF})]",
+                  members="        self.fc = nn.Linear(4096, 1100, bias=False, dtype=torch.bfloat16)\n")
+    cfg = {"g0": {"BLOCK_M": 16, "BLOCK_N": 128, "BLOCK_K": 128, "SPLIT_K": 4}}
+    comp = generated_matches(write_problem(src, "gemv"), tmp_path, seeds=(0,), atol=1e-2, rtol=1e-2,
+                             configs=cfg, launched=("_egg_k_g0", "_egg_k_g0_sum"))
+    assert [g.kind for g in comp.plan.groups] == ["matmul"]
+
+
+@pytest.mark.parametrize("rows,width", [(17, 4096), (3, 512)])
+def test_other_sixteen_bit_products_alone_stay_cublas(rows, width, write_problem):
+    src = problem("x", "        return self.fc(x)\n", f"[torch.randn({rows}, {width}, {BF})]",
+                  members=f"        self.fc = nn.Linear({width}, 1100, bias=False, dtype=torch.bfloat16)\n")
+    plan, _applied = plan_of(write_problem, src, "not_gemv")
+    assert not plan.groups
