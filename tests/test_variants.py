@@ -215,3 +215,24 @@ def test_the_survey_script_reports_each_variant(problems, capsys):
     assert rc == 0, text
     assert "OK     rms_fp32.py mean_as_sum_div" in text and "PLAN" not in text
     assert "attention_fp32.py sdpa_written_out" in text
+
+
+#: workloads of the suite that are one operator written differently: (names, same eager values)
+SPELLINGS = [
+    (("01_rms_norm", "10_rms_norm_fp32_weight", "15_rms_norm_sum_div"), True),
+    (("06_gqa_decode_attention", "12_gqa_decode_attention_manual", "17_sdpa_repeated_kv_decode"), True),
+    (("07_causal_prefill_attention", "13_causal_prefill_attention_manual"), True),
+    (("03_rope", "14_rope_interleaved"), False),  # the other pairing of columns: other values
+    (("08_lm_head_cross_entropy", "16_lm_head_cross_entropy_padded"), False),  # other inputs
+]
+
+
+@pytest.mark.parametrize("names,same_values", SPELLINGS, ids=lambda x: x[0] if isinstance(x, tuple) else "")
+def test_the_suite_s_spellings_of_one_operator_get_one_plan(names, same_values, problems):
+    paths, _out = problems
+    sigs = {n: signature(paths[n]) for n in names}
+    assert len({tuple(s) for s in sigs.values()}) == 1, sigs
+    if same_values:
+        base = eager_outputs(paths[names[0]])
+        for n in names[1:]:
+            assert agree(base, eager_outputs(paths[n])) is None, n
