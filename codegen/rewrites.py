@@ -695,7 +695,7 @@ def _trace_loss(fn, kw: dict, n_tensors: int) -> fx.GraphModule:
 MASK_FILL_MAX = -1e9
 
 
-def _through(gm: fx.GraphModule, n, names: tuple[str, ...]):
+def _through(gm: fx.GraphModule, n):
     """Follow single-user casts (and identities) from n: (the first other node, casts passed)."""
     casts = []
     while isinstance(n, fx.Node):
@@ -969,7 +969,7 @@ def attention_pattern(gm: fx.GraphModule) -> bool:
         shape = node_shape(n)
         if not _float(v) or shape is None or node_shape(v) is None or len(shape) not in (3, 4):
             continue
-        sm, _casts = _through(gm, p, ())
+        sm, _casts = _through(gm, p)
         sop = classify(sm, gm) if isinstance(sm, fx.Node) else None
         if sop is None or sop.kind not in ("softmax", "library") or _op_name(sm) not in ("softmax",) \
                 or len(sm.users) != 1:
@@ -983,10 +983,10 @@ def attention_pattern(gm: fx.GraphModule) -> bool:
         if sm.kwargs.get("dtype") not in (None, torch.float32):
             continue
         # scores -> [scale and one causal mask, in either order] -> casts -> softmax
-        s, _ = _through(gm, x, ())
+        s, _ = _through(gm, x)
         causal, scale, head, ok = False, 1.0, 0, True
         while ok and isinstance(s, fx.Node) and len(s.users) == 1:
-            up, _ = _through(gm, s, ())
+            up, _ = _through(gm, s)
             if up is not s:  # casts between the steps (scores.float() / c)
                 s = up
                 continue
@@ -1103,7 +1103,7 @@ def linear_cross_entropy_pattern(gm: fx.GraphModule) -> bool:
         x, w, b = lop.operands[:3]
         xs, ws = node_shape(x), node_shape(w)
         if (ls is None or len(ls) != 2 or xs is None or ws is None or len(ws) != 2
-                or ls != (math_prod(xs[:-1]), ws[0]) or node_dtype(target) != torch.int64
+                or ls != (_prod(xs[:-1]), ws[0]) or node_dtype(target) != torch.int64
                 or node_shape(target) != (ls[0],)):
             continue
         with graph.inserting_before(n):
@@ -1119,7 +1119,8 @@ def linear_cross_entropy_pattern(gm: fx.GraphModule) -> bool:
     return changed
 
 
-def math_prod(xs) -> int:
+def _prod(xs) -> int:
+    """The product of a shape's sizes."""
     out = 1
     for v in xs:
         out *= int(v)
