@@ -35,7 +35,7 @@ TEMPLATES = {"pointwise": pointwise, "reduction": reduction, "softmax": softmax,
              "attention": attention}
 MARK = "# ======== EGG generated below this line ========"
 #: functions of these modules are defined in every generated file under their own names
-RUNTIME_MODULES = ("egg_generated", "knowledge.templates._runtime")
+RUNTIME_MODULES = ("egg_generated", "egg_breaks", "knowledge.templates._runtime")
 
 
 @dataclass
@@ -316,10 +316,13 @@ def emit_model(problem_source: str, plan: FusionPlan, configs: dict[str, dict] |
             graph.erase_node(m)
     graph.eliminate_dead_code()
     graph.lint()
-    init_lines = (list(init_lines or []) + _traced_constants(gm)
-                  + layout_init_lines(plan.channels_last_params))
+    cap = plan.capture
+    init_lines = (list(init_lines or []) + attr_buffer_lines(getattr(cap, "attr_buffers", []))
+                  + _traced_constants(gm) + layout_init_lines(plan.channels_last_params))
     imports, forward = _forward_source(graph, stubs)
+    forward = root_ref_fix(forward)
     body = [MARK, header.rstrip(), RUNTIME_SOURCE.rstrip(), "\n".join(imports)]
+    body += break_definitions(graph, getattr(cap, "break_sources", {}))
     body += kernels_src + wrappers_src
     body.append("class ModelNew(Model):")
     if init_lines:
@@ -330,6 +333,53 @@ def emit_model(problem_source: str, plan: FusionPlan, configs: dict[str, dict] |
     body[-1] += "\n" + "\n".join("    " + ln if ln.strip() else "" for ln in forward.splitlines())
     source = problem_source.rstrip() + "\n\n\n" + "\n\n".join(x for x in body if x is not None) + "\n"
     return Emitted(source, kernel_names, infos)
+
+
+# ---- graph breaks and regions (harness.capture, docs/capture.md) -----------------------------
+#: the get_attr target a graph break in the root's forward reads its module through
+ROOT_REF = "_egg_self"
+
+
+def root_ref_fix(forward: str) -> str:
+    """The generated forward reads the module itself where a graph break of the root's forward
+    takes it as ``self`` (fx wrote a read of the stand-in attribute)."""
+    return re.sub(rf"\b(\w+) = self\.{ROOT_REF}\b", r"\1 = self", forward)
+
+
+def break_definitions(graph: fx.Graph, sources: dict[str, str]) -> list[str]:
+    """The functions of the graph breaks the forward still calls, in call order (each one a
+    statement of the original forward that runs as PyTorch; imports of a library's module
+    first)."""
+    used = [n.target.__name__ for n in graph.nodes
+            if n.op == "call_function" and getattr(n.target, "__module__", None) == ROOT_MODULE_OF_BREAKS]
+    out, imports = [], []
+    for name in dict.fromkeys(used):
+        src = sources.get(name)
+        if src is None:
+            raise EmitError(f"graph break {name} has no source")
+        lines = src.splitlines()
+        while lines and lines[0].startswith("import "):
+            if lines[0] not in imports:
+                imports.append(lines[0])
+            lines.pop(0)
+        out.append("\n".join(lines).strip("\n"))
+    return (["\n".join(imports)] if imports else []) + out
+
+
+#: the module name graph-break functions carry (harness.capture.GENERATED_MODULE)
+ROOT_MODULE_OF_BREAKS = "egg_breaks"
+
+
+def attr_buffer_lines(qualnames: list[str]) -> list[str]:
+    """``__init__`` lines that register plain tensor attributes as non-persistent buffers (the
+    state dict keeps Model's keys; ``.to()`` moves them; the graph reads them as buffers)."""
+    out = []
+    for q in qualnames:
+        owner, _, name = q.rpartition(".")
+        mod = f"self.get_submodule({owner!r})" if owner else "self"
+        out += [f"_egg_t = {mod}.{name}", f"del {mod}.{name}",
+                f"{mod}.register_buffer({name!r}, _egg_t, persistent=False)"]
+    return out
 
 
 _BUILTIN_GLOBALS = {
@@ -343,7 +393,10 @@ _BUILTIN_GLOBALS = {
 def _forward_source(graph: fx.Graph, stubs: dict) -> tuple[list[str], str]:
     """The generated forward and the module-level imports its globals need."""
     pc = graph.python_code(root_module="self")
-    src = pc.src.strip("\n")
+    # fx re-registers the functions it autowrapped (math.sqrt, ...) with torch.fx.wrap, which
+    # raises below module level: the generated forward calls them directly (imports below)
+    src = "\n".join(ln for ln in pc.src.strip("\n").splitlines()
+                    if not re.match(r"\s*torch\.fx\._symbolic_trace\.wrap\(", ln))
     imports = []
     for name, obj in pc.globals.items():
         if isinstance(obj, str):  # a type annotation kept as text, e.g. 'torch.Tensor'

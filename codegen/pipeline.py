@@ -103,6 +103,7 @@ def analyze(prob: LoadedProblem, disabled: set[str] | None = None, use_rewrites:
     except Exception as e:  # noqa: BLE001 - a graph the passes cannot handle keeps the reference
         return None, [], f"the captured graph could not be planned: {one_line(e)}"
     plan.channels_last_params = params
+    plan.capture = cap
     return plan, applied, None
 
 
