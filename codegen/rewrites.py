@@ -640,12 +640,10 @@ def apply_all(gm: fx.GraphModule, inputs: list | None = None) -> list[str]:
 def _propagate(gm: fx.GraphModule, inputs: list | None) -> None:
     if inputs is None:
         return
-    import torch
-    from torch.fx.passes.shape_prop import ShapeProp
+    from harness.capture import propagate  # meta shapes; graph breaks, recurrent layers
 
     gm.recompile()
-    with torch.no_grad():
-        ShapeProp(gm).propagate(*inputs)
+    propagate(gm, inputs)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1176,9 +1174,7 @@ def canonicalize(gm: fx.GraphModule, inputs: list | None = None) -> None:
         changed |= bool(fn(gm))
     gm.graph.lint()
     if changed and inputs is not None:
-        import torch
-        from torch.fx.passes.shape_prop import ShapeProp
+        from harness.capture import propagate  # meta shapes; graph breaks, recurrent layers
 
         gm.recompile()
-        with torch.no_grad():
-            ShapeProp(gm).propagate(*inputs)
+        propagate(gm, inputs)

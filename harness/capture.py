@@ -39,6 +39,7 @@ from torch import fx
 from torch.fx.node import has_side_effect, map_aggregate
 from torch.fx.passes.shape_prop import _extract_tensor_metadata
 
+from harness.metarun import FastMeta
 from harness.problem import LoadedProblem, meta_inputs, meta_model, one_line
 
 #: graph breaks one capture may insert before it gives up
@@ -101,8 +102,12 @@ def capture(prob: LoadedProblem, inputs: list | None = None, training: bool = Tr
     model = meta_model(prob, init)
     model.train(training)
     first = None
+    concrete = unsupplied_defaults(model, inputs)
     try:
-        gm = fx.symbolic_trace(model)
+        gm = fx.symbolic_trace(model, concrete_args=concrete or None)
+        assigned = _proxy_attrs(model)
+        if assigned:  # fx would drop the update of module state the forward makes
+            first = f"forward assigns {', '.join(assigned[:3])}: a trace would drop the update"
     except Exception as e:  # noqa: BLE001
         first = f"fx could not trace Model: {one_line(e)}"
     if first is None:
@@ -114,11 +119,28 @@ def capture(prob: LoadedProblem, inputs: list | None = None, training: bool = Tr
         return Captured(gm, inputs, seconds=time.time() - t0)
     model = meta_model(prob, init)  # a fresh copy: the failed trace may have set attributes
     model.train(training)
-    cap = capture_with_breaks(model, inputs)
+    cap = capture_with_breaks(model, inputs, concrete)
     cap.seconds = time.time() - t0
     if cap.gm is None:
         cap.error = f"{first}; with graph breaks: {cap.error}"
     return cap
+
+
+def unsupplied_defaults(model: torch.nn.Module, inputs: list) -> dict:
+    """forward's parameters that the problem's inputs leave out, at their defaults (traced as
+    constants: ``forward(self, x, h0=None)`` called with x alone takes its ``h0 is None`` way)."""
+    try:
+        params = list(inspect.signature(type(model).forward).parameters.values())[1:]
+    except (TypeError, ValueError):
+        return {}
+    out = {}
+    for p in params[len(inputs):]:
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            continue
+        if p.default is inspect.Parameter.empty:
+            return {}
+        out[p.name] = p.default
+    return out
 
 
 # ------------------------------------------------------------------------------------------------
@@ -127,7 +149,7 @@ def capture(prob: LoadedProblem, inputs: list | None = None, training: bool = Tr
 
 def propagate(gm: fx.GraphModule, inputs: list) -> None:
     """Record ``tensor_meta`` (shape, dtype, ...) on every node, as fx's ShapeProp does."""
-    with torch.no_grad():
+    with torch.no_grad(), FastMeta():
         _Prop(gm).run(*inputs)
 
 
@@ -156,10 +178,22 @@ class _Prop(fx.Interpreter):
     def call_function(self, target, args, kwargs):
         if getattr(target, "__module__", None) != GENERATED_MODULE:
             return super().call_function(target, args, kwargs)
+        args, kwargs = _mutable(args), _mutable(kwargs)  # a break may append to a list it gets
         try:
             return target(*args, **kwargs)
         except Exception as meta_error:  # noqa: BLE001 - e.g. a branch on a meta tensor's value
             return _run_real(target, args, kwargs, meta_error)
+
+
+def _mutable(obj):
+    """fx's immutable lists and dicts in a node's arguments as plain (mutable) ones."""
+    if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
+        return tuple(_mutable(o) for o in obj)
+    if isinstance(obj, list):
+        return [_mutable(o) for o in obj]
+    if isinstance(obj, dict):
+        return {k: _mutable(v) for k, v in obj.items()}
+    return obj
 
 
 def _elements(obj) -> int:
@@ -255,6 +289,41 @@ def tensor_attrs_to_buffers(model: torch.nn.Module) -> list[str]:
     return out
 
 
+def _has_proxy(value) -> bool:
+    return any(isinstance(v, fx.Proxy) for v in _flat(value))
+
+
+def _proxy_attrs(model: torch.nn.Module) -> list[str]:
+    """Module attributes (plain or buffers) that hold a traced value after a trace: the forward
+    assigned them (``self.hidden = ...``)."""
+    out = []
+    for path, m in model.named_modules():
+        for k, v in list(vars(m).items()) + list(m._buffers.items()):
+            if _has_proxy(v):
+                out.append(f"{path}.{k}" if path else k)
+    return out
+
+
+class _Assigns:
+    """While a trace runs: a forward that assigns a traced value to a module attribute raises
+    (the statement becomes a graph break that runs as PyTorch and updates the module)."""
+
+    def __enter__(self):
+        self.orig = orig = torch.nn.Module.__setattr__
+
+        def guarded(mod, name, value):
+            if _has_proxy(value):
+                raise CaptureFailed(f"forward assigns {type(mod).__name__}.{name} (module state)")
+            orig(mod, name, value)
+
+        torch.nn.Module.__setattr__ = guarded
+        return self
+
+    def __exit__(self, *exc):
+        torch.nn.Module.__setattr__ = self.orig
+        return False
+
+
 class _BreakTracer(fx.Tracer):
     proxy_buffer_attributes = True
 
@@ -288,7 +357,7 @@ def _qualname(fn) -> str:
     return getattr(fn, "__qualname__", getattr(fn, "__name__", "forward"))
 
 
-def capture_with_breaks(model: torch.nn.Module, inputs: list) -> Captured:
+def capture_with_breaks(model: torch.nn.Module, inputs: list, concrete: dict | None = None) -> Captured:
     """Trace ``model`` (on meta tensors) with buffers as graph values and graph breaks."""
     attrs = tensor_attrs_to_buffers(model)
     rewrites: dict = {}
@@ -314,11 +383,13 @@ def capture_with_breaks(model: torch.nn.Module, inputs: list) -> Captured:
                 model.__class__ = shim
                 tracer.traced_func_name = "_egg_traced_forward"
                 try:
-                    graph = tracer.trace(model)
+                    with _Assigns():
+                        graph = tracer.trace(model, concrete_args=concrete or None)
                 finally:
                     model.__class__ = orig_cls
             else:
-                graph = tracer.trace(model)
+                with _Assigns():
+                    graph = tracer.trace(model, concrete_args=concrete or None)
             object.__setattr__(model, ROOT_REF, None)  # the stand-in get_attr target
             gm = fx.GraphModule(model, graph, type(model).__name__)
             object.__setattr__(gm, "_egg_root", model)
@@ -561,12 +632,22 @@ class _Rewritable:
         for s in moved:
             stores |= _stores(s)
         first, last = moved[0].lineno, max(s.end_lineno or s.lineno for s in moved)
+        lo = first  # loads after the statement, or anywhere in a loop around it, read its outputs
+        p = self._parent_of(stmt)
+        while p is not None:
+            pstmt = p[0][p[1]]
+            if isinstance(pstmt, (ast.For, ast.While, ast.AsyncFor)):
+                lo = min(lo, pstmt.lineno)
+            p = self._parent_of(pstmt)
         later = set()
         for n in ast.walk(self.fdef):
             if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and \
-                    not (first <= n.lineno <= last):
+                    (n.lineno > last or lo <= n.lineno < first):
                 later.add(n.id)
-        outs = [] if tail else sorted((stores & later) & self.locals)
+        # outputs: what the statement binds and the code after it reads, and what it reads that
+        # the code after it reads too (a list it appends to is that list, as the break left it)
+        outs = [] if tail else sorted(((stores | set(loads)) & later & self.locals)
+                                      - set(self.params[:1]))
         before = set(self.params)
         for n in ast.walk(self.fdef):
             if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store) and n.lineno < first:

@@ -28,6 +28,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
+from harness.metarun import GATES, FastMeta
 from harness.problem import LoadedProblem, meta_inputs, meta_model
 
 PEAK_KEY = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float64": "fp64"}
@@ -147,9 +148,9 @@ def _peak_key(name: str, args: tuple) -> str:
     dt = str(dts[0]).replace("torch.", "") if dts else "float32"
     key = PEAK_KEY.get(dt, "fp32")
     if key == "fp32":
-        if name in CONV_OPS and torch.backends.cudnn.allow_tf32:
+        if (name in CONV_OPS or name in GATES) and torch.backends.cudnn.allow_tf32:
             return "tf32"
-        if name not in CONV_OPS:
+        if name not in CONV_OPS and name not in GATES:
             return "tf32" if torch.backends.cuda.matmul.allow_tf32 else "tf32x3"
     return key
 
@@ -239,7 +240,12 @@ class _Attention(TorchFunctionMode):
 def _run_counted(model, inputs, cnt: Count):
     with FlopCounterMode(display=False) as fc, torch.no_grad():
         census = _Census(fc, cnt)
-        with census, _Attention(census):
+
+        def recurrent(name, flops, args):  # harness.metarun: a recurrent layer by its shapes
+            cnt.counted_flops += flops
+            census.charge(_peak_key(name, args), flops, name)
+
+        with census, _Attention(census), FastMeta(recurrent):
             out = model(*inputs)
     return out
 
