@@ -16,6 +16,7 @@ import torch
 from torch import fx
 
 from codegen import ops as O
+from codegen.constants import source_lines as fold_source_lines
 from codegen.fusion import (FusionPlan, Group, broadcast_epilogue, group_outputs, group_slots,
                             slot_roles)
 from codegen.fusion import chanstats_aux_pattern, norm_pattern, pool_aux_pattern
@@ -317,12 +318,19 @@ def emit_model(problem_source: str, plan: FusionPlan, configs: dict[str, dict] |
     graph.eliminate_dead_code()
     graph.lint()
     cap = plan.capture
+    fold_src, fold_init, fold_imports = [], [], []
+    for f in plan.folds:
+        imp, code, init = fold_source_lines(f, lambda g: _forward_source(g, {}))
+        fold_imports += imp
+        fold_src.append(code)
+        fold_init += init
     init_lines = (list(init_lines or []) + attr_buffer_lines(getattr(cap, "attr_buffers", []))
-                  + _traced_constants(gm) + layout_init_lines(plan.channels_last_params))
+                  + fold_init + _traced_constants(gm) + layout_init_lines(plan.channels_last_params))
     imports, forward = _forward_source(graph, stubs)
     forward = root_ref_fix(forward)
+    imports = sorted(set(imports) | set(fold_imports))
     body = [MARK, header.rstrip(), RUNTIME_SOURCE.rstrip(), "\n".join(imports)]
-    body += break_definitions(graph, getattr(cap, "break_sources", {}))
+    body += break_definitions(graph, getattr(cap, "break_sources", {})) + fold_src
     body += kernels_src + wrappers_src
     body.append("class ModelNew(Model):")
     if init_lines:

@@ -60,6 +60,8 @@ class FusionPlan:
     #: how the graph was captured (harness.capture.Captured: graph breaks, their sources, plain
     #: tensor attributes registered as buffers); None when built from a bare graph
     capture: object | None = None
+    #: tables computed once at init (codegen.constants.Fold)
+    folds: list = field(default_factory=list)
 
     def group_of(self, node: fx.Node) -> Group | None:
         for g in self.groups:

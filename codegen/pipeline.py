@@ -8,6 +8,7 @@ from codegen.fusion import FusionPlan, Group, group_inputs, plan_fusion
 from codegen.ops import node_shape
 from codegen import layout as L
 from codegen import rewrites as RW
+from codegen.constants import fold_constants, non_persistent
 from harness.capture import capture
 from harness.problem import LoadedProblem, one_line
 
@@ -98,12 +99,14 @@ def analyze(prob: LoadedProblem, disabled: set[str] | None = None, use_rewrites:
         applied = RW.apply_all(cap.gm, cap.inputs) if use_rewrites else []
         if applied:  # a rule's output may hold forms the canonical pass rewrites (shape queries)
             RW.canonicalize(cap.gm, cap.inputs)
+        folds = fold_constants(cap.gm, non_persistent(cap.root) if cap.root is not None else set())
         params = L.channels_last(cap.gm) if channels_last else []
         plan = plan_fusion(cap.gm, disabled)
     except Exception as e:  # noqa: BLE001 - a graph the passes cannot handle keeps the reference
         return None, [], f"the captured graph could not be planned: {one_line(e)}"
     plan.channels_last_params = params
     plan.capture = cap
+    plan.folds = folds
     return plan, applied, None
 
 

@@ -53,6 +53,16 @@ MAX_CONSTANT = 4096
 #: the get_attr target that stands for the traced root module itself (a graph break in the
 #: root's forward receives the module as its ``self``)
 ROOT_REF = "_egg_self"
+
+
+class RootRef:
+    """The value of the stand-in attribute ROOT_REF (propagation reads the module itself)."""
+
+    def __repr__(self) -> str:
+        return "RootRef()"
+
+
+ROOT_VALUE = RootRef()
 #: the module name of every function a capture creates (codegen.emit defines them in the file)
 GENERATED_MODULE = "egg_breaks"
 
@@ -86,6 +96,8 @@ class Captured:
     #: plain tensor attributes registered as non-persistent buffers ("attn.cos_cached")
     attr_buffers: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    #: the (meta) module the graph was traced from: which buffers are persistent
+    root: torch.nn.Module | None = None
 
     @property
     def regions(self) -> int:
@@ -116,7 +128,7 @@ def capture(prob: LoadedProblem, inputs: list | None = None, training: bool = Tr
         except Exception as e:  # noqa: BLE001
             return Captured(None, inputs, f"shape propagation failed: {one_line(e)}", "none",
                             seconds=time.time() - t0)
-        return Captured(gm, inputs, seconds=time.time() - t0)
+        return Captured(gm, inputs, seconds=time.time() - t0, root=model)
     model = meta_model(prob, init)  # a fresh copy: the failed trace may have set attributes
     model.train(training)
     cap = capture_with_breaks(model, inputs, concrete)
@@ -167,12 +179,14 @@ class _Prop(fx.Interpreter):
         m = map_aggregate(result, meta)
         if found:
             n.meta["tensor_meta"] = m
+        elif _plain(result):  # a size, dtype or device: codegen.constants keys tables on them
+            n.meta["value"] = result
         n.meta["type"] = type(result)
         return result
 
     def get_attr(self, target, args, kwargs):
         if target == ROOT_REF:
-            return self.module._egg_root
+            return getattr(self.module, "_egg_root", self.module)
         return super().get_attr(target, args, kwargs)
 
     def call_function(self, target, args, kwargs):
@@ -183,6 +197,12 @@ class _Prop(fx.Interpreter):
             return target(*args, **kwargs)
         except Exception as meta_error:  # noqa: BLE001 - e.g. a branch on a meta tensor's value
             return _run_real(target, args, kwargs, meta_error)
+
+
+def _plain(v) -> bool:
+    if isinstance(v, (bool, int, float, torch.dtype, torch.device)):
+        return True
+    return isinstance(v, (tuple, list, torch.Size)) and all(_plain(x) for x in v)
 
 
 def _mutable(obj):
@@ -390,7 +410,7 @@ def capture_with_breaks(model: torch.nn.Module, inputs: list, concrete: dict | N
             else:
                 with _Assigns():
                     graph = tracer.trace(model, concrete_args=concrete or None)
-            object.__setattr__(model, ROOT_REF, None)  # the stand-in get_attr target
+            object.__setattr__(model, ROOT_REF, ROOT_VALUE)  # the stand-in get_attr target
             gm = fx.GraphModule(model, graph, type(model).__name__)
             object.__setattr__(gm, "_egg_root", model)
             propagate(gm, inputs)
@@ -426,7 +446,7 @@ def capture_with_breaks(model: torch.nn.Module, inputs: list, concrete: dict | N
                 if n.op == "call_function" and getattr(n.target, "__module__", None) == GENERATED_MODULE}
         kept = [b for b in breaks if b.name in used]
         return Captured(gm, inputs, None, "fx-breaks", kept,
-                        {k: v for k, v in sources.items() if k in used}, attrs)
+                        {k: v for k, v in sources.items() if k in used}, attrs, root=model)
     return Captured(None, inputs, f"more than {MAX_BREAKS} graph breaks", "none", breaks, sources, attrs)
 
 
