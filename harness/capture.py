@@ -166,8 +166,17 @@ def propagate(gm: fx.GraphModule, inputs: list) -> None:
 
 
 class _Prop(fx.Interpreter):
+    #: hooks (harness.roofline.node_costs): before(node), after(node, args, result)
+    before = after = None
+
     def run_node(self, n: fx.Node):
+        if self.before is not None:
+            self.before(n)
+        self._node = n
         result = super().run_node(n)
+        if self.after is not None:
+            args, kwargs = self.fetch_args_kwargs_from_env(n)
+            self.after(n, (args, kwargs), result)
         found = []
 
         def meta(obj):
@@ -184,12 +193,23 @@ class _Prop(fx.Interpreter):
         n.meta["type"] = type(result)
         return result
 
+    def current_meta(self):
+        """An empty meta tensor of the node being run's recorded shape and dtype, if any."""
+        tm = getattr(self, "_node", None) is not None and self._node.meta.get("tensor_meta")
+        if not tm or not hasattr(tm, "shape"):
+            return None
+        return torch.empty(tuple(tm.shape), dtype=tm.dtype, device="meta")
+
     def get_attr(self, target, args, kwargs):
         if target == ROOT_REF:
             return getattr(self.module, "_egg_root", self.module)
         return super().get_attr(target, args, kwargs)
 
     def call_function(self, target, args, kwargs):
+        if getattr(target, "__module__", None) == "egg_generated":  # a table (codegen.constants)
+            tm = self.current_meta()
+            if tm is not None:
+                return tm
         if getattr(target, "__module__", None) != GENERATED_MODULE:
             return super().call_function(target, args, kwargs)
         args, kwargs = _mutable(args), _mutable(kwargs)  # a break may append to a list it gets
@@ -197,6 +217,14 @@ class _Prop(fx.Interpreter):
             return target(*args, **kwargs)
         except Exception as meta_error:  # noqa: BLE001 - e.g. a branch on a meta tensor's value
             return _run_real(target, args, kwargs, meta_error)
+
+
+def propagation_interpreter(gm: fx.GraphModule, before=None, after=None) -> fx.Interpreter:
+    """The interpreter ``propagate`` runs (graph breaks, the root module reference, tables
+    standing in by their recorded shapes), with hooks around every node."""
+    p = _Prop(gm)
+    p.before, p.after = before, after
+    return p
 
 
 def _plain(v) -> bool:

@@ -160,3 +160,22 @@ def attention_config(m: int, n: int, head_dim: int, batch_heads: int, sm_count: 
         bm //= 2
     bn = 32 if head_dim > 128 else 64
     return {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": 4, "num_stages": 2}
+
+
+# ---- run budget (policies.expert: which groups stage 1 spends a time-limited run on) ----------
+#: seconds one kernel adds to a verification: Triton compiles each kernel in the candidate
+#: process and every trial runs it. Not measured yet: an estimate to calibrate on the GPU from the
+#: level-3 bench's per-problem wall times (docs/capture.md); the interpreter runs kernels program
+#: by program in Python.
+KERNEL_VERIFY_S = {"cuda": 3.0, "cpu": 4.0}
+#: share of the time left that the first stage-1 candidate's kernels may take to verify: the
+#: rest is for its timing, the backing-out of a failed group, and stage 2
+STAGE1_BUDGET_SHARE = 0.3
+#: a time-limited run still tries at least this many groups
+MIN_BUDGET_GROUPS = 4
+
+
+def stage1_group_budget(seconds_left: float, device: str) -> int:
+    """How many fused groups the first stage-1 candidate of a run with ``seconds_left`` may hold."""
+    per = KERNEL_VERIFY_S.get(device, KERNEL_VERIFY_S["cuda"])
+    return max(MIN_BUDGET_GROUPS, int(STAGE1_BUDGET_SHARE * max(0.0, seconds_left) / per))
