@@ -296,8 +296,8 @@ def _run_real(fn, args, kwargs, meta_error):
     cache: dict[int, object] = {}
 
     def real(x):
-        if id(x) in cache:
-            return cache[id(x)]
+        if id(x) in cache:  # (x, its real value): x is held so its id is not reused
+            return cache[id(x)][1]
         if isinstance(x, torch.Tensor) and x.device.type == "meta":
             r = _random_like(x)
         elif isinstance(x, torch.nn.Module):
@@ -308,7 +308,7 @@ def _run_real(fn, args, kwargs, meta_error):
             r = {k: real(v) for k, v in x.items()}
         else:
             r = x
-        cache[id(x)] = r
+        cache[id(x)] = (x, r)
         return r
 
     out = fn(*real(list(args)), **real(dict(kwargs)))
@@ -379,6 +379,15 @@ class _BreakTracer(fx.Tracer):
         super().__init__()
         self.rewrites = rewrites  # original function -> _Rewritable
         self.owner = owner  # original function's code -> (qualname, module path)
+        self.breaks_made = 0  # graph-break nodes created so far in this trace
+        self._buffer_proxies: dict[int, dict] = {}
+
+    def getattr(self, attr, attr_val, parameter_proxy_cache):
+        """A buffer read after a graph break is a new graph read (the break may have replaced
+        it: ``self.h = ...``); fx would reuse the read from before."""
+        if isinstance(attr_val, torch.Tensor) and not isinstance(attr_val, torch.nn.Parameter):
+            return super().getattr(attr, attr_val, self._buffer_proxies.setdefault(self.breaks_made, {}))
+        return super().getattr(attr, attr_val, parameter_proxy_cache)
 
     def call_module(self, m, forward, args, kwargs):
         fn = _unwrapped_forward(m)
@@ -785,7 +794,9 @@ class _Rewritable:
             has_side_effect(real)
 
             def node(*args, _real=real):
-                return tracer.create_proxy("call_function", _real, args, {}, name=f"{_real.__name__}_out")
+                out = tracer.create_proxy("call_function", _real, args, {}, name=f"{_real.__name__}_out")
+                tracer.breaks_made += 1
+                return out
 
             node.__name__ = b.name
             g[b.name] = node

@@ -47,9 +47,13 @@ def _one(path: str, method: str) -> dict:
     if method in ("fx", "egg"):
         from codegen import pipeline
 
+        real = C.capture_with_breaks
         if method == "fx":  # EGG before graph breaks: symbolic tracing alone
             C.capture_with_breaks = lambda model, inputs, *a: C.Captured(None, inputs, "off", "none")
-        cap = C.capture(prob)
+        try:
+            cap = C.capture(prob)
+        finally:
+            C.capture_with_breaks = real
         out["capture_s"] = round(time.time() - t0, 3)
         if cap.gm is None:
             out.update(outcome="none", error=(cap.error or "")[:300])
@@ -57,7 +61,12 @@ def _one(path: str, method: str) -> dict:
             out.update(outcome="whole" if not cap.breaks else "regions", breaks=len(cap.breaks),
                        break_reasons=[b.describe()[:200] for b in cap.breaks][:8],
                        attr_buffers=len(cap.attr_buffers))
-            plan, _rw, err = pipeline.analyze(prob)
+            if method == "fx":
+                C.capture_with_breaks = lambda model, inputs, *a: C.Captured(None, inputs, "off", "none")
+            try:
+                plan, _rw, err = pipeline.analyze(prob)
+            finally:
+                C.capture_with_breaks = real
             out["groups"] = len(plan.groups) if plan else 0
             out["plan_error"] = (err or "")[:300] or None
         out["seconds"] = round(time.time() - t0, 3)
@@ -76,6 +85,8 @@ def _one(path: str, method: str) -> dict:
                        break_reasons=[str(r.reason).splitlines()[0][:200] for r in ex.break_reasons][:8])
     except Exception as e:  # noqa: BLE001
         out.update(outcome="none", error=one_line(e)[:300])
+    finally:
+        torch._dynamo.reset()
     out["seconds"] = round(time.time() - t0, 3)
     return out
 
@@ -94,10 +105,15 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--timeout", type=float, default=300.0)
     ap.add_argument("--methods", default=",".join(METHODS))
-    ap.add_argument("--one", nargs=2, help=argparse.SUPPRESS)  # child: PATH METHOD
+    ap.add_argument("--one", nargs=2, help=argparse.SUPPRESS)  # child: PATH METHODS
     a = ap.parse_args(argv)
     if a.one:
-        print("SURVEY " + json.dumps(_one(*a.one)))
+        for m in a.one[1].split(","):
+            try:
+                res = _one(a.one[0], m)
+            except Exception as e:  # noqa: BLE001 - e.g. the problem does not import
+                res = {"problem": a.one[0], "method": m, "outcome": "error", "error": str(e)[:300]}
+            print("SURVEY " + json.dumps(res), flush=True)
         return 0
     out = pathlib.Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -109,26 +125,31 @@ def main(argv=None) -> int:
             done.add((r["problem"], r["method"]))
     methods = [m for m in a.methods.split(",") if m]
     for p in _problems(a.problems):
-        for m in methods:
-            if (str(p), m) in done:
-                continue
+        todo = [m for m in methods if (str(p), m) not in done]
+        while todo:  # one child for the problem's methods; after a timeout, the rest go on
             t0 = time.time()
+            got = []
             try:
-                r = subprocess.run([sys.executable, __file__, "--out", str(out), "--one", str(p), m, "x"],
-                                   capture_output=True, text=True, timeout=a.timeout, cwd=ROOT)
-                res = next((json.loads(ln[7:]) for ln in r.stdout.splitlines() if ln.startswith("SURVEY ")),
-                           None)
-                if res is None:
+                r = subprocess.run([sys.executable, __file__, "--out", str(out), "--one", str(p),
+                                    ",".join(todo), "x"], capture_output=True, text=True,
+                                   timeout=a.timeout * len(todo), cwd=ROOT)
+                got = [json.loads(ln[7:]) for ln in r.stdout.splitlines() if ln.startswith("SURVEY ")]
+                if not got:
                     tail = (r.stderr or "").strip().splitlines()[-1:] or [""]
-                    res = {"problem": str(p), "method": m, "outcome": "error", "error": tail[0][:300]}
-            except subprocess.TimeoutExpired:
-                res = {"problem": str(p), "method": m, "outcome": "timeout"}
-            res.setdefault("seconds", round(time.time() - t0, 3))
-            with log.open("a") as f:
-                f.write(json.dumps(res) + "\n")
-            print(f"{p.name:45s} {m:16s} {res['outcome']:8s} {res.get('seconds', 0):7.1f}s "
-                  f"{res.get('breaks', '')!s:3s} {res.get('groups', '')!s:4s} {res.get('error', '')[:80]}",
-                  flush=True)
+                    got = [{"problem": str(p), "method": todo[0], "outcome": "error", "error": tail[0][:300]}]
+            except subprocess.TimeoutExpired as e:
+                out_txt = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+                got = [json.loads(ln[7:]) for ln in out_txt.splitlines() if ln.startswith("SURVEY ")]
+                missing = todo[len(got)]
+                got.append({"problem": str(p), "method": missing, "outcome": "timeout",
+                            "seconds": round(time.time() - t0, 1)})
+            for res in got:
+                with log.open("a") as f:
+                    f.write(json.dumps(res) + "\n")
+                print(f"{p.name:45s} {res['method']:16s} {res['outcome']:8s} {res.get('seconds', 0):7.1f}s "
+                      f"{res.get('breaks', '')!s:3s} {res.get('groups', '')!s:4s} {res.get('error', '')[:80]}",
+                      flush=True)
+                todo = [m for m in todo if m != res["method"]]
     print(summary([json.loads(ln) for ln in log.read_text().splitlines()]))
     return 0
 
