@@ -106,13 +106,25 @@ class Captured:
 
 
 def capture(prob: LoadedProblem, inputs: list | None = None, training: bool = True) -> Captured:
-    """The problem's op graph. ``inputs``: meta inputs to trace with (default: the problem's
-    own); ``training``: the mode the model is traced in."""
-    t0 = time.time()
+    """The problem's op graph on meta tensors. ``inputs``: meta inputs to trace with (default:
+    the problem's own); ``training``: the mode the model is traced in."""
     init = prob.init_inputs()
     inputs = meta_inputs(prob) if inputs is None else inputs
-    model = meta_model(prob, init)
-    model.train(training)
+
+    def make():
+        m = meta_model(prob, init)
+        m.train(training)
+        return m
+
+    return capture_model(make, inputs)
+
+
+def capture_model(make, inputs: list) -> Captured:
+    """Capture the module ``make()`` builds (called again for a fresh copy when the first trace
+    fails: a failed trace may leave traced values in its attributes) on ``inputs`` (meta or
+    real tensors)."""
+    t0 = time.time()
+    model = make()
     first = None
     concrete = unsupplied_defaults(model, inputs)
     try:
@@ -129,9 +141,7 @@ def capture(prob: LoadedProblem, inputs: list | None = None, training: bool = Tr
             return Captured(None, inputs, f"shape propagation failed: {one_line(e)}", "none",
                             seconds=time.time() - t0)
         return Captured(gm, inputs, seconds=time.time() - t0, root=model)
-    model = meta_model(prob, init)  # a fresh copy: the failed trace may have set attributes
-    model.train(training)
-    cap = capture_with_breaks(model, inputs, concrete)
+    cap = capture_with_breaks(make(), inputs, concrete)
     cap.seconds = time.time() - t0
     if cap.gm is None:
         cap.error = f"{first}; with graph breaks: {cap.error}"

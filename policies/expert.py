@@ -172,6 +172,37 @@ def budget_deferred(state: EggState, settings: Settings, off: set[str]) -> tuple
     return {g.id for g in rest}, note
 
 
+#: seconds the planner's measurement of the regions may take on a GPU (harness.regionprof), and
+#: the share of a time-limited run's budget it may use at most
+REGION_PROFILE_S = 120.0
+REGION_PROFILE_SHARE = 0.1
+
+
+def measure_regions(state: EggState, settings: Settings, regions: list[RegionRecord]) -> str:
+    """On a GPU: eager's time per region measured on a real run (harness.regionprof); the shares
+    then come from the measurement. Returns a note ("" when nothing was measured)."""
+    hw = state.hardware
+    if hw is None or hw.device != "cuda" or hw.interpreter or not regions:
+        return ""
+    limit = REGION_PROFILE_S
+    left = settings.time_left(state.started_at)
+    if left is not None:
+        limit = min(limit, REGION_PROFILE_SHARE * left)
+    if limit < 5:
+        return ""
+    from harness import regionprof
+
+    got = regionprof.measure_in_child(state.problem.path, "cuda", limit)
+    if not got or len(got.get("regions", [])) != len(regions):
+        return "regions not measured on the GPU (the estimate is used)"
+    total = sum(got["regions"]) or 0.0
+    for r, ms in zip(regions, got["regions"]):
+        r.measured_ms = ms
+        r.share = ms / total if total else r.share
+    return (f"eager's time per region measured on the GPU ({got.get('timer')}): "
+            + ", ".join(f"region {r.index} {r.measured_ms:.3f} ms" for r in regions[:8]))
+
+
 def group_config(plan: FusionPlan, g: Group, sm_count: int) -> dict:
     ins, _, _ = group_inputs(plan, g)
     geo = pipeline.group_geometry(plan, g, len(ins))
@@ -246,11 +277,15 @@ class ExpertPolicy:
                 est_ms=sum(m for m in ms if m) if any(m is not None for m in ms) else None,
                 region=fplan.regions.get(g.members[0], 0)))
         analysis.regions = region_records(fplan, node_ms, cap)
+        measured = measure_regions(state, settings, analysis.regions)
+        if measured:
+            plan.notes.append(measured)
         if len(analysis.regions) > 1:
+            how = "measured" if any(r.measured_ms is not None for r in analysis.regions) else "estimated"
             plan.notes.append(
                 f"{len(analysis.regions)} regions ({len(analysis.breaks)} graph break(s)); "
                 + "; ".join(f"region {r.index}: {len(r.groups)} group(s)"
-                            + (f", {100 * r.share:.0f}% of the estimated time" if r.share is not None else "")
+                            + (f", {100 * r.share:.0f}% of the {how} time" if r.share is not None else "")
                             for r in analysis.regions))
         for n, op in fplan.nops.items():
             if op.kind == "library":

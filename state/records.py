@@ -83,7 +83,9 @@ class RegionRecord(BaseModel):
     flops: float = 0.0
     bytes: float = 0.0
     est_ms: float | None = Field(None, description="each op at max(FLOPs/peak, bytes/bandwidth), summed")
-    share: float | None = Field(None, description="of the whole forward's estimate")
+    measured_ms: float | None = Field(
+        None, description="eager's time on it, measured node by node on the device (harness.regionprof)")
+    share: float | None = Field(None, description="of the whole forward's time: measured, else estimated")
     ends_with: str = Field("", description="the graph break after it (empty for the last)")
 
 

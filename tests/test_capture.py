@@ -327,3 +327,14 @@ def test_no_verification_starts_once_the_budget_is_spent(tmp_path):
     # with time left, the call is cut to what is left
     s2 = Settings(device="cpu", time_limit_s=160.0)
     assert 50.0 < call_budget(s2, st, 600.0) <= 60.0
+
+
+def test_regions_are_measured_node_by_node():
+    """harness.regionprof times every node of the captured graph on a real run (the wall clock
+    on the CPU, CUDA events on a GPU) and sums them per region."""
+    from harness import regionprof
+
+    got = regionprof.measure(str(CASES / "branchy.py"), "cpu", runs=2)
+    assert got["method"] == "fx-breaks" and len(got["regions"]) == 2
+    assert "_egg_break_0_out" in got["nodes"] and all(ms > 0 for ms in got["regions"])
+    assert got["total_ms"] == pytest.approx(sum(got["nodes"].values()))
