@@ -315,7 +315,7 @@ def emit_model(problem_source: str, plan: FusionPlan, configs: dict[str, dict] |
     for m in sorted(members, key=lambda n: -order[n]):  # 3) the fused nodes go
         if not m.users:
             graph.erase_node(m)
-    graph.eliminate_dead_code()
+    graph.eliminate_dead_code(is_impure_node=has_effect)
     graph.lint()
     cap = plan.capture
     fold_src, fold_init, fold_imports = [], [], []
@@ -346,6 +346,15 @@ def emit_model(problem_source: str, plan: FusionPlan, configs: dict[str, dict] |
 # ---- graph breaks and regions (harness.capture, docs/capture.md) -----------------------------
 #: the get_attr target a graph break in the root's forward reads its module through
 ROOT_REF = "_egg_self"
+
+
+def has_effect(n: fx.Node) -> bool:
+    """Kept though nothing reads its result: fx's own rule, and in-place methods (fx keeps
+    ``copy_`` into a buffer as a call_method it calls pure: ``self.h.copy_(x)`` would vanish)."""
+    if n.is_impure():
+        return True
+    name = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", "")
+    return n.op in ("call_method", "call_function") and name.endswith("_") and not name.endswith("__")
 
 
 def root_ref_fix(forward: str) -> str:

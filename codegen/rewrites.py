@@ -15,8 +15,9 @@ def drop_dead_code(gm: fx.GraphModule) -> bool:
     graph = gm.graph
     changed = False
     for n in reversed(list(graph.nodes)):
-        if n.op in ("placeholder", "output") or n.users:
-            continue
+        if n.op in ("placeholder", "output") or n.users or n.is_impure() or \
+                str(n.target).endswith("_") and not str(n.target).endswith("__"):
+            continue  # (an in-place op, a graph break: its effect is its point)
         op = classify(n, gm)
         if op.kind in ("pointwise", "reduction", "softmax", "view", "identity", "getitem", "param"):
             graph.erase_node(n)
