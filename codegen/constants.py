@@ -8,8 +8,9 @@ deterministic ops) that the rest of the forward reads, and replaces it by a call
 ``_egg_fold_<k>(self, keys...)``. The generated file computes the table in ``ModelNew.__init__``
 for the problem's own shapes and registers it as a non-persistent buffer (``.to()`` moves it; the
 state dict keeps Model's keys); at a call the function returns the buffer when the keys (sizes,
-dtypes, the device) are those it was built for and the buffer still has its dtype, and otherwise
-computes the table as the forward did (another sequence length, a model moved to another dtype).
+dtypes, the device) are those it was built for, the buffer still has its dtype and the buffers it
+was built from have not changed in place since (their tensor versions), and otherwise computes
+the table as the forward did (another sequence length, a model moved to another dtype).
 
 Tables read from parameters or persistent buffers are not folded: ``load_state_dict`` or a
 training step can change those, and the table with them.
@@ -53,6 +54,7 @@ class Fold:
     shape: tuple
     device_of: str | None = None  # the buffer whose device the table follows (no device key)
     nodes: list[str] = field(default_factory=list)  # the folded nodes' names
+    sources: list[str] = field(default_factory=list)  # the buffers it reads (their versions guard it)
 
 
 def _value(n):
@@ -162,7 +164,8 @@ def fold_constants(gm: fx.GraphModule, free: set[str], root_ref: str = "_egg_sel
         fold = Fold(name=f"_egg_fold_{k}", buffer=f"_egg_table_{k}", keys=[_value(m) for m in keys],
                     graph=_table_graph(sub, keys, n), dtype=tm.dtype,
                     shape=tuple(int(s) for s in tm.shape),
-                    device_of=None if devs else str(attrs[0].target), nodes=[m.name for m in computed])
+                    device_of=None if devs else str(attrs[0].target), nodes=[m.name for m in computed],
+                    sources=sorted({str(a.target) for a in attrs}))
         fn = _fold_stub(fold.name)
         if not hasattr(gm, root_ref):
             object.__setattr__(gm, root_ref, ROOT_VALUE)  # the stand-in target of the module itself
@@ -242,7 +245,10 @@ def source_lines(fold: Fold, forward_source) -> tuple[list[str], str, list[str]]
             checks.append(f"{_cmp(f'k{i}', v)}")
             init_args.append(_lit(v))
     if fold.device_of:
-        checks.append(f"self.{fold.buffer}.device == self.{fold.device_of}.device")
+        checks.append(f"self.{fold.buffer}.device == self.get_buffer({fold.device_of!r}).device")
+    versions = "(" + "".join(f"self.get_buffer({b!r})._version, " for b in fold.sources) + ")"
+    if fold.sources:  # a buffer it was built from changed in place: build it again
+        checks.append(f"{versions} == self.{fold.buffer}_versions")
     sig = ", ".join(["self"] + params)
     code = [compute, "",
             f"def {fold.name}({sig}):",
@@ -251,10 +257,12 @@ def source_lines(fold: Fold, forward_source) -> tuple[list[str], str, list[str]]
             f"    if {' and '.join(checks)}:",
             f"        return self.{fold.buffer}",
             f"    return {fold.name}_compute({sig})"]
-    dev = (f"self.{fold.device_of}.device" if fold.device_of else "torch.empty(0).device")
+    dev = (f"self.get_buffer({fold.device_of!r}).device" if fold.device_of else "torch.empty(0).device")
     init = [f"_egg_dev = {dev}",
             f"self.register_buffer({fold.buffer!r}, {fold.name}_compute(self{''.join(', ' + a for a in init_args)}), "
             "persistent=False)"]
+    if fold.sources:
+        init.append(f"self.{fold.buffer}_versions = {versions}")
     return imports, "\n".join(code), init
 
 

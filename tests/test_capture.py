@@ -338,3 +338,15 @@ def test_regions_are_measured_node_by_node():
     assert got["method"] == "fx-breaks" and len(got["regions"]) == 2
     assert "_egg_break_0_out" in got["nodes"] and all(ms > 0 for ms in got["regions"])
     assert got["total_ms"] == pytest.approx(sum(got["nodes"].values()))
+
+
+def test_a_table_follows_its_source_buffer_changed_in_place(tmp_path):
+    """The frequencies a RoPE table is built from change in place: the table is built again."""
+    prob = load_problem(CASES / "rope_forward.py")
+    _comp, mod = _new_module(prob, tmp_path)
+    ref, new = _pair(prob, mod)
+    with torch.no_grad():
+        ref.inv_freq.mul_(1.5)
+        new.inv_freq.mul_(1.5)
+    torch.manual_seed(5)
+    _same(ref, new, prob.inputs())
