@@ -62,6 +62,8 @@ class FusionPlan:
     capture: object | None = None
     #: tables computed once at init (codegen.constants.Fold)
     folds: list = field(default_factory=list)
+    #: what the generated module guards (codegen.dropin.Dropin; set by pipeline.analyze)
+    dropin: object = None
 
     def group_of(self, node: fx.Node) -> Group | None:
         for g in self.groups:
@@ -544,13 +546,13 @@ def plan_fusion(gm: fx.GraphModule, disabled: set[str] | None = None) -> FusionP
             src = op.operands[0]
             in_shape = node_shape(src)
             items = [u for u in n.users]
-            if (in_shape is None or len(in_shape) < 2 or len(items) != 2
-                    or sorted(nops[u].operands[1] if nops[u].kind == "getitem" else -1 for u in items) != [0, 1]):
-                op.kind, op.why = "library", "channel statistics used other than as (mean, var)"
+            keys = sorted(nops[u].operands[1] if nops[u].kind == "getitem" else -1 for u in items)
+            if in_shape is None or len(in_shape) < 2 or keys not in ([0, 1], [0, 1, 2]):
+                op.kind, op.why = "library", "channel statistics used other than as (mean, var, count)"
                 continue
             g = new_group("chanstats", members=[n], domain=in_shape, red=n)
             for u in items:
-                g.aliases[u] = "mean" if nops[u].operands[1] == 0 else "var"
+                g.aliases[u] = ("mean", "var", "count")[nops[u].operands[1]]
                 where[u] = g
             where[n] = g
             recompute_prologue(g, src)

@@ -875,13 +875,11 @@ def batchnorm_decompose(gm: fx.GraphModule) -> bool:
                     rm = _attr_node(gm, graph, f"{n.target}.running_mean")
                     rv = _attr_node(gm, graph, f"{n.target}.running_var")
                     nbt = _attr_node(gm, graph, f"{n.target}.num_batches_tracked")
-                    count = 1
-                    for d in shape:
-                        count *= d
-                    # the element count per channel, not x: a use of x would make its producer
-                    # chain write x out for a call that only needs its size
+                    # the values per channel of this call, from the statistics (not a query of
+                    # x: a use of x would make its producer chain write x out)
+                    count = graph.call_function(operator.getitem, (st, 2))
                     mean = graph.create_node("call_function", O.bn_update,
-                                             (mean, var, count // C, rm, rv, nbt, mod.momentum),
+                                             (mean, var, count, rm, rv, nbt, mod.momentum),
                                              name="bn_mean")
             else:
                 mean = graph.call_method("view", (_attr_node(gm, graph, f"{n.target}.running_mean"), *view))

@@ -107,13 +107,16 @@ class Captured:
 
 def capture(prob: LoadedProblem, inputs: list | None = None, training: bool = True) -> Captured:
     """The problem's op graph on meta tensors. ``inputs``: meta inputs to trace with (default:
-    the problem's own); ``training``: the mode the model is traced in."""
+    the problem's own); ``training``: the mode the model is traced in (fx bakes
+    ``self.training`` into the graph): True traces it as built (submodules a constructor froze
+    in eval() stay so) unless it was built in eval(), False traces it in eval()."""
     init = prob.init_inputs()
     inputs = meta_inputs(prob) if inputs is None else inputs
 
     def make():
         m = meta_model(prob, init)
-        m.train(training)
+        if not training or not m.training:
+            m.train(training)
         return m
 
     return capture_model(make, inputs)

@@ -8,7 +8,7 @@ from harness import gpulock
 from harness.compare import Tolerance
 from harness.verify import verify
 from nodes.common import call_budget, candidate_path, mark_attempt, run_dir, settings_of
-from state import EggState, OutputError, Settings, VerificationRecord
+from state import EggState, OutputError, Settings, TrialRecord, VerificationRecord
 
 
 def verifier(state: EggState, runtime: Runtime[Settings]) -> dict:
@@ -38,7 +38,9 @@ def verifier(state: EggState, runtime: Runtime[Settings]) -> dict:
         candidate_id=cand.id, passed=bool(res.get("passed")), reason=res.get("reason", ""),
         category=res.get("category", ""), trials=res.get("trials", 0), device=res.get("device", ""),
         checks=res.get("checks", []), outputs=[OutputError(**o) for o in res.get("outputs", [])],
-        wall_s=float(res.get("wall_s", 0.0)), flags=flags)
+        wall_s=float(res.get("wall_s", 0.0)), flags=flags,
+        trial_log=[TrialRecord(**t) for t in res.get("trial_log", [])],
+        sandbox=list(res.get("sandbox", [])), candidate_sha256=res.get("candidate_sha256", ""))
     update = {"verifications": [rec]}
     if not rec.passed:
         update["stage_context"] = mark_attempt(state, cand.id, "failed",

@@ -348,9 +348,11 @@ class ExpertPolicy:
                 return disabled, (f"retry unchanged: the GPU ran out of memory outside the candidate "
                                   f"(another process's memory, not a kernel's fault): {ver.reason[:120]}")
         if ver is not None and not ver.passed:
-            m = re.search(r"_egg_(?:k_)?(g\d+t?)", ver.reason)
+            m = re.search(r"_egg_(?:k_)?(e?g\d+t?)", ver.reason)
             live = {g.id for g in enabled} | set(tails)
-            named = m.group(1) if m and m.group(1) in live else None
+            # an eval() kernel's group ("eg0", pipeline.EVAL_PREFIX) is not in the plan's records
+            named = (m.group(1) if m and (m.group(1) in live or m.group(1).startswith("e")
+                                          and m.group(1) not in disabled) else None)
             products = [g.id for g in enabled if g.kind == "matmul"]
             if named:
                 victim, how = named, "named in the error"
@@ -379,11 +381,13 @@ class ExpertPolicy:
         if not fplan.groups and not channels_last:
             return Decline("no fused group left")
         sm = state.hardware.sm_count or 132
-        configs = {g.id: group_config(fplan, g, sm) for g in fplan.groups}
+        # the eval() plan's groups too ("eg0", ...: batch norm on running statistics)
+        configs = {g.id: group_config(p, g, sm) for p, g in pipeline.plan_groups(fplan)}
         if tweak is not None:
-            configs = tweak(fplan, configs)
-            if configs is None:
+            tuned = tweak(fplan, configs)
+            if tuned is None:
                 return Decline("no configuration change applies")
+            configs = {**configs, **tuned}  # groups the tweak does not name (eval()'s) keep theirs
         cid = state.new_candidate_id()
         header = f"# candidate {cid} (stage {stage}, expert policy); rewrites: {', '.join(rewrites) or 'none'}"
         from codegen.emit import EmitError, emit_model

@@ -200,6 +200,8 @@ class VerificationRecord(BaseModel):
     wall_s: float = 0.0
     flags: list[str] = Field(default_factory=list)
     trial_log: list[TrialRecord] = Field(default_factory=list, description="one entry per trial")
+    candidate_sha256: str = Field("", description="hash of the candidate text that was verified "
+                                  "(the timing judge refuses another)")
     sandbox: list[str] = Field(default_factory=list,
                                description="OS protections that held for the candidate process")
 

@@ -350,3 +350,20 @@ def test_a_table_follows_its_source_buffer_changed_in_place(tmp_path):
         new.inv_freq.mul_(1.5)
     torch.manual_seed(5)
     _same(ref, new, prob.inputs())
+
+
+# ------------------------------------------------------------------------------------ drop-in
+@pytest.mark.parametrize("case", ["gpt_block", "rope_forward", "rope_attrs", "llama_layer", "branchy"])
+def test_whole_model_file_is_a_drop_in(case):
+    """The file a whole model gets (breaks, buffers from attributes, tables at init) is a drop-in
+    (tests/dropin.check_dropin: random state, train() and eval(), scaled inputs, other sizes and
+    ranks, grad mode, moved to float64 and back), and its kernels run for the problem's inputs."""
+    from tests.dropin import check_dropin
+
+    if case == "llama_layer":
+        pytest.importorskip("transformers")
+    path = CASES / f"{case}.py"
+    comp = compile_problem(load_problem(path))
+    assert comp.emitted is not None and comp.emitted.kernels, comp.error
+    report = check_dropin(path.read_text(), comp.emitted.source, calls=1)
+    assert report.fast("own", "train") and report.fast("own", "eval")
