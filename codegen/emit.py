@@ -16,6 +16,7 @@ import torch
 from torch import fx
 
 from codegen import ops as O
+from codegen.constants import source_lines as fold_source_lines
 from codegen.fusion import (FusionPlan, Group, broadcast_epilogue, group_outputs, group_slots,
                             slot_roles)
 from codegen.fusion import chanstats_aux_pattern, norm_pattern, pool_aux_pattern
@@ -36,7 +37,7 @@ TEMPLATES = {"pointwise": pointwise, "reduction": reduction, "softmax": softmax,
              "attention": attention, "linear_ce": linear_ce}
 MARK = "# ======== EGG generated below this line ========"
 #: functions of these modules are defined in every generated file under their own names
-RUNTIME_MODULES = ("egg_generated", "knowledge.templates._runtime")
+RUNTIME_MODULES = ("egg_generated", "egg_breaks", "knowledge.templates._runtime")
 
 
 @dataclass
@@ -109,17 +110,19 @@ def build_spec(plan: FusionPlan, g: Group):
         std = [j for j, m in enumerate(outs) if plan.nops[m].p.get("standard_layout")]
         return PointwiseSpec(in_dtypes, stmts, outputs, compute, rolls, std, pairs), ins, outs
     red_op = plan.nops[g.red]
-    if g.kind == "chanstats":  # outputs in the wrapper's order: (mean, var)
-        outs = sorted(g.aliases, key=lambda a: g.aliases[a] != "mean")
+    if g.kind == "chanstats":  # outputs in the wrapper's order: (mean, var[, count])
+        outs = sorted(g.aliases, key=lambda a: a.args[1])
+        count = len(outs) == 3
         if not g.prologue():
-            return ChanStatsSpec(in_dtype=in_dtypes[0], compute=compute), ins, outs
+            return ChanStatsSpec(in_dtype=in_dtypes[0], compute=compute, count=count), ins, outs
         main = next(i for i in pro if tuple(O.node_shape(ins[i]) or ()) == tuple(g.domain))
         namer = _Namer(g, slots, "")
         spec = ChanStatsSpec(
             in_dtype=in_dtypes[main], compute=compute, in_dtypes=in_dtypes, main=main,
             pro_patterns={i: chanstats_aux_pattern(g.domain, O.node_shape(ins[i])) for i in pro if i != main},
             pro_stmts=_stmts(plan, g.prologue(), namer, "pro"),
-            red_var=namer(red_op.operands[0], "pro", red_op, 0), out_dtype=_dt(red_op.operands[0]))
+            red_var=namer(red_op.operands[0], "pro", red_op, 0), out_dtype=_dt(red_op.operands[0]),
+            count=count)
         return spec, ins, outs
     if g.kind == "norm":
         return _norm_spec(plan, g, red_op, ins, pro, epi, slots, outs, in_dtypes, compute)
@@ -156,7 +159,7 @@ def build_spec(plan: FusionPlan, g: Group):
                         red_var=namer(red_op.operands[0], "pro", red_op, 0),
                         epi_stmts=_stmts(plan, g.epilogue(), namer, "epi"), epi_inputs=epi,
                         outputs=[("sc" if m is g.red else f"v_{m.name}", _dt(m)) for m in outs],
-                        dim=g.rdims[0], compute=compute)
+                        dim=int(red_op.p["dim"]), compute=compute)
         return spec, ins, outs
     red_var = {"argmax": "acc_idx", "argmin": "acc_idx"}.get(red_op.name, "acc")
     bcast = broadcast_epilogue(g)
@@ -177,13 +180,14 @@ def build_spec(plan: FusionPlan, g: Group):
 
     outputs = [(out_var(m), _dt(m)) for m in outs]
     if g.kind == "softmax":
+        dims = written_dims(red_op)
         spec = SoftmaxSpec(red_op.name, in_dtypes, pro, epi, pro_stmts, red_in, epi_stmts, outputs,
-                           g.rdims[0], _inner(g), compute, red_stmts if bcast else [],
-                           list(g.rdims))
+                           dims[0] if dims else g.rdims[0], _inner(g), compute,
+                           red_stmts if bcast else [], dims)
         return spec, ins, outs
     name = {"max_dim": "argmax", "min_dim": "argmin"}.get(red_op.name, red_op.name)
     spec = ReductionSpec(name, in_dtypes, pro, epi, pro_stmts, red_in, epi_stmts, outputs,
-                         g.rdims, g.keepdim, _inner(g), compute)
+                         written_dims(red_op), g.keepdim, _inner(g), compute)
     return spec, ins, outs
 
 
@@ -197,18 +201,33 @@ def _norm_spec(plan, g, red_op, ins, pro, epi, slots, outs, in_dtypes, compute):
     for i in (w_i, b_i):
         if i is not None:
             patterns[i] = "affine"
-    nd = len(g.domain)
+    # sizes from the call's shape (any leading dims for layer / RMS norm), and the checks
+    # torch makes of it (a wrong size raises instead of reading past the weight)
     if red_op.name in ("layer", "rms"):
-        k = len(red_op.p["normalized_shape"])
-        rows_div = (f"math.prod(shape[:{nd - k}])", f"math.prod(shape[{nd - k}:])")
+        ns = tuple(int(v) for v in red_op.p["normalized_shape"])
+        k = len(ns)
+        rows_div = (f"math.prod(shape[:len(shape) - {k}])", f"math.prod(shape[len(shape) - {k}:])")
         affine = ("1", "0", "1")
+        check = [f"if len(shape) < {k} or tuple(shape[len(shape) - {k}:]) != {ns!r}:",
+                 f"    raise RuntimeError(f'Given normalized_shape={list(ns)}, expected input with "
+                 f"shape [*, {', '.join(map(str, ns))}], but got input of size{{torch.Size(shape)}}')"]
     elif red_op.name == "group":
         G = int(red_op.p["num_groups"])
         rows_div = (f"shape[0] * {G}", f"(shape[1] // {G}) * math.prod(shape[2:])")
         affine = (str(G), f"shape[1] // {G}", "math.prod(shape[2:])")
+        check = [f"if len(shape) < 2 or shape[1] % {G}:",
+                 "    raise RuntimeError(f'Expected number of channels in input to be divisible by "
+                 f"num_groups, but got input of shape {{list(shape)}} and num_groups={G}')"]
     else:  # instance
         rows_div = ("shape[0] * shape[1]", "math.prod(shape[2:])")
         affine = ("shape[1]", "1", "math.prod(shape[2:])")
+        check = ["if len(shape) < 3:",
+                 "    raise RuntimeError(f'instance norm of an input of size {list(shape)}: expected 3 or more dims')"]
+    for i in (w_i, b_i):
+        if i is not None and red_op.name in ("group", "instance"):
+            check += [f"if ts[{i}].numel() != shape[1]:",
+                      f"    raise RuntimeError(f'normalization weight of {{ts[{i}].numel()}} values for "
+                      "{shape[1]} channels')"]
     eps = red_op.p.get("eps")
     if eps is None:  # rms_norm's default: the input dtype's machine epsilon
         eps = float(torch.finfo(O.node_dtype(x)).eps)
@@ -218,7 +237,8 @@ def _norm_spec(plan, g, red_op, ins, pro, epi, slots, outs, in_dtypes, compute):
         red_var=namer(x, "pro", red_op, 0), epi_stmts=_stmts(plan, g.epilogue(), namer, "epi"),
         outputs=[("nv" if m is g.red else f"v_{m.name}", _dt(m)) for m in outs],
         weight=w_i, bias=b_i, eps=float(eps), rows_div=rows_div, affine=affine, compute=compute,
-        norm_k=len(red_op.p["normalized_shape"]) if red_op.name in ("layer", "rms") else 0)
+        norm_k=len(red_op.p["normalized_shape"]) if red_op.name in ("layer", "rms") else 0,
+        checks=check)
     return spec, ins, outs
 
 
@@ -239,6 +259,16 @@ def _pool_spec(plan, g, red_op, ins, pro, epi, slots, outs, in_dtypes, compute):
     return spec, ins, outs
 
 
+def written_dims(op: O.NOp) -> list[int] | None:
+    """The dims a reduction-like op reduces, as the graph writes them (a negative dim counts
+    from the end; None: every dim): the kernel resolves them against each call's rank, so a
+    reduction over the last dim stays one over the last dim with more leading dims."""
+    d = op.p.get("dim")
+    if d is None or d == () or d == []:
+        return None
+    return [int(x) for x in (d if isinstance(d, (list, tuple)) else [d])]
+
+
 def _inner(g: Group) -> bool:
     after = g.domain[g.rdims[-1] + 1:]
     n = 1
@@ -256,18 +286,29 @@ class EmitError(ValueError):
     """The graph cannot be written as a standalone ModelNew file."""
 
 
-def _traced_constants(gm) -> list[str]:
-    lines = []
+def _constants(gm) -> dict[str, torch.Tensor]:
+    """The tensor constants a traced graph reads (fx keeps ``torch.tensor(value)`` of forward
+    as get_attr ``_tensor_constantN``)."""
+    out = {}
     for n in gm.graph.nodes:
-        if n.op != "get_attr" or not re.fullmatch(r"_tensor_constant\d+", str(n.target)):
-            continue
-        t = getattr(gm, n.target)
+        if n.op == "get_attr" and re.fullmatch(r"_tensor_constant\w*", str(n.target)):
+            out[str(n.target)] = getattr(gm, n.target)
+    return out
+
+
+def _constant_lines(consts: dict[str, torch.Tensor]) -> list[str]:
+    lines = []
+    for name, t in consts.items():
         if t.numel() > MAX_EMBEDDED_CONSTANT or t.device.type == "meta":
             raise EmitError(f"forward creates a tensor constant of {t.numel()} elements")
         dt = str(t.dtype).replace("torch.", "")
-        lines.append(f"self.register_buffer({n.target!r}, torch.tensor({t.tolist()!r}, "
+        lines.append(f"self.register_buffer({name!r}, torch.tensor({t.tolist()!r}, "
                      f"dtype=torch.{dt}), persistent=False)")
     return lines
+
+
+def _traced_constants(gm) -> list[str]:
+    return _constant_lines(_constants(gm))
 
 
 def _wrapper_stub(name: str):
@@ -279,10 +320,28 @@ def _wrapper_stub(name: str):
     return stub
 
 
-def emit_model(problem_source: str, plan: FusionPlan, configs: dict[str, dict] | None = None,
-               header: str = "", init_lines: list[str] | None = None) -> Emitted:
-    """Render every group, rewrite the graph to call the wrappers, and assemble the file."""
-    configs = configs or {}
+@dataclass
+class _Core:
+    """One plan rendered: kernels, host wrappers, the forward calling them (fx code, named
+    ``forward``) and its imports, and the lines ModelNew.__init__ needs for it."""
+
+    kernels: list[str]
+    wrappers: list[str]
+    names: list[str]
+    infos: list[dict]
+    imports: list[str]
+    forward: str
+    init: list[str]
+    #: graph breaks of the capture (name -> the function's source: harness.capture)
+    breaks: dict[str, str] = field(default_factory=dict)
+    #: plain tensor attributes ModelNew registers as non-persistent buffers
+    attr_buffers: list[str] = field(default_factory=list)
+    #: tables at init (codegen.constants): name -> (module-level code, __init__ lines)
+    folds: dict[str, tuple[str, list[str]]] = field(default_factory=dict)
+
+
+def _emit_core(plan: FusionPlan, configs: dict[str, dict]) -> _Core:
+    """Render every group of the plan and rewrite its graph to call the wrappers (in place)."""
     gm = plan.gm
     graph = gm.graph
     kernels_src, wrappers_src, kernel_names, infos = [], [], [], []
@@ -323,22 +382,367 @@ def emit_model(problem_source: str, plan: FusionPlan, configs: dict[str, dict] |
     for m in sorted(members, key=lambda n: -order[n]):  # 3) the fused nodes go
         if not m.users:
             graph.erase_node(m)
-    graph.eliminate_dead_code()
+    graph.eliminate_dead_code(is_impure_node=has_effect)
     graph.lint()
-    init_lines = (list(init_lines or []) + _traced_constants(gm)
-                  + layout_init_lines(plan.channels_last_params))
+    cap = plan.capture
+    folds = {}
+    fold_imports: list[str] = []
+    for f in plan.folds:
+        imp, code, init = fold_source_lines(f, lambda g: _forward_source(g, {}))
+        fold_imports += imp
+        folds[f.name] = (code, init)
     imports, forward = _forward_source(graph, stubs)
-    body = [MARK, header.rstrip(), RUNTIME_SOURCE.rstrip(), "\n".join(imports)]
-    body += kernels_src + wrappers_src
-    body.append("class ModelNew(Model):")
-    if init_lines:
-        body.append("    def __init__(self, *args, **kwargs):")
-        body.append("        super().__init__(*args, **kwargs)")
-        body += ["        " + ln for ln in init_lines]
-        body.append("")
-    body[-1] += "\n" + "\n".join("    " + ln if ln.strip() else "" for ln in forward.splitlines())
-    source = problem_source.rstrip() + "\n\n\n" + "\n\n".join(x for x in body if x is not None) + "\n"
-    return Emitted(source, kernel_names, infos)
+    return _Core(kernels_src, wrappers_src, kernel_names, infos,
+                 sorted(set(imports) | set(fold_imports)), root_ref_fix(forward),
+                 layout_init_lines(plan.channels_last_params),
+                 breaks=dict(getattr(cap, "break_sources", {}) or {}),
+                 attr_buffers=list(getattr(cap, "attr_buffers", []) or []), folds=folds)
+
+
+def core_text(plan: FusionPlan) -> str:
+    """What a plan's file computes with, as text (kernels, wrappers, forward, constants): two
+    plans with the same text run the same code (codegen.dropin compares probes by it)."""
+    c = _emit_core(plan, {})
+    return "\n".join(c.kernels + c.wrappers + c.imports + [c.forward] + c.init
+                     + _traced_constants(plan.gm) + c.attr_buffers
+                     + [code for code, _ in c.folds.values()]
+                     + [src for name, src in sorted(c.breaks.items()) if name in c.forward])
+
+
+def _renamed(code: str, name: str) -> str:
+    """fx's ``def forward(self, ...)`` as method ``name``."""
+    return code.replace("def forward(self", f"def {name}(self", 1)
+
+
+def _signature(code: str) -> str:
+    """The parameter list of fx's ``def forward(self, ...)`` line (defaults and annotations
+    kept, the return annotation dropped)."""
+    line = next(ln for ln in code.splitlines() if ln.lstrip().startswith("def forward(self"))
+    m = re.match(r"\s*def forward\(self,?(.*)\)\s*(->.*)?:\s*$", line)
+    if m is None:
+        raise EmitError(f"cannot read the forward's signature: {line.strip()}")
+    return m.group(1).strip()
+
+
+def _share_constants(keep, other) -> None:
+    """Give ``other``'s traced constants names of their own where ``keep`` reads another value
+    under the same name (two traces number their constants independently)."""
+    mine = _constants(keep)
+    for n in other.graph.nodes:
+        if n.op == "get_attr" and str(n.target) in mine:
+            t = getattr(other, n.target)
+            if not (t.dtype == mine[n.target].dtype and t.shape == mine[n.target].shape
+                    and torch.equal(t, mine[n.target])):
+                new = f"{n.target}_eval"
+                setattr(other, new, t)
+                n.target = new
+    other.recompile()
+
+
+def _literal(v) -> str:
+    """A guard or state value as Python source (dtypes as torch.<name>)."""
+    if isinstance(v, torch.dtype):
+        return "torch." + str(v).replace("torch.", "")
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{_literal(k)}: {_literal(x)}" for k, x in v.items()) + "}"
+    if isinstance(v, (list, tuple)):
+        inner = ", ".join(_literal(x) for x in v)
+        return f"[{inner}]" if isinstance(v, list) else f"({inner}{',' if len(v) == 1 else ''})"
+    return repr(v)
+
+
+def _guard_value(g) -> dict | None:
+    return None if g is None else {"args": g.args, "lead": g.lead}
+
+
+def _dispatch(dr, fast: dict[bool, str | None], ref: dict[bool, str], sig: str) -> list[str]:
+    """ModelNew.forward: the route of this call (cached per mode, shapes, dtypes, devices and
+    values), then the kernels or Model's traced ops."""
+    names = dr.arg_names
+    plain = all(n.isidentifier() for n in names)
+    guard_args = (dr.train.args if dr.train is not None else [])
+    modes = dr.mode_modules  # their flags choose the kernels (or Model's ops)
+    parts = ["self.training"]
+    if modes:
+        parts += [f"mm[{i}].training" for i in range(len(modes))]
+    for n, a in zip(names, guard_args):
+        parts += [f"{n}.shape", f"{n}.dtype", f"{n}.device"] if "dtype" in a else [n]
+    args = ", ".join(names)
+    call_args = f"({args},)" if len(names) == 1 else f"({args})"
+
+    def pick(table: dict[bool, str | None]) -> str:
+        if table[True] == table[False]:
+            return f"self.{table[True]}({args})"
+        return f"self.{table[True]}({args}) if self.training else self.{table[False]}({args})"
+
+    lines = [f"def forward(self, {sig}):"]
+    if not plain:  # *args / **kwargs: no guard to check them against
+        lines.append(f"    return {pick(ref)}")
+        return lines
+    if modes:
+        lines.append("    mm = self._egg_mode_modules")
+    lines += [
+        "    try:",
+        f"        key = ({', '.join(parts)})",
+        "        fast = self._egg_routes.get(key)",
+        "    except (AttributeError, TypeError):  # not the tensors / values the kernels take",
+        "        key, fast = None, False",
+        "    if fast is None:",
+        f"        fast = _egg_route(self, key, {call_args})",
+    ]
+    if fast[True] is None and fast[False] is None:
+        lines.append(f"    return {pick(ref)}")
+        return lines
+    if fast[True] is not None and fast[False] is not None:
+        lines += ["    if fast:", f"        return {pick(fast)}"]
+    else:
+        mode = "self.training" if fast[True] is not None else "not self.training"
+        lines += [f"    if fast and {mode}:",
+                  f"        return self.{fast[True] or fast[False]}({args})"]
+    lines.append(f"    return {pick(ref)}")
+    return lines
+
+
+def _what(dr, n_train: int, n_eval: int) -> list[str]:
+    """The header block: what this file is and when its kernels run."""
+    names = dr.arg_names
+    dims = sorted({d for g in (dr.train, dr.eval) if g is not None for a in g.args
+                   for d in a.get("dims", []) if isinstance(d, str)})
+    out = ["# ModelNew: a drop-in for Model (same constructor, parameters and state_dict keys),",
+           "# built on the Triton kernels below. forward takes them for a call like the one they",
+           "# were built for, and Model's own torch ops (the traced _egg_reference) for any other",
+           "# (another dtype, device, shape or mode; docs/dropin.md):"]
+    def k(n: int) -> str:
+        return f"{n} kernel" + ("s" if n != 1 else "")
+
+    if dr.same:
+        out.append(f"#   train() and eval(): {dr.train.describe(names)} ({k(n_train)})")
+    else:
+        out.append(f"#   train(): {dr.train.describe(names)} ({k(n_train)})")
+        out.append("#   eval():  " + (f"{dr.eval.describe(names)} ({k(n_eval)} of its own)"
+                                      if dr.eval is not None else "Model's own ops"))
+    if dims:
+        out.append(f"#   {', '.join(dims)}: any size >= 2 (the same wherever one name appears)"
+                   + ("; *: extra leading dims, the same on each" if any(
+                       g is not None and g.lead for g in (dr.train, dr.eval)) else ""))
+    out.append("#   parameters and buffers as built (dtype, one device); with grad enabled the "
+               "outputs carry no autograd graph")
+    return out
+
+
+def emit_model(problem_source: str, plan: FusionPlan, configs: dict[str, dict] | None = None,
+               header: str = "", init_lines: list[str] | None = None) -> Emitted:
+    """Render every group (of the train() plan, and of the eval() plan when eval() has kernels
+    of its own), rewrite the graphs to call the wrappers, and assemble the file: the problem,
+    a header, the kernels, the wrappers, ModelNew (dispatch, fast forwards, traced references),
+    its guards, and the runtime helpers the file calls."""
+    configs = configs or {}
+    dr = getattr(plan, "dropin", None)
+    core_t = _emit_core(plan, configs)
+    ev_plan = dr.eval_plan if dr is not None else None
+    core_e = _emit_core(ev_plan, configs) if ev_plan is not None else None
+    cores = [c for c in (core_t, core_e) if c is not None]
+    if dr is not None and ev_plan is not None:
+        _share_constants(plan.gm, ev_plan.gm)
+    refs = dict(dr.reference) if dr is not None else {}
+    for r in refs.values():
+        if r is not refs.get("train"):
+            _share_constants(refs["train"], r)
+    consts: dict[str, torch.Tensor] = {}
+    for gm in [plan.gm] + ([ev_plan.gm] if ev_plan is not None else []) + list(refs.values()):
+        consts.update(_constants(gm))
+    # regions (docs/capture.md): the plain tensor attributes registered as buffers first (tables
+    # and kernels read them), then the tables at init; one definition per break and table
+    attrs = list(dict.fromkeys(q for c in cores for q in c.attr_buffers))
+    folds: dict[str, tuple[str, list[str]]] = {}
+    for c in cores:
+        for name, f in c.folds.items():
+            if name in folds and folds[name] != f:
+                raise EmitError(f"table {name} differs between the train() and eval() plans")
+            folds[name] = f
+    init = (list(init_lines or []) + attr_buffer_lines(attrs) + _constant_lines(consts)
+            + [ln for _, f_init in folds.values() for ln in f_init] + core_t.init)
+    imports = set(core_t.imports) | (set(core_e.imports) if core_e else set())
+    methods: list[str] = []
+    if dr is None:  # a plan made without pipeline.analyze: its forward alone
+        fwd = core_t.forward
+    else:
+        fast = {True: "_egg_fast" if dr.same else "_egg_fast_train",
+                False: "_egg_fast" if dr.same else ("_egg_fast_eval" if core_e else None)}
+        ref = ({True: "_egg_reference", False: "_egg_reference"} if len(refs) == 1
+               else {True: "_egg_reference_train", False: "_egg_reference_eval"})
+        fwd = "\n".join(_dispatch(dr, fast, ref, _signature(core_t.forward)))
+        methods.append(_renamed(core_t.forward, fast[True]))
+        if core_e is not None:
+            methods.append(_renamed(core_e.forward, fast[False]))
+        for mode, gm in refs.items():
+            r_imports, r_src = _forward_source(gm.graph, {})
+            imports |= set(r_imports)
+            methods.append(_renamed(root_ref_fix(r_src), ref[mode == "train"]))
+        if dr.mode_modules:
+            init.append("self._egg_mode_modules = ("
+                        + "".join(f"self.get_submodule({m!r}), " for m in dr.mode_modules) + ")")
+        init.append("self._egg_train_modes = _egg_train_modes(self)  # as traced for train()")
+        init.append("self._egg_ready = True")
+        init.append("_egg_dropin_init(self)")
+    cls = ["class ModelNew(Model):"]
+    if init:
+        cls += ["    def __init__(self, *args, **kwargs):", "        super().__init__(*args, **kwargs)"]
+        cls += ["        " + ln for ln in init]
+        cls.append("")
+    if dr is not None:
+        cls += ["    def _apply(self, fn, *args, **kwargs):  # .to(), .cuda(), .double(), ...",
+                "        out = super()._apply(fn, *args, **kwargs)",
+                "        if getattr(self, '_egg_ready', False):",
+                "            _egg_dropin_init(self)",
+                "        return out", ""]
+    for m in [fwd] + methods:
+        cls += ["    " + ln.rstrip() if ln.strip() else "" for ln in m.strip().splitlines()] + [""]
+    sources: dict[str, str] = {}
+    for c in cores:
+        sources.update(c.breaks)
+    for gm in refs.values():
+        for name, src in gm.meta.get("egg_break_sources", {}).items():
+            if name in sources and sources[name] != src:
+                raise EmitError(f"graph break {name} differs between the train() and eval() traces")
+            sources[name] = src
+    graphs = [c_gm.graph for c_gm in [plan.gm] + ([ev_plan.gm] if ev_plan is not None else [])
+              + list(refs.values())]
+    prelude = break_definitions(graphs, sources) + [code for code, _ in folds.values()]
+    body_code = "\n\n".join(x.rstrip() + "\n" for c in cores for x in c.kernels + c.wrappers)
+    if prelude:  # graph breaks (PyTorch statements) and tables, before the kernels
+        body_code = "\n\n".join(x.rstrip() + "\n" for x in prelude) + "\n\n" + body_code
+    state = []
+    if dr is not None:
+        guards = {True: _guard_value(dr.train), False: _guard_value(dr.train if dr.same else dr.eval)}
+        state = ["#: what each mode's kernels were built for (codegen.dropin.Guard): per argument",
+                 "#: a dtype and dims (an int: that size; sK: any size >= 2, equal for one name) or",
+                 "#: a value; lead: the arguments that may take extra leading dims",
+                 f"_EGG_GUARDS = {{True: {_literal(guards[True])},\n               False: "
+                 f"{_literal(guards[False])}}}",
+                 f"_EGG_SAME = {bool(dr.same)}  # one set of kernels serves train() and eval()",
+                 "#: the parameters and buffers the kernels read, and the traced constants",
+                 f"_EGG_STATE = {{'params': {_literal(dr.params)},\n              'constants': "
+                 f"{_literal({k: t.dtype for k, t in consts.items()})}}}"]
+    code = body_code + "\n\n" + "\n".join(cls).rstrip() + "\n\n\n" + "\n".join(state)
+    # the only code the imports of fx's globals serve (forwards, tables)
+    fx_code = "\n".join([fwd] + methods + [code for code, _ in folds.values()])
+    fwd_imports = sorted(i for i in imports if _import_used(i, fx_code))
+    runtime = runtime_for(code)
+    top = ["import math"] if re.search(r"(?<![.\w])math\.", code + runtime) else []  # not tl.math
+    top += ["import torch", "import triton", "import triton.language as tl"]
+    top += [i for i in fwd_imports if i not in top]
+    what = _what(dr, len(core_t.names), len(core_e.names) if core_e else 0) if dr else []
+    head = "\n".join([MARK] + [ln for ln in (header.rstrip(),) if ln] + what)
+    parts = [head, "\n".join(top), code.rstrip()]
+    if runtime:
+        parts.append("# ---- EGG runtime helpers this file calls (knowledge/templates/_runtime.py) ----\n"
+                     + runtime)
+    source = problem_source.rstrip() + "\n\n\n" + "\n\n\n".join(parts) + "\n"
+    kernels = [n for c in cores for n in c.names]
+    infos = [i for c in cores for i in c.infos]
+    return Emitted(source, kernels, infos)
+
+
+def _import_used(line: str, code: str) -> bool:
+    """Is the name an import line binds used in the code?"""
+    name = line.split(" as ")[-1].split()[-1] if " as " in line else line.split()[-1].split(".")[0]
+    if line.startswith("NoneType"):
+        name = "NoneType"
+    return re.search(rf"(?<![.\w]){re.escape(name)}\b", code) is not None  # not x.device
+
+
+def _runtime_chunks() -> list[tuple[str, str]]:
+    """The runtime prelude's top-level definitions: (name, source), in file order."""
+    import ast
+
+    src = RUNTIME_SOURCE
+    lines = src.splitlines()
+    out = []
+    for node in ast.parse(src).body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            name = node.name
+        elif isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
+            name = node.targets[0].id
+        else:
+            continue  # the imports: the file writes its own
+        first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+        out.append((name, "\n".join(lines[first - 1:node.end_lineno])))
+    return out
+
+
+_RUNTIME = None
+
+
+def runtime_for(code: str) -> str:
+    """The runtime helpers ``code`` calls, with those they call, in the prelude's order."""
+    global _RUNTIME
+    if _RUNTIME is None:
+        _RUNTIME = _runtime_chunks()
+    defs = dict(_RUNTIME)
+    want, todo = set(), set(re.findall(r"\b_(?:egg|EGG)_\w+", code))
+    while todo:
+        n = todo.pop()
+        if n in defs and n not in want:
+            want.add(n)
+            todo |= set(re.findall(r"\b_(?:egg|EGG)_\w+", defs[n])) - want
+    return "\n\n\n".join(src for name, src in _RUNTIME if name in want)
+
+
+# ---- graph breaks and regions (harness.capture, docs/capture.md) -----------------------------
+#: the get_attr target a graph break in the root's forward reads its module through
+ROOT_REF = "_egg_self"
+
+
+def has_effect(n: fx.Node) -> bool:
+    """Kept though nothing reads its result: fx's own rule, and in-place methods (fx keeps
+    ``copy_`` into a buffer as a call_method it calls pure: ``self.h.copy_(x)`` would vanish)."""
+    if n.is_impure():
+        return True
+    name = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", "")
+    return n.op in ("call_method", "call_function") and name.endswith("_") and not name.endswith("__")
+
+
+def root_ref_fix(forward: str) -> str:
+    """The generated forward reads the module itself where a graph break of the root's forward
+    takes it as ``self`` (fx wrote a read of the stand-in attribute)."""
+    return re.sub(rf"\b(\w+) = self\.{ROOT_REF}\b", r"\1 = self", forward)
+
+
+def break_definitions(graphs: list[fx.Graph], sources: dict[str, str]) -> list[str]:
+    """The functions of the graph breaks the forwards still call, in call order (each one a
+    statement of the original forward that runs as PyTorch; imports of a library's module
+    first)."""
+    used = [n.target.__name__ for graph in graphs for n in graph.nodes
+            if n.op == "call_function" and getattr(n.target, "__module__", None) == ROOT_MODULE_OF_BREAKS]
+    out, imports = [], []
+    for name in dict.fromkeys(used):
+        src = sources.get(name)
+        if src is None:
+            raise EmitError(f"graph break {name} has no source")
+        lines = src.splitlines()
+        while lines and lines[0].startswith("import "):
+            if lines[0] not in imports:
+                imports.append(lines[0])
+            lines.pop(0)
+        out.append("\n".join(lines).strip("\n"))
+    return (["\n".join(imports)] if imports else []) + out
+
+
+#: the module name graph-break functions carry (harness.capture.GENERATED_MODULE)
+ROOT_MODULE_OF_BREAKS = "egg_breaks"
+
+
+def attr_buffer_lines(qualnames: list[str]) -> list[str]:
+    """``__init__`` lines that register plain tensor attributes as non-persistent buffers (the
+    state dict keeps Model's keys; ``.to()`` moves them; the graph reads them as buffers)."""
+    out = []
+    for q in qualnames:
+        owner, _, name = q.rpartition(".")
+        mod = f"self.get_submodule({owner!r})" if owner else "self"
+        out += [f"_egg_t = {mod}.{name}", f"del {mod}.{name}",
+                f"{mod}.register_buffer({name!r}, _egg_t, persistent=False)"]
+    return out
 
 
 _BUILTIN_GLOBALS = {
@@ -352,11 +756,10 @@ _BUILTIN_GLOBALS = {
 def _forward_source(graph: fx.Graph, stubs: dict) -> tuple[list[str], str]:
     """The generated forward and the module-level imports its globals need."""
     pc = graph.python_code(root_module="self")
-    # fx marks functions it wrapped while tracing (math.sqrt of a shape, say) with a
-    # wrap("name") call for re-tracing; at run time it is not needed, and fx.wrap refuses to run
-    # anywhere but at a module's top level (the candidate would fail at import)
-    src = re.sub(r"^\s*torch\.fx\._symbolic_trace\.wrap\([^)]*\)\s*$", "", pc.src, flags=re.M)
-    src = src.strip("\n")
+    # fx re-registers the functions it autowrapped (math.sqrt, ...) with torch.fx.wrap, which
+    # raises below module level: the generated forward calls them directly (imports below)
+    src = "\n".join(ln for ln in pc.src.strip("\n").splitlines()
+                    if not re.match(r"\s*torch\.fx\._symbolic_trace\.wrap\(", ln))
     imports = []
     for name, obj in pc.globals.items():
         if isinstance(obj, str):  # a type annotation kept as text, e.g. 'torch.Tensor'

@@ -55,6 +55,16 @@ class FusionPlan:
     notes: list[str] = field(default_factory=list)
     #: parameters ModelNew re-lays out channels-last at construction (codegen.layout)
     channels_last_params: list[str] = field(default_factory=list)
+    #: the graph region of each node: graph breaks (harness.capture) cut the program into
+    #: regions, and no kernel spans two (a break's statement may have effects)
+    regions: dict[fx.Node, int] = field(default_factory=dict)
+    #: how the graph was captured (harness.capture.Captured: graph breaks, their sources, plain
+    #: tensor attributes registered as buffers); None when built from a bare graph
+    capture: object | None = None
+    #: tables computed once at init (codegen.constants.Fold)
+    folds: list = field(default_factory=list)
+    #: what the generated module guards (codegen.dropin.Dropin; set by pipeline.analyze)
+    dropin: object = None
 
     def group_of(self, node: fx.Node) -> Group | None:
         for g in self.groups:
@@ -290,7 +300,27 @@ def rolls_internal(members, nops) -> bool:
     return any(nops[m].name in ROLLED and nops[m].operands[0] in inside for m in members)
 
 
-def _merge_pointwise(groups: list, where: dict, order: dict, nops: dict) -> None:
+def is_break(n: fx.Node) -> bool:
+    """Is the node a graph break (a statement harness.capture left to PyTorch)?"""
+    return n.op == "call_function" and getattr(n.target, "__module__", None) == BREAK_MODULE
+
+
+#: the module of the functions graph breaks call (harness.capture.GENERATED_MODULE)
+BREAK_MODULE = "egg_breaks"
+
+
+def break_regions(nodes) -> dict[fx.Node, int]:
+    """Region of each node in program order: a graph break ends its region."""
+    out, k = {}, 0
+    for n in nodes:
+        out[n] = k
+        if is_break(n):
+            k += 1
+    return out
+
+
+def _merge_pointwise(groups: list, where: dict, order: dict, nops: dict,
+                     region: dict | None = None) -> None:
     """Merge a pointwise group into a pointwise consumer group over the same domain when every
     other user of its values runs after the consumer's kernel (so nothing needs them earlier)."""
     changed = True
@@ -308,6 +338,8 @@ def _merge_pointwise(groups: list, where: dict, order: dict, nops: dict) -> None
                         feeders.append(a)
             for a in feeders:
                 if a is None or a is b or a.kind != "pointwise" or a.domain != b.domain:
+                    continue
+                if region and region.get(a.members[0]) != region.get(b.members[0]):
                     continue
                 ok = all(u in a.members or u in b.members or order[u] > last_b
                          for m in a.members for u in m.users)
@@ -328,12 +360,16 @@ def plan_fusion(gm: fx.GraphModule, disabled: set[str] | None = None) -> FusionP
     (their nodes stay torch code), which is how a failing or slow group is backed out."""
     nodes = list(gm.graph.nodes)
     order = {n: i for i, n in enumerate(nodes)}
+    region = break_regions(nodes)
     nops = {n: classify(n, gm) for n in nodes}
     where: dict[fx.Node, Group] = {}
     groups: list[Group] = []
 
     def users_ok(g: Group, n: fx.Node, strict: bool) -> bool:
-        """Every user of every member is in the group, n, or (unless strict) runs after n."""
+        """Every user of every member is in the group, n, or (unless strict) runs after n; and
+        n is in the group's region (no kernel spans a graph break)."""
+        if g.members and region.get(g.members[0]) != region.get(n):
+            return False
         for m in list(g.members) + list(g.aliases):
             for u in m.users:
                 if u in g.members or u in g.aliases or u is n:
@@ -376,7 +412,8 @@ def plan_fusion(gm: fx.GraphModule, disabled: set[str] | None = None) -> FusionP
         ``outputs``: g's template also stores prologue values that are used after g (the norm
         template does), so the whole chain moves when its other users run after g."""
         pg = where.get(src)
-        if pg is None or pg.kind != "pointwise" or pg.domain != g.domain:
+        if pg is None or pg.kind != "pointwise" or pg.domain != g.domain \
+                or region.get(pg.members[0]) != region.get(g.red):
             return
         if users_ok(pg, g.red, strict=True) or (outputs and users_ok(pg, g.red, strict=False)):
             move = list(pg.members)
@@ -406,7 +443,8 @@ def plan_fusion(gm: fx.GraphModule, disabled: set[str] | None = None) -> FusionP
         MAX_RECOMPUTE_READS full-size tensors (reading them again costs no more than writing
         and re-reading the value) besides per-channel vectors and scalars."""
         pg = where.get(src)
-        if pg is None or pg.kind != "pointwise" or pg.domain != g.domain:
+        if pg is None or pg.kind != "pointwise" or pg.domain != g.domain \
+                or region.get(pg.members[0]) != region.get(g.red):
             return
         need, todo = [], [src]
         while todo:
@@ -433,6 +471,7 @@ def plan_fusion(gm: fx.GraphModule, disabled: set[str] | None = None) -> FusionP
                 copy[m] = c
                 nops[c] = classify(c, gm)
                 order[c] = order[g.red] - 1 + (k + 1) / (len(need) + 1)
+                region[c] = region[g.red]
                 where[c] = g
         g.red.replace_input_with(src, copy[src])
         nops[g.red].operands = [copy[src] if o is src else o for o in nops[g.red].operands]
@@ -556,13 +595,13 @@ def plan_fusion(gm: fx.GraphModule, disabled: set[str] | None = None) -> FusionP
             src = op.operands[0]
             in_shape = node_shape(src)
             items = [u for u in n.users]
-            if (in_shape is None or len(in_shape) < 2 or len(items) != 2
-                    or sorted(nops[u].operands[1] if nops[u].kind == "getitem" else -1 for u in items) != [0, 1]):
-                op.kind, op.why = "library", "channel statistics used other than as (mean, var)"
+            keys = sorted(nops[u].operands[1] if nops[u].kind == "getitem" else -1 for u in items)
+            if in_shape is None or len(in_shape) < 2 or keys not in ([0, 1], [0, 1, 2]):
+                op.kind, op.why = "library", "channel statistics used other than as (mean, var, count)"
                 continue
             g = new_group("chanstats", members=[n], domain=in_shape, red=n)
             for u in items:
-                g.aliases[u] = "mean" if nops[u].operands[1] == 0 else "var"
+                g.aliases[u] = ("mean", "var", "count")[nops[u].operands[1]]
                 where[u] = g
             where[n] = g
             recompute_prologue(g, src)
@@ -635,7 +674,7 @@ def plan_fusion(gm: fx.GraphModule, disabled: set[str] | None = None) -> FusionP
             absorb_prologue(g, src)
             where[n] = g
             continue
-    _merge_pointwise(groups, where, order, nops)
+    _merge_pointwise(groups, where, order, nops, region)
     # a 16-bit product with nothing to fuse stays cuBLAS's: the template only wins by the
     # epilogue pass it saves (principle alg-matmul-epilogue); fp32 products run as 3xTF32
     for g in list(groups):
@@ -674,7 +713,7 @@ def plan_fusion(gm: fx.GraphModule, disabled: set[str] | None = None) -> FusionP
             nops[g.red].kind = "library"
             nops[g.red].why = f"matrix product backed out ({g.id}): cuBLAS, epilogue fused after it"
             kept.append(Group(id=tail_id(g.id), kind="pointwise", members=tail, domain=g.out_shape))
-    return FusionPlan(gm, nops, kept, order)
+    return FusionPlan(gm, nops, kept, order, regions=region)
 
 
 def tail_id(group_id: str) -> str:

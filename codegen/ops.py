@@ -495,7 +495,7 @@ def _from_name(name: str, node: fx.Node, args: tuple, kwargs: dict, extra: dict 
         if shape is None or len(shape) != nd + 2 or any(o != 1 for o in outs):
             raise TypeError("adaptive pooling to a size other than 1")
         return NOp("reduction", "mean", node, [b["input"]],
-                   {"dim": tuple(range(2, 2 + nd)), "keepdim": True})
+                   {"dim": tuple(range(-nd, 0)), "keepdim": True})  # the last nd dims
     if name in NORMS:
         op = NORMS[name]
         b = _bind(op, args, kwargs)

@@ -6,8 +6,10 @@ from dataclasses import dataclass, field
 from codegen.emit import Emitted, emit_model
 from codegen.fusion import FusionPlan, Group, group_inputs, plan_fusion
 from codegen.ops import node_dtype, node_shape
+from codegen import dropin as D
 from codegen import layout as L
 from codegen import rewrites as RW
+from codegen.constants import fold_constants, non_persistent
 from harness.capture import capture
 from harness.problem import LoadedProblem, one_line
 
@@ -95,24 +97,150 @@ def group_geometry(plan: FusionPlan, g: Group, n_inputs: int) -> dict:
             "nrows": max(1, numel // max(1, r * inner)), "rows_variant": inner == 1}
 
 
+def _plan(cap, disabled: set[str] | None, use_rewrites: bool, channels_last: bool):
+    """Canonical forms, rules, tables at init (codegen.constants), layout and fusion on a capture
+    (its graph changes in place)."""
+    RW.canonicalize(cap.gm, cap.inputs)
+    applied = RW.apply_all(cap.gm, cap.inputs) if use_rewrites else []
+    if applied:  # a rule's output may hold forms the canonical pass rewrites (shape queries)
+        RW.canonicalize(cap.gm, cap.inputs)
+    folds = fold_constants(cap.gm, non_persistent(cap.root) if cap.root is not None else set())
+    params = L.channels_last(cap.gm) if channels_last else []
+    plan = plan_fusion(cap.gm, disabled)
+    plan.channels_last_params = params
+    plan.capture = cap
+    plan.folds = folds
+    return plan, applied
+
+
+#: eval() groups have ids of their own: "e" + the id plan_fusion gives ("eg0", "eg2t")
+EVAL_PREFIX = "e"
+
+
+def split_disabled(disabled: set[str] | None) -> tuple[set[str], set[str]]:
+    """Disabled group ids of the train() plan and of the eval() plan (unprefixed)."""
+    dis = set(disabled or ())
+    ev = {d[len(EVAL_PREFIX):] for d in dis if d.startswith(EVAL_PREFIX)}
+    return dis - {EVAL_PREFIX + d for d in ev}, ev
+
+
+def _reference(cap):
+    """The traced graph as it is before any pass (Model's own ops, for calls the kernels do not
+    serve): a GraphModule over the same module, with a graph of its own; its meta keeps the
+    sources of the graph breaks it calls (harness.capture)."""
+    import copy
+
+    from torch import fx
+
+    ref = fx.GraphModule(cap.gm, copy.deepcopy(cap.gm.graph))
+    ref.meta["egg_break_sources"] = dict(cap.break_sources)
+    return ref
+
+
+def _probe(prob: LoadedProblem, inputs: list, training: bool, disabled: set[str],
+           use_rewrites: bool, channels_last: bool) -> str | None:
+    """The kernel part of the file EGG writes for these (meta) inputs, or None."""
+    import contextlib
+    import io
+
+    from codegen.emit import core_text
+
+    with contextlib.redirect_stderr(io.StringIO()):  # fx's shape propagation prints refusals
+        cap = capture(prob, inputs, training)
+        if cap.gm is None:
+            return None
+        plan, _ = _plan(cap, disabled, use_rewrites, channels_last)
+        return core_text(plan)
+
+
+def _accepts(prob: LoadedProblem, inputs: list, training: bool = True) -> bool:
+    """Does the model trace and propagate shapes for these (meta) inputs? (No plan: cheap.)"""
+    import contextlib
+    import io
+
+    with contextlib.redirect_stderr(io.StringIO()):
+        return capture(prob, inputs, training).gm is not None
+
+
+_GUARDS: dict = {}  # (problem hash, disabled, rewrites, layout) -> guards (probing is the cost)
+
+
+def _dropin(prob: LoadedProblem, cap, ref, disabled, use_rewrites: bool, channels_last: bool):
+    """The plan's drop-in facts (codegen.dropin): the guard of each mode, the eval() plan when
+    the eval() trace gives other kernels, the traced references."""
+    tr_dis, ev_dis = split_disabled(disabled)
+    key = (prob.sha256, prob.path, frozenset(disabled or ()), use_rewrites, channels_last)
+    cap_e = capture(prob, training=False)
+    if cap_e.gm is None:
+        raise RuntimeError(f"eval() cannot be traced: {cap_e.error}")
+    ref_e = _reference(cap_e)
+    same_ref = ref_e.code == ref.code
+    cached = _GUARDS.get(key)
+    if cached is None:
+        base_t = _probe(prob, cap.inputs, True, tr_dis, use_rewrites, channels_last)
+        # the compile reads the mode only through the trace and the modules mode_modules names
+        # (batch norm, dropout): without them, one trace means one file (and train()'s
+        # disabled groups are eval()'s)
+        plain = same_ref and not D.mode_modules(ref)
+        base_e = base_t if plain else _probe(prob, cap.inputs, False, ev_dis, use_rewrites,
+                                             channels_last)
+        same = base_t is not None and base_t == base_e and same_ref
+        g_t = D.derive_guard(cap.inputs, lambda xs: _probe(prob, xs, True, tr_dis, use_rewrites,
+                                                           channels_last), base_t,
+                             shapes_ok=lambda xs: _accepts(prob, xs))
+        probe_e = lambda xs: _probe(prob, xs, False, ev_dis, use_rewrites, channels_last)  # noqa: E731
+        # eval()'s kernels usually take what train()'s take: one probe confirms it
+        g_e = None if same else (D.confirm_guard(cap.inputs, probe_e, base_e, g_t)
+                                 or D.derive_guard(cap.inputs, probe_e, base_e,
+                                                   shapes_ok=lambda xs: _accepts(prob, xs, False)))
+        if len(_GUARDS) > 256:
+            _GUARDS.clear()
+        cached = _GUARDS[key] = (g_t, g_e, same)
+    g_t, g_e, same = cached
+    eval_plan = None
+    if not same:
+        eval_plan, _ = _plan(cap_e, ev_dis, use_rewrites, channels_last)
+        for g in eval_plan.groups:
+            g.id = EVAL_PREFIX + g.id
+        if not eval_plan.groups:  # no kernel in eval(): Model's own ops are the eval() path
+            eval_plan, g_e = None, None
+    refs = {"train": ref} if same_ref else {"train": ref, "eval": ref_e}
+    modes = D.mode_modules(ref) + [m for m in D.mode_modules(ref_e) if m not in D.mode_modules(ref)]
+    params = D.read_state(cap.gm)
+    if eval_plan is not None:
+        params.update(D.read_state(cap_e.gm))
+    return D.Dropin(train=g_t, eval=g_e, same=same, eval_plan=eval_plan, reference=refs,
+                    params=params, mode_modules=modes, arg_names=D.arg_names(ref))
+
+
 def analyze(prob: LoadedProblem, disabled: set[str] | None = None, use_rewrites: bool = True,
             channels_last: bool = False):
     """Capture and plan, without emitting: (plan, rewrites applied, error). ``channels_last``:
-    convolutions in channels-last order (codegen.layout)."""
+    convolutions in channels-last order (codegen.layout). ``plan.dropin`` holds what the
+    generated module guards (codegen.dropin); ids in ``disabled`` starting with "e" name groups
+    of the eval() plan."""
     cap = capture(prob)
     if cap.gm is None:
         return None, [], cap.error
     try:
-        RW.canonicalize(cap.gm, cap.inputs)
-        applied = RW.apply_all(cap.gm, cap.inputs) if use_rewrites else []
-        if applied:  # a rule's output may hold forms the canonical pass rewrites (shape queries)
-            RW.canonicalize(cap.gm, cap.inputs)
-        params = L.channels_last(cap.gm) if channels_last else []
-        plan = plan_fusion(cap.gm, disabled)
+        ref = _reference(cap)
+        plan, applied = _plan(cap, split_disabled(disabled)[0], use_rewrites, channels_last)
     except Exception as e:  # noqa: BLE001 - a graph the passes cannot handle keeps the reference
         return None, [], f"the captured graph could not be planned: {one_line(e)}"
-    plan.channels_last_params = params
+    try:
+        plan.dropin = _dropin(prob, cap, ref, disabled, use_rewrites, channels_last)
+    except Exception as e:  # noqa: BLE001 - without the facts no file can be a drop-in
+        return None, [], f"the drop-in guards could not be derived: {one_line(e)}"
     return plan, applied, None
+
+
+def plan_groups(plan: FusionPlan) -> list[tuple[FusionPlan, Group]]:
+    """Every fused group the file will hold: the train() plan's, then the eval() plan's."""
+    out = [(plan, g) for g in plan.groups]
+    ev = getattr(getattr(plan, "dropin", None), "eval_plan", None)
+    if ev is not None:
+        out += [(ev, g) for g in ev.groups]
+    return out
 
 
 def has_convolution(prob: LoadedProblem) -> bool:
@@ -132,4 +260,4 @@ def compile_problem(prob: LoadedProblem, disabled: set[str] | None = None,
 
 
 __all__ = ["Compiled", "compile_problem", "analyze", "fallback_source", "group_geometry",
-           "group_inputs"]
+           "group_inputs", "plan_groups", "split_disabled"]

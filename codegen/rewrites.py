@@ -15,8 +15,9 @@ def drop_dead_code(gm: fx.GraphModule) -> bool:
     graph = gm.graph
     changed = False
     for n in reversed(list(graph.nodes)):
-        if n.op in ("placeholder", "output") or n.users:
-            continue
+        if n.op in ("placeholder", "output") or n.users or n.is_impure() or \
+                str(n.target).endswith("_") and not str(n.target).endswith("__"):
+            continue  # (an in-place op, a graph break: its effect is its point)
         op = classify(n, gm)
         if op.kind in ("pointwise", "reduction", "softmax", "view", "identity", "getitem", "param"):
             graph.erase_node(n)
@@ -1159,12 +1160,10 @@ def apply_all(gm: fx.GraphModule, inputs: list | None = None) -> list[str]:
 def _propagate(gm: fx.GraphModule, inputs: list | None) -> None:
     if inputs is None:
         return
-    import torch
-    from torch.fx.passes.shape_prop import ShapeProp
+    from harness.capture import propagate  # meta shapes; graph breaks, recurrent layers
 
     gm.recompile()
-    with torch.no_grad():
-        ShapeProp(gm).propagate(*inputs)
+    propagate(gm, inputs)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1395,13 +1394,11 @@ def batchnorm_decompose(gm: fx.GraphModule) -> bool:
                     rm = _attr_node(gm, graph, f"{n.target}.running_mean")
                     rv = _attr_node(gm, graph, f"{n.target}.running_var")
                     nbt = _attr_node(gm, graph, f"{n.target}.num_batches_tracked")
-                    count = 1
-                    for d in shape:
-                        count *= d
-                    # the element count per channel, not x: a use of x would make its producer
-                    # chain write x out for a call that only needs its size
+                    # the values per channel of this call, from the statistics (not a query of
+                    # x: a use of x would make its producer chain write x out)
+                    count = graph.call_function(operator.getitem, (st, 2))
                     mean = graph.create_node("call_function", O.bn_update,
-                                             (mean, var, count // C, rm, rv, nbt, mod.momentum),
+                                             (mean, var, count, rm, rv, nbt, mod.momentum),
                                              name="bn_mean")
             else:
                 mean = graph.call_method("view", (_attr_node(gm, graph, f"{n.target}.running_mean"), *view))
@@ -2010,9 +2007,7 @@ def canonicalize(gm: fx.GraphModule, inputs: list | None = None) -> None:
         changed |= bool(fn(gm))
     gm.graph.lint()
     if changed and inputs is not None:
-        import torch
-        from torch.fx.passes.shape_prop import ShapeProp
+        from harness.capture import propagate  # meta shapes; graph breaks, recurrent layers
 
         gm.recompile()
-        with torch.no_grad():
-            ShapeProp(gm).propagate(*inputs)
+        propagate(gm, inputs)

@@ -11,13 +11,21 @@ interpreter, verified (a verified Triton candidate is the answer), correct (the 
 verification, or is the reference itself), fallback, kernels, eager_ms, compile_ms, compile_s,
 egg_ms, speedup_eager, speedup_compile, roofline_pct, floor_ms, bound, stage1_ms, wall_s,
 failure (why the problem failed, or why no kernel was kept), run_id, memory_failures (candidates
-that ran out of memory), ran_alone (true when the problem was run again by itself: see below).
+that ran out of memory), ran_alone (true when the problem was run again by itself: see below),
+reference_nondeterministic (the reference gave two different outputs on the same inputs, so
+nothing could be verified: the answer is the reference, counted apart from "correct"),
+eager_p20_ms / eager_p80_ms / egg_p20_ms / egg_p80_ms (the spread of the answer's timings).
+With ``--scheduler`` (graph.cluster) the same records come from Dask workers, plus worker and
+attempt.
 
 With ``--jobs`` > 1 the problems share the GPU's memory: a problem that runs out of memory (its
 failure, or any candidate's) next to others (KernelBench level-1 inputs reach several GiB, and
 verification holds fp32 and fp64 copies) is not recorded then; it is queued again at the end and
 run alone, with nothing else started until it finishes, and that record is kept whatever it says.
 Its name goes to run_alone.txt, so that ``--resume`` of an interrupted suite starts it alone.
+
+Exit status of ``egg bench`` (graph.cli): EXIT_NO_CORRECT when no problem of the suite has a
+correct answer.
 """
 from __future__ import annotations
 
@@ -31,6 +39,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import traceback
 
@@ -49,6 +58,10 @@ PROBLEM_TIMEOUT_S = 900.0
 RUN_TIME_SHARE = 0.8
 #: names of the problems queued to run alone (kept so that a resumed suite starts them alone)
 ALONE_FILE = "run_alone.txt"
+#: exit status of ``egg bench`` when no problem of the suite has a correct answer
+EXIT_NO_CORRECT = 1
+#: the verification category of a reference that differs from itself on the same inputs
+NONDETERMINISTIC = "[reference]"
 
 
 class BenchError(Exception):
@@ -106,7 +119,7 @@ def empty_record(name: str, device: str) -> dict:
             "eager_ms": None, "compile_ms": None, "compile_s": None, "egg_ms": None,
             "speedup_eager": None, "speedup_compile": None, "roofline_pct": None,
             "floor_ms": None, "bound": None, "stage1_ms": None, "failure": None, "wall_s": None,
-            "tuning": None}
+            "tuning": None, "reference_nondeterministic": False}
 
 
 # ----------------------------------------------------------------------------- one problem
@@ -132,11 +145,13 @@ def run_one(path: pathlib.Path, name: str, out_dir: pathlib.Path, settings: Sett
                            runs_dir, run_id)
         for _ in R.stream(run, {"problem_path": str(path.resolve())}):
             pass
-        rep = R.final_state(run).report
+        st = R.final_state(run)
+        rep = st.report
         if rep.get("status") != "ok":
             rec["failure"] = rep.get("error", "run failed")
         else:
             _fill(rec, rep)
+            _spreads(rec, st)
             if not rec["interpreter"] and rec["eager_ms"] is None:
                 _baselines_only(rec, run.dir, settings)
     except ProblemError as e:
@@ -173,6 +188,24 @@ def _fill(rec: dict, rep: dict) -> None:
             rec["speedup_eager"] = 1.0  # the answer is the reference itself
             if rec["eager_ms"] and rec["compile_ms"]:
                 rec["speedup_compile"] = rec["compile_ms"] / rec["eager_ms"]
+        if any((c.get("failure") or "").startswith(NONDETERMINISTIC) for c in rep["candidates"]):
+            # the reference differs from itself: no candidate could be judged, and the
+            # reference's answer is not "correct" in the sense of a verified one either
+            rec["correct"] = False
+            rec["reference_nondeterministic"] = True
+
+
+def _spreads(rec: dict, st) -> None:
+    """p20 / p80 of the answer's and eager's timings (the noise model's spread), from the run's
+    timing records: the answer's own, or the reference's (c0) for a fallback."""
+    t = st.timing(st.best_id) or st.timing("c0")
+    if t is None or t.interpreter:
+        return
+    rec.update(eager_p20_ms=t.eager_p20_ms, eager_p80_ms=t.eager_p80_ms)
+    if rec["fallback"]:
+        rec.update(egg_p20_ms=t.eager_p20_ms, egg_p80_ms=t.eager_p80_ms)
+    else:
+        rec.update(egg_p20_ms=t.p20_ms, egg_p80_ms=t.p80_ms)
 
 
 def _baselines_only(rec: dict, run_dir: pathlib.Path, settings: Settings) -> None:
@@ -195,6 +228,8 @@ def _baselines_only(rec: dict, run_dir: pathlib.Path, settings: Settings) -> Non
     e_ms = base["eager"]["median_ms"]
     c = base.get("compile") or {}
     rec.update(eager_ms=e_ms, egg_ms=e_ms, compile_ms=c.get("median_ms"), compile_s=c.get("compile_s"),
+               eager_p20_ms=base["eager"].get("p20_ms"), eager_p80_ms=base["eager"].get("p80_ms"),
+               egg_p20_ms=base["eager"].get("p20_ms"), egg_p80_ms=base["eager"].get("p80_ms"),
                compile_error=c.get("error"), speedup_eager=1.0,
                speedup_compile=(c["median_ms"] / e_ms) if c.get("median_ms") else None,
                roofline_pct=roofline.percent(rec.get("floor_ms"), e_ms))
@@ -257,7 +292,8 @@ class _Job:
         self.log = out_dir / "logs" / f"{self.run_id}.log"
         self.log.parent.mkdir(parents=True, exist_ok=True)
         spec = {"path": str(path.resolve()), "name": name, "out": str(out_dir.resolve()),
-                "record": str(self.record_file.resolve()), "settings": settings.model_dump()}
+                "record": str(self.record_file.resolve()), "settings": settings.model_dump(),
+                "parent": os.getpid()}
         self.token = f"{self.run_id}-{os.getpid()}-{time.time_ns()}"
         env = {**env, JOB_ENV: self.token}
         with open(self.log, "w") as logf:
@@ -298,6 +334,35 @@ def next_startable(pending: collections.deque, running: list, jobs: int):
     return pending.popleft()
 
 
+def run_job(path: pathlib.Path, name: str, out_dir: pathlib.Path, settings: Settings, env: dict,
+            device: str, problem_timeout_s: float, alone: bool = False, stop=None,
+            watch=None, poll_s: float = 0.2) -> dict | None:
+    """One problem in its own process, exactly as the suite runs each (same child, same limit,
+    same record), waited for here: the body of a Dask task (graph.cluster). ``stop()`` is asked
+    at every poll: when true the problem is killed and None returned (no record); ``watch()``
+    is called at every poll (e.g. to note that another task ran beside this one). Raises
+    LLMError when the problem's process said the LLM endpoint failed."""
+    from policies.llm_io import EXIT_LLM, LLMError
+
+    job = _Job(path, name, out_dir, settings, env, alone)
+    timed_out = None
+    try:
+        while job.proc.poll() is None:
+            if time.time() - job.t0 > problem_timeout_s:
+                timed_out = problem_timeout_s
+                break
+            if stop is not None and stop():
+                return None
+            if watch is not None:
+                watch()
+            time.sleep(poll_s)
+    finally:
+        kill_job(job.proc, job.token)  # a timeout, a stop, or anything the problem left behind
+    if timed_out is None and job.proc.returncode == EXIT_LLM:
+        raise LLMError(log_tail(job.log, 2))
+    return job.result(device, timed_out)
+
+
 def _child_env(device: str, verify_lock: bool) -> dict:
     env = child_env(device)
     env["PYTHONUNBUFFERED"] = "1"
@@ -318,11 +383,11 @@ def ensure_peaks(env: dict, log: pathlib.Path) -> str:
         return f"peaks not measured (timed out, see {log})"
 
 
-def run_bench(problems: list[pathlib.Path], folder: pathlib.Path, out_dir: pathlib.Path,
-              settings: Settings, resume: bool, console=None, jobs: int = 1,
-              problem_timeout_s: float = PROBLEM_TIMEOUT_S, verify_lock: bool = False) -> dict:
-    from policies.llm_io import EXIT_LLM, LLMError
-
+def start_suite(problems: list[pathlib.Path], folder: pathlib.Path, out_dir: pathlib.Path,
+                settings: Settings, resume: bool, problem_timeout_s: float, console=None):
+    """What the local pool and the cluster share before the first problem: the run's time limit,
+    results.jsonl kept (``resume``) or started anew, the problems left to run and those to start
+    alone. Says what ``--resume`` found. Returns (settings, todo, done names, alone names)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     if not settings.time_limit_s:  # a slow run reports what it has before it would be killed
         settings = settings.model_copy(update={"time_limit_s": round(RUN_TIME_SHARE * problem_timeout_s, 1)})
@@ -332,7 +397,92 @@ def run_bench(problems: list[pathlib.Path], folder: pathlib.Path, out_dir: pathl
         results.unlink(missing_ok=True)
         alone_file.unlink(missing_ok=True)
     done = {r["name"] for r in read_results(results)}
-    todo = [p for p in problems if str(p.relative_to(folder)) not in done]
+    names = [str(p.relative_to(folder)) for p in problems]
+    todo = [p for p, n in zip(problems, names) if n not in done]
+    if resume and console is not None:
+        had = len(problems) - len(todo)
+        if not todo:
+            console.print(f"resume: all {len(problems)} problem(s) are already in {results}; nothing "
+                          "left to run (reports written again from it)", highlight=False)
+        else:
+            console.print(f"resume: {had} of {len(problems)} problem(s) already in {results}, "
+                          f"{len(todo)} left to run", highlight=False)
+    alone = set(alone_file.read_text().split()) if alone_file.exists() else set()
+    return settings, todo, done, alone
+
+
+def append_record(out_dir: pathlib.Path, rec: dict) -> None:
+    """One record appended to results.jsonl, in one write (an interrupt leaves whole lines)."""
+    line = (json.dumps(rec) + "\n").encode()
+    fd = os.open(str(out_dir / "results.jsonl"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+
+
+def record_line(rec: dict) -> str:
+    """The console line of one finished problem."""
+    if rec["correct"]:
+        state = "ok" if rec["verified"] else "fallback"
+    elif rec.get("reference_nondeterministic"):
+        state = "unverified (the reference is not deterministic; the answer is the reference)"
+    else:
+        state = "FAILED"
+    return f"{rec['name']}: {state}" + _short(rec)
+
+
+def progress(console):
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), console=console, transient=False)
+
+
+def finish_suite(problems: list[pathlib.Path], folder: pathlib.Path, out_dir: pathlib.Path,
+                 info: dict) -> dict:
+    """report.json, report.md and the plot from results.jsonl (the selected problems, in their
+    order); ``info`` (device, jobs, elapsed_s, ...) goes into report.json."""
+    recs = read_results(out_dir / "results.jsonl")
+    order = {str(p.relative_to(folder)): i for i, p in enumerate(problems)}
+    recs = sorted((r for r in recs if r["name"] in order), key=lambda r: order[r["name"]])
+    rep = aggregate(recs)
+    rep.update(info)
+    return write_reports(out_dir, rep, recs)
+
+
+def write_reports(out_dir: pathlib.Path, rep: dict, recs: list[dict]) -> dict:
+    """The plot (or why there is none: rep's plot / plot_note), report.json, report.md."""
+    png = out_dir / "bench.png"
+    why = plot_skip_reason(recs)
+    if why is None:
+        try:
+            plot(recs, png)
+        except Exception as e:  # noqa: BLE001 - the plot is a convenience; the tables are the record
+            why = f"plotting failed: {type(e).__name__}: {e}"[:200]
+    if why is not None:
+        png.unlink(missing_ok=True)  # a plot of another run of this folder would not match
+    rep.update(plot=None if why else png.name, plot_note=why)
+    (out_dir / "report.json").write_text(json.dumps(rep, indent=2))
+    (out_dir / "report.md").write_text(report_markdown(rep, recs))
+    return rep
+
+
+def written_files(rep: dict, out_dir: pathlib.Path) -> str:
+    """The line that says what the suite wrote (and why there is no plot)."""
+    files = [out_dir / "results.jsonl", out_dir / "report.json", out_dir / "report.md"]
+    if rep.get("plot"):
+        files.append(out_dir / rep["plot"])
+    line = "wrote " + ", ".join(str(f) for f in files)
+    return line + (f"; no plot: {rep['plot_note']}" if rep.get("plot_note") else "")
+
+
+def run_bench(problems: list[pathlib.Path], folder: pathlib.Path, out_dir: pathlib.Path,
+              settings: Settings, resume: bool, console=None, jobs: int = 1,
+              problem_timeout_s: float = PROBLEM_TIMEOUT_S, verify_lock: bool = False) -> dict:
+    from policies.llm_io import EXIT_LLM, LLMError
+
+    settings, todo, done, alone = start_suite(problems, folder, out_dir, settings, resume,
+                                              problem_timeout_s, console)
+    alone_file = out_dir / ALONE_FILE
     device = settings.resolved_device()
     env = _child_env(device, verify_lock)
     t_start = time.time()
@@ -342,67 +492,54 @@ def run_bench(problems: list[pathlib.Path], folder: pathlib.Path, out_dir: pathl
         if console is not None:
             console.print(msg, highlight=False)
     # problems that ran out of memory next to others in an earlier slice start alone, last
-    alone = set(alone_file.read_text().split()) if alone_file.exists() else set()
     pending = collections.deque(sorted(((p, str(p.relative_to(folder)) in alone) for p in todo),
                                        key=lambda t: t[1]))
     running: list[_Job] = []
     jobs = max(1, int(jobs))
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=console, transient=False) as prog:
-        task = prog.add_task("bench", total=len(todo))
-        try:
-            while pending or running:
-                while (nxt := next_startable(pending, running, jobs)) is not None:
-                    p, alone = nxt
-                    running.append(_Job(p, str(p.relative_to(folder)), out_dir, settings, env, alone))
-                if len(running) > 1:
-                    for job in running:
-                        job.shared = True
-                for job in list(running):
-                    timed_out = None
-                    if job.proc.poll() is None:
-                        if time.time() - job.t0 <= problem_timeout_s:
+    if todo:
+        with progress(console) as prog:
+            task = prog.add_task("bench", total=len(todo))
+            try:
+                while pending or running:
+                    while (nxt := next_startable(pending, running, jobs)) is not None:
+                        p, alone = nxt
+                        running.append(_Job(p, str(p.relative_to(folder)), out_dir, settings, env, alone))
+                    if len(running) > 1:
+                        for job in running:
+                            job.shared = True
+                    for job in list(running):
+                        timed_out = None
+                        if job.proc.poll() is None:
+                            if time.time() - job.t0 <= problem_timeout_s:
+                                continue
+                            kill_job(job.proc, job.token)
+                            timed_out = problem_timeout_s
+                        else:
+                            kill_job(job.proc, job.token)  # anything it left behind
+                        if timed_out is None and job.proc.returncode == EXIT_LLM:
+                            raise LLMError(log_tail(job.log, 2))
+                        rec = job.result(device, timed_out)
+                        running.remove(job)
+                        if job.shared and ran_out_of_memory(rec):
+                            pending.append((job.path, True))
+                            with alone_file.open("a") as f:
+                                f.write(job.name + "\n")
+                            prog.console.print(f"{rec['name']}: ran out of memory next to other problems; "
+                                               "queued to run again alone", highlight=False)
                             continue
-                        kill_job(job.proc, job.token)
-                        timed_out = problem_timeout_s
-                    else:
-                        kill_job(job.proc, job.token)  # anything it left behind
-                    if timed_out is None and job.proc.returncode == EXIT_LLM:
-                        raise LLMError(log_tail(job.log, 2))
-                    rec = job.result(device, timed_out)
-                    running.remove(job)
-                    if job.shared and ran_out_of_memory(rec):
-                        pending.append((job.path, True))
-                        with alone_file.open("a") as f:
-                            f.write(job.name + "\n")
-                        prog.console.print(f"{rec['name']}: ran out of memory next to other problems; "
-                                           "queued to run again alone", highlight=False)
-                        continue
-                    with results.open("a") as f:
-                        f.write(json.dumps(rec) + "\n")
-                    prog.advance(task)
-                    state = ("ok" if rec["verified"] else "fallback") if rec["correct"] else "FAILED"
-                    prog.console.print(f"{rec['name']}: {state}" + _short(rec), highlight=False)
-                prog.update(task, description=f"bench ({len(running)} running)")
-                if running:
-                    time.sleep(0.2)
-        except BaseException:
-            for job in running:
-                kill_job(job.proc, job.token)
-            raise
-    recs = read_results(results)
-    order = {str(p.relative_to(folder)): i for i, p in enumerate(problems)}
-    recs = sorted((r for r in recs if r["name"] in order), key=lambda r: order[r["name"]])
-    rep = aggregate(recs)
-    rep.update(device=device, jobs=jobs, elapsed_s=round(time.time() - t_start, 1),
-               problem_timeout_s=problem_timeout_s, resumed=bool(done))
-    (out_dir / "report.json").write_text(json.dumps(rep, indent=2))
-    (out_dir / "report.md").write_text(report_markdown(rep, recs))
-    try:
-        plot(recs, out_dir / "bench.png")
-    except Exception:  # noqa: BLE001 - the plot is a convenience; the tables are the record
-        pass
-    return rep
+                        append_record(out_dir, rec)
+                        prog.advance(task)
+                        prog.console.print(record_line(rec), highlight=False, markup=False)
+                    prog.update(task, description=f"bench ({len(running)} running)")
+                    if running:
+                        time.sleep(0.2)
+            except BaseException:
+                for job in running:
+                    kill_job(job.proc, job.token)
+                raise
+    return finish_suite(problems, folder, out_dir,
+                        {"device": device, "jobs": jobs, "elapsed_s": round(time.time() - t_start, 1),
+                         "problem_timeout_s": problem_timeout_s, "resumed": bool(done)})
 
 
 def _short(rec: dict) -> str:
@@ -428,7 +565,9 @@ def _fast(recs: list[dict], key: str, p: float, n: int) -> float | None:
 
 def aggregate(recs: list[dict]) -> dict:
     """fast_p: the fraction of all problems whose answer is correct and more than p times faster
-    than eager (fast_0: the fraction correct). Means are over the correct problems' speedups."""
+    than eager (fast_0: the fraction correct). Means are over the correct problems' speedups.
+    A problem whose reference is not deterministic is neither correct nor failed: its answer is
+    the reference, unverified (reference_nondeterministic counts them)."""
     n = len(recs)
     interp = bool(recs) and all(r.get("interpreter") for r in recs)
     gpu = [r for r in recs if not r.get("interpreter")]
@@ -439,12 +578,14 @@ def aggregate(recs: list[dict]) -> dict:
     roof = [r["roofline_pct"] for r in ok if r.get("roofline_pct") is not None]
     walls = [r["wall_s"] for r in recs if r.get("wall_s") is not None]
     correct = sum(bool(r["correct"]) for r in recs)
+    nondet = sum(1 for r in recs if not r["correct"] and r.get("reference_nondeterministic"))
     rep = {
         "problems": n,
         "correct": correct,
         "verified_kernels": sum(bool(r["verified"]) for r in recs),
         "fallbacks": sum(bool(r["correct"] and r["fallback"]) for r in recs),
-        "failed": n - correct,
+        "reference_nondeterministic": nondet,
+        "failed": n - correct - nondet,
         "timeouts": sum(1 for r in recs if (r.get("failure") or "").startswith("timeout")),
         "interpreter": interp,
         "fast_p": {str(p): (correct / n if n else None) if p == 0 else
@@ -479,6 +620,8 @@ def report_markdown(rep: dict, recs: list[dict]) -> str:
              + (" (resumed: this invocation only)" if rep.get("resumed") else ""),
              f"- problems: {rep['problems']}, correct: {rep['correct']} "
              f"(verified kernels {rep['verified_kernels']}, reference fallbacks {rep['fallbacks']}), "
+             f"reference not deterministic (answer = the reference, unverified): "
+             f"{rep.get('reference_nondeterministic', 0)}, "
              f"failed: {rep['failed']} (timeouts {rep.get('timeouts', 0)})"]
     if rep.get("note"):
         lines.append(f"- {rep['note']}")
@@ -495,11 +638,17 @@ def report_markdown(rep: dict, recs: list[dict]) -> str:
                   f"- median percent of roofline: {_f(rep['median_roofline_pct'], '{:.1f}%')}"]
     lines += [f"- median wall time per problem: {_f(rep['median_wall_s'], '{:.1f} s')}",
               f"- tiler: {rep.get('tuning_cache_hits', 0)} kernel(s) from the tuning cache, "
-              f"{rep.get('tuning_searched', 0)} searched", "",
-              "| problem | eager ms | compile ms | EGG ms | vs eager | vs compile | stage-1 ms | roofline % | bound | kernels | tuning | wall s | note |",
+              f"{rep.get('tuning_searched', 0)} searched",
+              f"- plot: {rep['plot']}" if rep.get("plot") else f"- no plot: {rep.get('plot_note') or '-'}",
+              ""]
+    if rep.get("scheduler"):
+        lines.insert(3, f"- Dask scheduler: {rep['scheduler']}, workers: {rep.get('workers', '-')}")
+    lines += ["| problem | eager ms | compile ms | EGG ms | vs eager | vs compile | stage-1 ms | roofline % | bound | kernels | tuning | wall s | note |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in recs:
         note = "" if r["verified"] else (r.get("failure") or "")
+        if r.get("reference_nondeterministic") and not r["correct"]:
+            note = "reference not deterministic: the answer is the reference, unverified"
         lines.append(
             f"| {r['name']} | {_f(r['eager_ms'])} | {_f(r['compile_ms'])} | {_f(r['egg_ms'])} "
             f"| {_f(r['speedup_eager'], '{:.2f}x')} | {_f(r['speedup_compile'], '{:.2f}x')} "
@@ -514,6 +663,19 @@ def _tuning_cell(t: dict | None) -> str:
     if not t:
         return "-"
     return f"{t.get('cache_hits', 0)} hit / {t.get('searched', 0)} searched"
+
+
+def plot_skip_reason(recs: list[dict]) -> str | None:
+    """Why the suite has no plot (None: there is something to plot). The plot shows GPU speedups
+    and times against the roofline: a CPU interpreter suite, or one where no problem has a GPU
+    speedup, would draw empty axes."""
+    if not recs:
+        return "no records"
+    if all(r.get("interpreter") for r in recs):
+        return "CPU interpreter run: there are no GPU timings to plot"
+    if not any(r.get("speedup_eager") and not r.get("interpreter") for r in recs):
+        return "no problem has a GPU speedup to plot"
+    return None
 
 
 def plot(recs: list[dict], path: pathlib.Path) -> None:
@@ -557,8 +719,9 @@ def summary_table(rep: dict) -> Table:
     t = Table(title="EGG bench")
     t.add_column("metric")
     t.add_column("value")
-    for k in ("problems", "correct", "verified_kernels", "fallbacks", "failed", "timeouts"):
-        t.add_row(k, str(rep.get(k)))
+    for k in ("problems", "correct", "verified_kernels", "fallbacks", "reference_nondeterministic",
+              "failed", "timeouts"):
+        t.add_row(k, str(rep.get(k, 0)))
     if rep.get("note"):
         t.add_row("fast_0 (correct)", _f(rep["fast_p"]["0.0"], "{:.2f}"))
         t.add_row("note", rep["note"])
@@ -580,6 +743,8 @@ def _child(spec: dict) -> int:
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, _term)
+    if spec.get("parent"):
+        _watch_parent(int(spec["parent"]))
     from policies.llm_io import EXIT_LLM, LLMError
 
     settings = Settings(**spec["settings"])
@@ -595,15 +760,30 @@ def _child(spec: dict) -> int:
     return 0
 
 
+def _watch_parent(parent: int, poll_s: float = 0.5) -> None:
+    """When the process that started this problem dies (the suite killed, a Dask worker lost),
+    kill the problem's processes and exit: left running, they would go on using (and timing on)
+    a GPU that the problem's next attempt or another problem gets. They carry this job's marker
+    in their environment (``EGG_BENCH_JOB``), as for kill_job."""
+    def loop():
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        token = os.environ.get(JOB_ENV)
+        for pid in (_job_pids(token) if token and pathlib.Path("/proc").is_dir() else []):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        os._exit(137)
+
+    threading.Thread(target=loop, name="egg-watch-parent", daemon=True).start()
+
+
 def rewrite_reports(folder: pathlib.Path) -> dict:
     """report.json, report.md and bench.png of a folder, again from its results.jsonl (after
     merging or copying records between bench slices)."""
     recs = read_results(folder / "results.jsonl")
-    rep = aggregate(recs)
-    (folder / "report.json").write_text(json.dumps(rep, indent=2))
-    (folder / "report.md").write_text(report_markdown(rep, recs))
-    plot(recs, folder / "bench.png")
-    return rep
+    return write_reports(folder, aggregate(recs), recs)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,7 +4,9 @@ MODE is ``verify`` (a judge process: writes one verdict) or ``profile`` (a timin
 reads JSON requests on stdin). The original stdout is the protocol channel; anything the
 problem or candidate prints goes to stderr. In verify mode the first line of stdin is a nonce
 that the verdict line carries back: the EGG process only believes a verdict that has it (a
-candidate cannot forge one by writing to the judge's stdout).
+candidate cannot forge one by writing to the judge's stdout); the second line is the candidate's
+source as the EGG process read and statically checked it (the judge runs that text, not the
+file, which may have changed since).
 """
 import json
 import os
@@ -23,6 +25,7 @@ def main() -> int:
         os.environ["TRITON_CACHE_DIR"] = req["triton_cache"]
     if mode == "verify":
         req["nonce"] = sys.stdin.readline().strip()
+        req["candidate_source"] = json.loads(sys.stdin.readline())  # the text that was checked
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)  # the candidate process inherits /dev/null, not the nonce's pipe
         os.close(null)

@@ -11,14 +11,31 @@ from dataclasses import dataclass, field
 import torch
 
 LOW_PRECISION = {torch.float16, torch.bfloat16}
-#: a candidate whose fp64 error exceeds eager's by this factor (and the floor below) computes with
-#: lower precision than eager (e.g. TF32 where eager is fp32): rejected even inside tolerance.
-#: TF32 GEMMs land ~1000x above fp32 error; honest reorderings of fp32 sums stay within ~4x.
+#: the lower-precision guard, on every trial, for fp32 outputs: a candidate whose RMS error against
+#: the float64 reference is more than this factor above eager's computes with lower precision
+#: than eager (TF32 where eager is fp32, a 13-bit mantissa, a fast inverse square root) and is
+#: rejected even inside the tolerance. Honest reorderings of fp32 sums and Triton's fast exp
+#: (ex2.approx after a multiply) stay within ~4x; TF32 GEMMs land ~1000x above fp32 error.
 LOWER_PRECISION_FACTOR = 16.0
-LOWER_PRECISION_FLOOR = 1e-5  # relative to max|reference|
+#: ... unless that RMS error is below this fraction of the reference's RMS (about two fp32 ulps):
+#: where eager is exact (a copy, relu, max) any rounding would otherwise be "16x worse"
+LOWER_PRECISION_FLOOR = 2.0 ** -22
 #: outside tolerance and less accurate than eager, but within this fraction of max|reference| of the
-#: float64 truth: the candidate is close but imprecise (bf16 or TF32 for fp32 work), not wrong.
+#: float64 truth, with errors that look like rounding (no bias, uncorrelated with the values):
+#: the candidate is close but imprecise (bf16 or TF32 for fp32 work): category "precision".
+#: A systematic error (a wrong eps, a dropped bias) is a "mismatch" however small.
 PRECISION_CLOSE = 0.05
+#: rounding noise: |mean error| / RMS error and |correlation of error with the reference| below this
+NOISE_STAT = 0.3
+#: fewer finite elements than this: no statistics, a close error is a mismatch
+NOISE_MIN_ELEMENTS = 64
+#: the deep-net regime: where eager's own error against float64 is beyond the tolerance (deep
+#: stacks of fp32 layers; cuDNN convolutions in TF32, PyTorch's default), a candidate of the same
+#: precision class differs from eager by more than the tolerance too, and "no larger than
+#: eager's error" fails half the time by chance. There the fp64 door admits a max error up to this
+#: factor above eager's (honest reorderings: ratios of maxima of two like error distributions,
+#: measured 0.5-1.6, docs/verifier.md); a downcast to bf16 is ~8x above TF32's error.
+DEEP_DOOR_FACTOR = 2.0
 
 
 @dataclass
@@ -116,41 +133,79 @@ def compare_output(i: int, ref: torch.Tensor, cand: torch.Tensor, tol: Tolerance
                        passed_by="tolerance" if within else "none")
 
 
-def _max_err(a: torch.Tensor, ref64: torch.Tensor) -> tuple[float, float]:
-    """(max |a - ref| over finite ref, max |ref|) in float64, chunked."""
-    err = scale = 0.0
+def _errors(a: torch.Tensor, ref64: torch.Tensor) -> dict:
+    """Error statistics of ``a`` against the float64 reference over its finite elements:
+    max and RMS error, max and RMS of the reference, mean error, covariance with the reference."""
+    n = 0
+    mx = scale = 0.0
+    s_d = s_dd = s_r = s_rr = s_dr = 0.0
     for x, r in _chunks(a, ref64):
         r = r.double()
-        fin = torch.isfinite(r)
-        if fin.any():
-            err = max(err, float((x.double() - r).abs()[fin].max()))
-            scale = max(scale, float(r.abs()[fin].max()))
-    return err, scale
+        fin = torch.isfinite(r) & torch.isfinite(x.double())
+        if not fin.any():
+            continue
+        rr = r[fin]
+        d = x.double()[fin] - rr
+        n += int(fin.sum())
+        mx = max(mx, float(d.abs().max()))
+        scale = max(scale, float(rr.abs().max()))
+        s_d += float(d.sum())
+        s_dd += float((d * d).sum())
+        s_r += float(rr.sum())
+        s_rr += float((rr * rr).sum())
+        s_dr += float((d * rr).sum())
+    if n == 0:
+        return {"n": 0, "max": 0.0, "rms": 0.0, "scale": 0.0, "ref_rms": 0.0, "bias": 0.0, "corr": 0.0}
+    rms = (s_dd / n) ** 0.5
+    var_d = max(s_dd / n - (s_d / n) ** 2, 0.0)
+    var_r = max(s_rr / n - (s_r / n) ** 2, 0.0)
+    cov = s_dr / n - (s_d / n) * (s_r / n)
+    return {"n": n, "max": mx, "rms": rms, "scale": scale, "ref_rms": (s_rr / n) ** 0.5,
+            "bias": abs(s_d / n) / rms if rms > 0 else 0.0,
+            "corr": abs(cov) / (var_d * var_r) ** 0.5 if var_d > 0 and var_r > 0 else 0.0}
 
 
-def fp64_door(chk: OutputCheck, ref64: torch.Tensor, eager: torch.Tensor, cand: torch.Tensor) -> OutputCheck:
-    """Apply the float64 door and the lower-precision guard to a floating output."""
+def _eager_outside_tolerance(eager: torch.Tensor, ref64: torch.Tensor, tol: "Tolerance") -> bool:
+    """Is eager itself beyond the tolerance of the float64 truth (the deep-net regime)?"""
+    atol, rtol = tol.for_dtype(eager.dtype)
+    for e, r in _chunks(eager, ref64):
+        r, e = r.double(), e.double()
+        fin = torch.isfinite(r) & torch.isfinite(e)
+        if bool(((e - r).abs()[fin] > atol + rtol * r.abs()[fin]).any()):
+            return True
+    return False
+
+
+def fp64_door(chk: OutputCheck, ref64: torch.Tensor, eager: torch.Tensor, cand: torch.Tensor,
+              tol: "Tolerance | None" = None) -> OutputCheck:
+    """Apply the float64 door and the lower-precision guard to a floating output (every trial)."""
     if not eager.dtype.is_floating_point:
         return chk
-    e_err, scale = _max_err(eager, ref64)
-    c_err, _ = _max_err(cand, ref64)
-    chk.eager_err_fp64, chk.cand_err_fp64 = e_err, c_err
-    if chk.within_tol:
-        if (eager.dtype not in LOW_PRECISION and c_err > LOWER_PRECISION_FACTOR * e_err
-                and c_err > LOWER_PRECISION_FLOOR * max(scale, 1e-30)):
-            chk.ok = False
-            chk.passed_by = "none"
-            chk.category = "precision"
-            chk.reason = (f"output {chk.index}: computes with lower precision than eager "
-                          f"(error vs fp64 {c_err:.3g}, eager's {e_err:.3g})")
-        return chk
+    e, c = _errors(eager, ref64), _errors(cand, ref64)
+    chk.eager_err_fp64, chk.cand_err_fp64 = e["max"], c["max"]
+    chk.extra.update(eager_rms_fp64=e["rms"], cand_rms_fp64=c["rms"])
     if "NaN" in chk.reason or "non-finite" in chk.reason:
         return chk
-    if c_err <= e_err:
-        chk.ok, chk.passed_by, chk.reason = True, "fp64", ""
-    else:
-        chk.reason += f"; error vs fp64 {c_err:.3g} > eager's {e_err:.3g}"
-        if c_err <= PRECISION_CLOSE * max(scale, 1e-30):
-            chk.category = "precision"
-            chk.reason += " (close to the float64 result but less accurate than eager: lower precision)"
+    deep = not chk.within_tol and tol is not None and _eager_outside_tolerance(eager, ref64, tol)
+    factor = DEEP_DOOR_FACTOR if deep else 1.0
+    if chk.within_tol or c["max"] <= factor * e["max"]:
+        lower = (eager.dtype not in LOW_PRECISION and eager.dtype != torch.float64
+                 and c["rms"] > LOWER_PRECISION_FACTOR * e["rms"]
+                 and c["rms"] > LOWER_PRECISION_FLOOR * max(c["ref_rms"], 1e-30))
+        if lower:
+            chk.ok, chk.passed_by, chk.category = False, "none", "precision"
+            chk.reason = (f"output {chk.index}: computes with lower precision than eager (RMS error "
+                          f"vs fp64 {c['rms']:.3g}, eager's {e['rms']:.3g}; max {c['max']:.3g} vs "
+                          f"{e['max']:.3g})")
+        elif not chk.within_tol:
+            chk.ok, chk.passed_by, chk.reason = True, "fp64", ""
+            if deep:
+                chk.extra["deep_regime"] = True
+        return chk
+    chk.reason += (f"; error vs fp64 {c['max']:.3g} > " + (f"{factor:g}x " if deep else "")
+                   + f"eager's {e['max']:.3g}")
+    noise = (c["n"] >= NOISE_MIN_ELEMENTS and c["bias"] < NOISE_STAT and c["corr"] < NOISE_STAT)
+    if c["max"] <= PRECISION_CLOSE * max(c["scale"], 1e-30) and noise:
+        chk.category = "precision"
+        chk.reason += " (close to the float64 result but less accurate than eager: lower precision)"
     return chk

@@ -280,6 +280,8 @@ def _record_launches(req: dict) -> tuple[list[_Launch], str]:
 
     JITFunction.run = record
     mod = load_module(req["path"], "candidate")
+    if hasattr(mod, "_EGG_ANY_DEVICE"):  # a generated module's dispatch: launches on meta/CPU
+        mod._EGG_ANY_DEVICE = True  # tensors reach the (recording) kernels (docs/dropin.md)
     if req.get("args_file"):
         args = torch.load(req["args_file"], weights_only=False)
         with torch.no_grad():

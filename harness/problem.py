@@ -31,6 +31,9 @@ _one_line = one_line
 
 
 def _read_source(p: pathlib.Path, what: str) -> str:
+    if p.is_dir():
+        hint = " (for a folder of problems: egg bench FOLDER)" if what == "problem" else ""
+        raise ProblemError(f"{what} {p}: is a directory, not a Python file{hint}")
     if not p.is_file():
         raise ProblemError(f"{what} {p}: no such file")
     try:
@@ -180,8 +183,10 @@ def describe_problem(path: str | pathlib.Path):
     inputs = meta_inputs(prob)
     model = meta_model(prob, init)
     outputs = []
+    from harness.metarun import FastMeta  # recurrent layers by their shapes on meta tensors
+
     try:
-        with torch.no_grad():
+        with torch.no_grad(), FastMeta():
             out = model(*inputs)
         flat = out if isinstance(out, (list, tuple)) else [out]
         outputs = [tensor_spec(o) for o in flat if isinstance(o, torch.Tensor)]
@@ -210,6 +215,108 @@ def _real_forward(prob: LoadedProblem, init: list) -> list:
         raise ProblemError(f"problem {prob.path}: Model.forward raised {one_line(e)}") from None
     flat = out if isinstance(out, (list, tuple)) else [out]
     return [tensor_spec(o) for o in flat if isinstance(o, torch.Tensor)]
+
+
+#: seconds the problem probe may take by default (importing the file, get_init_inputs(),
+#: get_inputs() and Model.forward on meta tensors, or once for real when small): generous, since
+#: a loaded machine can take seconds to import torch; Settings.probe_timeout_s, --probe-timeout
+PROBE_TIMEOUT_S = 120.0
+
+
+def probe_problem(path: str | pathlib.Path, timeout_s: float = PROBE_TIMEOUT_S):
+    """``describe_problem`` in a child process with a time limit: the problem's own code
+    (its import, get_inputs, the forward) never runs unbounded in the EGG process.
+
+    Returns the ``ProblemSpec``. A problem that does not finish within ``timeout_s`` seconds, or
+    whose process dies, is a one-line ``ProblemError`` like every other unusable problem. The
+    child is forked where the platform allows it (no second torch import: tens of
+    milliseconds), in its own session, and killed with everything it started on a timeout.
+    """
+    import multiprocessing as mp
+    import os
+    import signal
+
+    from state.records import ProblemSpec
+
+    p = pathlib.Path(path)
+    _read_source(p, "problem")  # a missing file or a folder: said here, without a process
+    method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
+    if method == "fork":
+        _warm_meta()  # torch's meta kernels load lazily (seconds): once, here, not in every child
+    ctx = mp.get_context(method)
+    recv, send = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_probe_child, args=(str(p), send), daemon=True)
+    proc.start()
+    send.close()
+    try:
+        ready = recv.poll(timeout_s if timeout_s and timeout_s > 0 else None)
+        msg = recv.recv() if ready else None
+    except EOFError:
+        msg = ("died", None)
+    except BaseException:
+        _kill_probe(proc, os, signal)
+        raise
+    if msg is None:
+        _kill_probe(proc, os, signal)
+        raise ProblemError(
+            f"problem {p}: did not finish within {timeout_s:g} s (importing it, get_init_inputs(), "
+            "get_inputs() and Model.forward on meta tensors); a forward that never returns cannot be "
+            "optimized (the limit: --probe-timeout S or EGG_PROBE_TIMEOUT_S)")
+    proc.join(5)
+    if proc.is_alive():
+        _kill_probe(proc, os, signal)
+    kind, payload = msg
+    if kind == "ok":
+        return ProblemSpec.model_validate(payload)
+    if kind == "error":
+        raise ProblemError(payload)
+    code = proc.exitcode
+    why = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+    raise ProblemError(f"problem {p}: the process checking it died ({why}) while importing it, "
+                       "making its inputs or running its forward")
+
+
+def _warm_meta() -> None:
+    with torch.no_grad():
+        x = torch.empty(2, 3, device="meta")
+        (torch.relu(x) * 2.0 + x.sum(-1, keepdim=True)).float()
+
+
+def _kill_probe(proc, os, signal) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError, AttributeError):
+        proc.kill()
+    proc.join(5)
+
+
+def _probe_child(path: str, send) -> None:
+    """The probe process: its own session (killed as a group), one torch thread (a forked
+    OpenMP pool is unusable, as in DataLoader workers), fresh stdout/stderr objects (the
+    parent's may have been locked by another thread at the fork)."""
+    import os
+
+    if hasattr(os, "setsid"):
+        try:
+            os.setsid()
+        except OSError:
+            pass
+    sys.stdout = open(os.dup(1), "w", buffering=1, closefd=True)
+    sys.stderr = open(os.dup(2), "w", buffering=1, closefd=True)
+    try:
+        torch.set_num_threads(1)
+        _prob, spec = describe_problem(path)
+        msg = ("ok", spec.model_dump())
+    except ProblemError as e:
+        msg = ("error", str(e))
+    except BaseException as e:  # noqa: BLE001 - reported as the problem's, one line
+        msg = ("error", f"problem {path}: checking it raised {one_line(e)}")
+    try:
+        send.send(msg)
+    finally:
+        send.close()
+        sys.stdout.flush()
+        sys.stderr.flush()
 
 
 def check_candidate_file(path: str | pathlib.Path) -> str:

@@ -1,17 +1,23 @@
 """Starting the harness's child processes from the EGG process (which never runs candidates).
 
-Each child gets its own process group, so a timeout kills it and everything it spawned; its
-stderr goes to a log file whose tail explains a crash.
+Each child gets its own process group and a tag in its environment; this process is a child
+subreaper (harness.sandbox), so what a child's descendants orphan comes back here instead of to
+init. ``kill_group`` kills the child's whole process tree (not only its group: a candidate may
+``setsid``), then the group, then orphans carrying the tag. Its stderr goes to a log file whose
+tail explains a crash.
 """
 from __future__ import annotations
 
 import json
 import os
 import pathlib
+import secrets
 import signal
 import subprocess
 import sys
 import tempfile
+
+from harness import sandbox
 
 PROJECT_ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -43,16 +49,33 @@ def start_child(mode: str, req: dict, log_dir: str | None = None, stdin=None) ->
     log = pathlib.Path(log_dir) / f"{mode}-{os.getpid()}-{id(req)}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     errf = open(log, "w")
+    env = child_env(req["device"])
+    tag = secrets.token_hex(8)
+    env[sandbox.ENV_TAG] = tag
+    sandbox.become_subreaper()
+    sandbox.harden_starter()
     proc = subprocess.Popen(
         [sys.executable, "-m", "harness.child", mode, json.dumps(req)],
-        stdin=stdin, stdout=subprocess.PIPE, stderr=errf, env=child_env(req["device"]),
+        stdin=stdin, stdout=subprocess.PIPE, stderr=errf, env=env,
         start_new_session=True, text=True,
     )
+    proc.egg_tag = tag
     errf.close()
     return proc, log
 
 
 def kill_group(proc: subprocess.Popen) -> None:
+    """Kill a child and everything it started: its process tree while it lives (a candidate that
+    left the group with setsid is still in it), its process group, and the orphans that came
+    back to this process (they carry the child's tag); remove its candidates' scratch folders."""
+    tag = getattr(proc, "egg_tag", None)
+    killed: set[int] = set()
+    if proc.poll() is None:
+        try:
+            os.kill(proc.pid, signal.SIGSTOP)  # it cannot start or adopt anything while we look
+        except OSError:
+            pass
+        killed = sandbox.kill_descendants(proc.pid)
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
@@ -61,6 +84,10 @@ def kill_group(proc: subprocess.Popen) -> None:
         proc.wait(5)
     except subprocess.TimeoutExpired:
         pass
+    sandbox.reap(killed)  # the judge's children became ours when it died
+    if tag:
+        sandbox.kill_descendants(tag=tag, rounds=5)
+        sandbox.remove_leftovers(tag)
 
 
 def log_tail(log: pathlib.Path, n: int = 8) -> str:
@@ -69,3 +96,43 @@ def log_tail(log: pathlib.Path, n: int = 8) -> str:
     except OSError:
         return ""
     return " | ".join(lines[-n:])
+
+
+# ------------------------------------------------------------------ progress of a long step
+#: environment variable naming the progress file of the current ``egg`` command; set by the CLI
+#: when it shows a live status line, inherited by every child process
+PROGRESS_ENV = "EGG_PROGRESS_FILE"
+
+
+def report_progress(text: str, path: str | os.PathLike | None = None) -> None:
+    """Say what a long step is doing now, e.g. ``"trial 3/8"``, for the CLI's status line.
+
+    Writes ``{"text", "time", "pid"}`` as JSON to ``path`` or ``$EGG_PROGRESS_FILE`` (atomically:
+    a reader never sees half a file); does nothing when neither is set, and never raises: any
+    process of a step (the verifier's judge, a timing server) may call it as often as it likes.
+    """
+    import time
+
+    target = path or os.environ.get(PROGRESS_ENV)
+    if not target:
+        return
+    try:
+        tmp = f"{target}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump({"text": str(text)[:200], "time": time.time(), "pid": os.getpid()}, f)
+        os.replace(tmp, target)
+    except OSError:
+        pass
+
+
+def read_progress(path: str | os.PathLike | None, since: float = 0.0) -> str | None:
+    """The latest progress text written at or after ``since`` (Unix seconds), else None."""
+    if not path:
+        return None
+    try:
+        rec = json.loads(pathlib.Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(rec, dict) or float(rec.get("time", 0)) < since:
+        return None
+    return str(rec.get("text") or "") or None

@@ -8,10 +8,21 @@ extra CUDA streams; changing global numeric modes (TF32, thread counts); seeding
 random generator (lookup tables of the reference's inputs); building or calling the reference
 ``Model``.
 
+It also flags the roads around those rules that pass through allowed modules: a dangerous
+module reached as an attribute (``torch.os``, ``torch.sys.modules``, ``triton.runtime.build.
+subprocess``, ``torch._jit_internal.builtins``, ``...atexit``), dangerous functions by name on any
+object (``.system``, ``.popen``, ``.fork``, ``.exec``, ``.b64decode``, ``.decompress``, ``.loads``,
+``.finalize``, ...), payload decoders (``base64``, ``zlib``, ``marshal``, ...), replacing a timer or
+a comparison on any object (``m.perf_counter = ...``), the reference's ``Model`` reached as an
+attribute or another class's ``forward`` called on ``self``, and ``getattr`` passed around as a
+value. A computed ``getattr`` on an allowed module (``getattr(torch, name)``, ``getattr(tl, op)``)
+or on ``self`` is allowed: what it could reach is the operating system's sandbox's business
+(harness.sandbox), not this filter's.
+
 It is a first line, not the only one: the judge process never trusts the candidate's process
-(see harness.worker). Code under ``if __name__ == "__main__":`` never runs when a candidate is
-imported and is not checked. Honest Triton candidates (``torch``, ``triton``, ``math``, ...)
-trip none of these rules.
+(see harness.worker), and the candidate process runs in an OS sandbox (harness.sandbox). Code
+under ``if __name__ == "__main__":`` never runs when a candidate is imported and is not checked.
+Honest Triton candidates (``torch``, ``triton``, ``math``, ...) trip none of these rules.
 """
 from __future__ import annotations
 
@@ -44,8 +55,52 @@ BANNED_MODULES = {
     "types": "builds functions or code objects", "harness": "imports the EGG harness",
     "sys": "reaches into the interpreter", "os": "touches files or the environment",
     "posix": "touches files or the environment", "time": "reads or patches timers",
-    "builtins": "patches builtins",
+    "builtins": "patches builtins", "weakref": "runs code when objects die or at exit",
+    "base64": "decodes a payload", "binascii": "decodes a payload", "zlib": "decompresses a payload",
+    "bz2": "decompresses a payload", "lzma": "decompresses a payload", "gzip": "decompresses a payload",
+    "site": "changes the import path", "sysconfig": "reaches the environment's paths",
+    "select": "waits on file descriptors", "operator": "reaches attributes by name",
 }
+#: modules that are findings when reached as an attribute of anything (``torch.os``,
+#: ``triton.runtime.build.subprocess``): the banned modules, less the names that are also torch
+#: submodules or ordinary attribute names (signal, random, types, code, operator)
+ATTR_MODULES = {m: why for m, why in BANNED_MODULES.items()
+                if m not in ("signal", "types", "code", "codeop", "harness", "operator", "select")}
+#: functions that are findings by name on any object: shells, processes, exit hooks, payloads,
+#: the environment, files, raw memory (none is a name an honest kernel module uses)
+DANGEROUS_ATTRS = {
+    **{n: "runs a shell command or a program" for n in (
+        "system", "popen", "Popen", "getoutput", "getstatusoutput", "check_output", "check_call",
+        "spawnl", "spawnle", "spawnlp", "spawnlpe", "spawnv", "spawnve", "spawnvp", "spawnvpe",
+        "execl", "execle", "execlp", "execlpe", "execv", "execve", "execvp", "execvpe",
+        "posix_spawn", "posix_spawnp", "startfile")},
+    **{n: "starts or signals processes" for n in (
+        "fork", "forkpty", "vfork", "kill", "killpg", "setsid", "setpgid", "setpgrp", "daemon",
+        "register_at_fork", "pidfd_open")},
+    **{n: "runs code at exit" for n in ("finalize", "Finalize", "_register_atexit", "_exithandlers",
+                                        "exitfunc", "_exit_function")},
+    **{n: "runs generated code" for n in ("exec", "exec_module", "run_code", "run_module",
+                                          "run_path", "import_module", "find_spec", "loads")},
+    **{n: "decodes a payload" for n in ("b64decode", "b32decode", "b16decode", "a85decode",
+                                        "b85decode", "decodebytes", "decompress", "unhexlify",
+                                        "a2b_base64", "a2b_hex")},
+    **{n: "touches the environment or files" for n in (
+        "environ", "getenv", "putenv", "unsetenv", "listdir", "scandir", "unlink", "rmdir",
+        "removedirs", "mkdir", "makedirs", "chmod", "chown", "symlink", "write_text", "write_bytes",
+        "read_text", "read_bytes", "fdopen", "dup2", "pipe", "mkfifo", "truncate", "chdir")},
+    **{n: "touches raw memory or native code" for n in (
+        "CDLL", "cdll", "PyDLL", "pydll", "LoadLibrary", "dlopen", "pythonapi", "string_at",
+        "memmove", "memset", "addressof", "from_address", "cast_to")},
+    **{n: "reaches attributes by name" for n in ("attrgetter", "methodcaller")},
+    "modules": "reaches the interpreter's loaded modules (sys.modules)",
+}
+#: attribute names replaced (assigned on anything but ``self``) only to fool a timer or a comparison
+TIMER_ATTRS = {"perf_counter", "perf_counter_ns", "time", "time_ns", "monotonic", "monotonic_ns",
+               "process_time", "thread_time", "elapsed_time", "synchronize", "record", "query",
+               "do_bench", "do_bench_cudagraph", "allclose", "isclose", "equal", "assert_close",
+               "testing", "Event", "sleep"}
+#: module roots on which a computed getattr is fine (``getattr(torch, name)``, ``getattr(tl, op)``)
+GETATTR_OK = ("torch", "triton", "math", "numpy")
 #: dotted names (after resolving import aliases) that are findings wherever they appear
 BANNED_DOTTED = {
     "torch.multiprocessing": "starts processes", "torch.distributed": "talks to other processes",
@@ -199,6 +254,18 @@ def check_source(source: str, skip_lines: int = 0) -> list[Finding]:
             skipped.update(id(n) for n in ast.walk(node))
     al = _aliases(tree)
     roots = set(al) | PATCH_TARGETS
+    called = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
+
+    def _getattr_ok(obj: ast.AST) -> bool:
+        d = _dotted(obj)
+        if not d:
+            return False
+        if d == ["self"]:
+            return True
+        full = resolve(d)
+        if any(full == b or full.startswith(b + ".") for b in BANNED_DOTTED):
+            return False
+        return full.split(".")[0] in GETATTR_OK and (d[0] in al or d[0] in PATCH_TARGETS)
 
     def add(node: ast.AST, why: str) -> None:
         ln = getattr(node, "lineno", 0)
@@ -239,6 +306,10 @@ def check_source(source: str, skip_lines: int = 0) -> list[Finding]:
                 add(node, f"imports from {mod} ({BANNED_MODULES[top]})")
             for a in node.names:
                 full = f"{mod}.{a.name}"
+                if a.name in ATTR_MODULES and top not in BANNED_MODULES:
+                    add(node, f"imports module {a.name} from {mod} ({ATTR_MODULES[a.name]})")
+                if a.name in DANGEROUS_ATTRS:
+                    add(node, f"imports {a.name} ({DANGEROUS_ATTRS[a.name]})")
                 for bad, why in BANNED_DOTTED.items():
                     if full == bad or full.startswith(bad + ".") or mod == bad or mod.startswith(bad + "."):
                         add(node, f"imports {full} ({why})")
@@ -255,16 +326,28 @@ def check_source(source: str, skip_lines: int = 0) -> list[Finding]:
                     add(node, f"changes an attribute of {al.get(r, r)} (monkey-patching)")
                 if isinstance(t, ast.Attribute) and t.attr in ("forward", "__call__") and r != "self":
                     add(node, "replaces a forward or __call__ method")
+                if isinstance(t, ast.Attribute) and t.attr in TIMER_ATTRS and r != "self":
+                    add(node, f"replaces {t.attr} (a timer or a comparison)")
         elif isinstance(node, ast.Call):
             f = node.func
             if isinstance(f, ast.Name) and f.id == "getattr" and len(node.args) >= 2:
                 a = node.args[1]
                 if not (isinstance(a, ast.Constant) and isinstance(a.value, str)):
-                    add(node, "reads attributes by computed name (getattr)")
+                    if not _getattr_ok(node.args[0]):
+                        add(node, "reads attributes by computed name (getattr)")
                 elif a.value in BANNED_ATTRS:
                     add(node, BANNED_ATTRS[a.value])
+                elif a.value in ATTR_MODULES:
+                    add(node, f"reaches module {a.value} through an attribute ({ATTR_MODULES[a.value]})")
+                elif a.value in DANGEROUS_ATTRS:
+                    add(node, DANGEROUS_ATTRS[a.value])
+                elif a.value == "Model":
+                    add(node, "reaches the reference Model")
                 elif a.value.startswith("__"):
                     add(node, "reads a dunder attribute by name (getattr)")
+            if isinstance(f, ast.Attribute) and f.attr == "forward" and node.args \
+                    and isinstance(node.args[0], ast.Name) and node.args[0].id == "self":
+                add(node, "calls another class's forward on self")
             if isinstance(f, ast.Name) and f.id == "type" and len(node.args) == 3:
                 add(node, "creates a class dynamically")
             if isinstance(f, ast.Name) and f.id == "Model":
@@ -278,10 +361,18 @@ def check_source(source: str, skip_lines: int = 0) -> list[Finding]:
         elif isinstance(node, ast.Name):
             if node.id in BANNED_NAMES and node.id not in al:  # imported names are not the builtins
                 add(node, BANNED_NAMES[node.id])
+            if node.id == "getattr" and id(node) not in called:
+                add(node, "passes getattr around (reads attributes by name)")
         elif isinstance(node, ast.Attribute):
             why = BANNED_ATTRS.get(node.attr)
             if why:
                 add(node, why)
+            if node.attr in ATTR_MODULES:
+                add(node, f"reaches module {node.attr} through an attribute ({ATTR_MODULES[node.attr]})")
+            if node.attr in DANGEROUS_ATTRS and not (node.attr == "modules" and id(node) in called):
+                add(node, DANGEROUS_ATTRS[node.attr])  # self.modules() is nn.Module's
+            if node.attr == "Model":
+                add(node, "reaches the reference Model")
             check_dotted(node)
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             if node.name in BANNED_DEFS:

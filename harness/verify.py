@@ -39,12 +39,13 @@ def static_findings_src(src: str, problem_source: str | None) -> list[str]:
 def verify(problem_path: str, candidate_path: str, *, device: str = "cpu", trials: int = 5,
            tol: Tolerance | None = None, timeout_s: float = 600.0, memory_limit_gb: float = 0.0,
            problem_source: str | None = None, log_dir: str | None = None,
-           static: bool = True) -> dict:
+           static: bool = True, sandbox_mode: str | None = None) -> dict:
     """Verify a candidate file against a problem file.
 
     ``timeout_s`` bounds the whole verification (loading, every trial); ``memory_limit_gb`` caps
     the candidate process (0: half the machine's RAM, and half the GPU's memory; < 0: no cap).
-    ``static=False`` skips the static check (to show what the dynamic checks catch alone).
+    ``static=False`` skips the static check (to show what the dynamic checks catch alone);
+    ``sandbox_mode`` (off / auto / strict) overrides ``EGG_SANDBOX`` for this verification.
     """
     t0 = time.time()
     base = {"passed": False, "reason": "", "category": "", "trials": 0, "checks": [], "outputs": [],
@@ -61,12 +62,12 @@ def verify(problem_path: str, candidate_path: str, *, device: str = "cpu", trial
     tol = tol or Tolerance()
     req = {"problem": str(problem_path), "candidate": str(candidate_path), "device": device,
            "trials": trials, "tolerance": tol.__dict__, "memory_limit_gb": memory_limit_gb,
-           "timeout_s": timeout_s}
+           "timeout_s": timeout_s, "sandbox_mode": sandbox_mode}
     nonce = secrets.token_hex(16)
     proc, log = start_child("verify", req, log_dir, stdin=subprocess.PIPE)
     checks = ["static"] if static else []
     try:
-        out, _ = proc.communicate(nonce + "\n", timeout=timeout_s + 120)
+        out, _ = proc.communicate(nonce + "\n" + json.dumps(src) + "\n", timeout=timeout_s + 120)
     except subprocess.TimeoutExpired:
         kill_group(proc)
         return {**base, "category": "timeout", "checks": checks,

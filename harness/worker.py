@@ -1,51 +1,58 @@
-"""What runs inside the harness's child processes (see harness.child).
+"""What runs inside the harness's judge processes (see harness.child): verification and timing.
 
 Verification uses two processes so that nothing a candidate does can reach the comparison:
 
-- the judge (``judge``) builds the reference model, draws inputs from unpredictable seeds,
-  computes eager (and float64) outputs, compares, and writes the verdict;
-- the candidate process (``candidate_main``), spawned by the judge (fresh, never forked from a
-  process that holds CUDA), imports the candidate and runs it on request. It receives *copies* of
-  the judge's inputs through shared memory (CUDA IPC on GPUs) and returns its outputs the same way.
+- the judge (``judge``) builds the reference model, loads random parameters and buffers into it,
+  draws inputs from unpredictable seeds, computes eager and float64 outputs, compares, and
+  writes the verdict;
+- the candidate process (harness.candidate_proc), spawned by the judge (fresh, never forked from
+  a process that holds CUDA) in a scratch folder of its own, imports the candidate from a private
+  copy of the source the judge was given and runs it on request. It receives *copies* of the
+  judge's inputs through shared memory (CUDA IPC on GPUs) and returns its outputs and its
+  parameters and buffers the same way.
 
 The judge trusts nothing that comes back: messages are unpickled by an allow-list unpickler (only
 tensors, storages, dtypes and plain values can cross, so no code of the candidate runs in the
 judge), inputs are compared with the judge's private copy after every call, the reference is
-computed on private tensors the candidate never sees, the candidate is called again on new values
-in the same buffers, it runs under a time limit and a memory limit (host RSS watched by the judge,
-an address-space cap on CPU, a per-process fraction of device memory on GPUs), and on GPUs the
-device memory it can allocate is poisoned with NaN before each call. A crash, a signal, a hang or
-a CUDA error is a verdict, never a failure of the harness.
+computed on private tensors the candidate never sees, it runs under a time limit and a memory
+limit (host RSS watched by the judge, an address-space cap on CPU, a per-process fraction of
+device memory on GPUs), and on GPUs the device memory it can allocate is poisoned with NaN before
+each call. A crash, a signal, a hang or a CUDA error is a verdict, never a failure of the harness.
+
+The trials (harness.trials) cover a user's real calls: random loaded state, train() and eval(),
+grad on and off, scaled / negated / large inputs, partly changed inputs in the same buffers, other
+sizes and another rank. The timing judge (``profile_server``) times eager and torch.compile
+itself and each candidate in its own candidate process, in rounds it bounds with its own clock
+and whose outputs it checks (harness.timing, "timed rounds").
 """
 from __future__ import annotations
 
 import copy  # noqa: F401 - imported before any candidate runs (see _fp64_model)
+import hashlib
 import io
 import json
 import math
 import os
 import pickle
+import random
 import secrets
+import shutil
 import signal
+import statistics
+import tempfile
 import time
 import traceback
+from collections import OrderedDict
 
 import torch
 import torch.multiprocessing as mp
 
-from harness.compare import (Tolerance, compare_output, flatten, fp64_door, structure_error)
-from harness.problem import ProblemError, build_model, load_module, load_problem, one_line
-from harness.runner import says_out_of_memory
-
-#: device memory filled with NaN before each candidate call: at most this much, at most a quarter
-#: of what is free (a fresh segment that the candidate's own allocations are carved from)
-POISON_BYTES = 1 << 30
-#: small-pool poison (allocations under 1 MiB live in 2 MiB segments of their own)
-POISON_SMALL = (128, 512 * 1024)
-#: the address-space cap on CPU sits this far above the memory limit (thread stacks, malloc
-#: arenas and the interpreter's own mappings are address space, not memory)
-AS_SLACK_BYTES = 1 << 30
-MARK = "__egg_marker__"
+from harness import sandbox
+from harness import trials as TR
+from harness.candidate_proc import MARK
+from harness.compare import (Tolerance, _chunks, compare_output, flatten, fp64_door, structure_error)
+from harness.problem import ProblemError, build_model, load_problem, one_line
+from harness.runner import report_progress, says_out_of_memory
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -69,14 +76,9 @@ def _seeded_inputs(prob, seed: int, dev: torch.device) -> list:
     return [x.to(dev) if isinstance(x, torch.Tensor) else x for x in xs]
 
 
-def _build(cls_or_prob, init: list, seed: int, dev: torch.device, cls=None):
+def _build(prob, init: list, seed: int, dev: torch.device):
     torch.manual_seed(seed)
-    if cls is None:
-        model = build_model(cls_or_prob, init, dev)
-    else:
-        with torch.device(dev):
-            model = cls(*init)
-    return model.to(dev)
+    return build_model(prob, init, dev).to(dev)
 
 
 def _signal_name(code: int | None) -> str:
@@ -129,50 +131,6 @@ def _is_memory_error(e: BaseException) -> bool:
     return says_out_of_memory(str(e))
 
 
-def _describe_exc(e: BaseException, tb: str, candidate: str) -> str:
-    """One line: the exception, then where in the candidate it came from (when it did)."""
-    where = ""
-    try:
-        frames = traceback.extract_tb(e.__traceback__)
-        mine = [f for f in frames if os.path.abspath(f.filename) == os.path.abspath(candidate)]
-        if mine:
-            f = mine[-1]
-            where = f" (candidate line {f.lineno}: {(f.line or '').strip()})"
-    except Exception:  # noqa: BLE001
-        pass
-    return one_line(e) + where if where else one_line(e) + " | " + _tail(tb, 3)
-
-
-def _count_triton_launches():
-    """Count Triton kernel launches in this process (installed before the candidate loads)."""
-    counter = {"n": 0}
-    try:
-        from triton.runtime.jit import JITFunction
-
-        orig = JITFunction.run
-
-        def run(self, *a, **k):
-            counter["n"] += 1
-            return orig(self, *a, **k)
-
-        JITFunction.run = run
-        try:
-            from triton.runtime.interpreter import InterpretedFunction
-
-            orig_i = InterpretedFunction.run
-
-            def run_i(self, *a, **k):
-                counter["n"] += 1
-                return orig_i(self, *a, **k)
-
-            InterpretedFunction.run = run_i
-        except Exception:  # noqa: BLE001 - older/newer triton without the interpreter class
-            pass
-    except Exception:  # noqa: BLE001
-        pass
-    return counter
-
-
 def harden_judge() -> None:
     """Make this process non-dumpable (Linux): other processes of the same user, the candidate
     among them, can no longer read its memory or open its file descriptors through /proc
@@ -183,6 +141,99 @@ def harden_judge() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
     except Exception:  # noqa: BLE001 - not Linux: nothing to do
         pass
+
+
+# ----------------------------------------------------------------------------- the candidate process
+class _Verdict(Exception):
+    def __init__(self, category: str, reason: str):
+        super().__init__(reason)
+        self.category, self.reason = category, reason
+
+
+def _cand_category(c: str) -> str:
+    """A failure category reported by the candidate process (which may lie: only these pass)."""
+    return c if c in ("candidate", "compile", "runtime", "memory") else "cheat"
+
+
+def _device_limit(req: dict, dev: torch.device) -> int:
+    """Device memory the candidate may allocate: the limit when given, else half the device."""
+    if dev.type != "cuda":
+        return 0
+    lim = req.get("memory_limit_gb")
+    if lim is not None and lim < 0:
+        return 0
+    if lim:
+        return int(lim * (1 << 30))
+    return torch.cuda.get_device_properties(dev).total_memory // 2
+
+
+class CandidateProcess:
+    """A candidate process of this judge: spawned in a scratch folder of its own holding a private
+    copy of the candidate's source, built with the reference's constructor arguments and seed."""
+
+    def __init__(self, source: str, label: str, dev: torch.device, init: list, init_seed: int,
+                 mem_limit: int, device_limit: int, deadline: float, sandbox_mode: str | None = None):
+        # the scratch folder and the candidate's identity (harness.sandbox); the candidate file is
+        # a private copy there, readable by that identity
+        self.plan = sandbox.prepare(str(dev), memory_limit_bytes=mem_limit, mode_override=sandbox_mode)
+        self.scratch = self.plan["scratch"]
+        path = os.path.join(self.scratch, "candidate.py")
+        with open(path, "w") as f:
+            f.write(source)
+        os.chmod(path, 0o444)
+        self.deadline, self.dev = deadline, dev
+        ctx = mp.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        creq = {"candidate": path, "label": label, "device": str(dev), "init": list(init),
+                "init_seed": init_seed, "memory_limit_bytes": mem_limit if dev.type == "cpu" else 0,
+                "device_memory_limit_bytes": device_limit, "sandbox": self.plan}
+        # the candidate process starts in sandbox.candidate_process: it enters the OS sandbox
+        # before torch or the candidate is imported, reports what held, then runs candidate_proc
+        self.proc = ctx.Process(target=sandbox.candidate_process, args=(child, creq), daemon=True)
+        self.proc.start()
+        child.close()
+        self.watch = _Watch(self.conn, self.proc, deadline, mem_limit)
+
+    def enter(self, result: dict) -> None:
+        """The sandbox report (the first message, sent before any candidate code ran) into
+        ``result``; strict mode's refusal is a verdict."""
+        refused = sandbox.report(self.recv("entering the sandbox"), result, self.plan)
+        if refused:
+            raise _Verdict("harness", refused)
+
+    def send(self, msg) -> None:
+        self.conn.send(msg)
+
+    def recv(self, what: str):
+        return self.watch.recv(what)
+
+    def expect(self, kind: str, what: str):
+        """The next message, which must be ``kind`` (an "error" from it becomes the verdict)."""
+        msg = self.recv(what)
+        if msg[0] == "error":
+            raise _Verdict(_cand_category(msg[1]), msg[2])
+        if msg[0] != kind:
+            raise _Verdict("cheat", f"the candidate process sent an unexpected message during {what}")
+        return msg
+
+    def close(self, everything: bool = True) -> None:
+        """End the candidate process. ``everything``: and whatever any candidate of this judge
+        started (descendants of the judge, processes of the candidates' uid: sandbox.cleanup);
+        else this one's process tree only (a timing judge keeps other candidates alive)."""
+        try:
+            self.conn.send(("quit",))
+        except Exception:  # noqa: BLE001
+            pass
+        self.proc.join(5)
+        if self.proc.is_alive():
+            sandbox.kill_descendants(self.proc.pid)
+            self.proc.kill()
+            self.proc.join(5)
+        if everything:
+            sandbox.cleanup(self.plan)
+        else:
+            sandbox.kill_descendants(self.proc.pid)
+            shutil.rmtree(self.scratch, ignore_errors=True)
 
 
 # ----------------------------------------------------------------------------- what may cross
@@ -220,290 +271,6 @@ class _SafeUnpickler(pickle.Unpickler):
 
 def safe_loads(buf: bytes):
     return _SafeUnpickler(io.BytesIO(buf)).load()
-
-
-def _sendable(o):
-    """An output as it crosses to the judge: plain tensors and plain values; anything else as a
-    marker naming its type (a lazy Tensor subclass is never materialized here)."""
-    if type(o) is torch.Tensor or type(o) is torch.nn.Parameter:
-        return o.detach()
-    if isinstance(o, torch.Tensor):
-        return (MARK, "subclass", type(o).__qualname__)
-    if o is None or type(o) in (int, float, bool, complex, str):
-        return o
-    return (MARK, "object", type(o).__qualname__)
-
-
-# ----------------------------------------------------------------------------- candidate side
-def _limit_memory(creq: dict, dev: torch.device) -> None:
-    lim = int(creq.get("memory_limit_bytes") or 0)
-    if dev.type == "cpu" and lim > 0:
-        import resource
-
-        vm = _proc_kb("self", "VmSize") * 1024
-        if vm > 0:
-            cap = vm + lim + AS_SLACK_BYTES
-            hard = resource.getrlimit(resource.RLIMIT_AS)[1]
-            if hard != resource.RLIM_INFINITY:
-                cap = min(cap, hard)
-            resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
-    dlim = int(creq.get("device_memory_limit_bytes") or 0)
-    if dev.type == "cuda" and dlim > 0:
-        total = torch.cuda.get_device_properties(dev).total_memory
-        torch.cuda.set_per_process_memory_fraction(min(1.0, dlim / total), dev)
-
-
-def _send_failure(conn, e: BaseException, creq: dict, what_ran: str, category: str) -> None:
-    """Report an exception of the candidate's code: out of memory, or the given category."""
-    what = _describe_exc(e, traceback.format_exc(), creq["candidate"])
-    if _is_memory_error(e):
-        conn.send(("error", "memory", f"{what_ran} ran out of memory ({_limits(creq)}): {what}"))
-    else:
-        conn.send(("error", category, f"{what_ran} raised {what}"))
-
-
-def _limits(creq: dict) -> str:
-    bits = [f"{creq[k] / 2**30:.2f} GiB {w}" for k, w in (("memory_limit_bytes", "host limit"),
-                                                           ("device_memory_limit_bytes", "device limit"))
-            if creq.get(k)]
-    return ", ".join(bits) or "no limit set"
-
-
-def _poison(dev: torch.device) -> None:
-    """Fill the device memory the candidate's next allocations will come from with NaN."""
-    torch.cuda.synchronize(dev)
-    torch.cuda.empty_cache()
-    free, _ = torch.cuda.mem_get_info(dev)
-    n = min(POISON_BYTES, free // 4) // 4
-    big = torch.empty(n, dtype=torch.float32, device=dev).fill_(float("nan")) if n > 0 else None
-    k, size = POISON_SMALL
-    small = [torch.empty(size // 4, dtype=torch.float32, device=dev).fill_(float("nan")) for _ in range(k)]
-    torch.cuda.synchronize(dev)
-    del big, small
-
-
-def candidate_main(conn, creq: dict) -> None:
-    """The candidate process: load, build, then run on request. Never sees reference outputs."""
-    try:
-        os.setpgid(0, os.getpgid(os.getppid()))
-    except OSError:
-        pass
-    dev = _device(creq["device"])
-    launches = _count_triton_launches()
-    try:
-        _limit_memory(creq, dev)
-        prob = load_problem(creq["problem"])
-        mod = load_module(creq["candidate"], "candidate")
-        cls = getattr(mod, "ModelNew", None)
-        if not isinstance(cls, type) or not issubclass(cls, torch.nn.Module):
-            conn.send(("error", "candidate", f"candidate {creq['candidate']}: defines no ModelNew(nn.Module) class"))
-            return
-        init = prob.init_inputs()
-        model = _build(None, init, creq["init_seed"], dev, cls=cls)
-        state = {k: v.detach() for k, v in model.named_parameters()}
-        conn.send(("ready", state))
-    except ProblemError as e:
-        conn.send(("error", "memory" if "memory" in str(e).lower() else "compile", str(e)))
-        return
-    except BaseException as e:  # noqa: BLE001
-        _send_failure(conn, e, creq, "building ModelNew", "compile")
-        return
-    held = None
-    while True:
-        msg = conn.recv()
-        if msg[0] == "quit":
-            return
-        if msg[0] == "run":
-            held = msg[1]
-        try:
-            if dev.type == "cuda":
-                _poison(dev)
-            _sync(dev)
-            before = launches["n"]
-            t0 = time.perf_counter()
-            with torch.no_grad():
-                out = model(*held)
-            _sync(dev)
-            wall = time.perf_counter() - t0
-            safe = [_sendable(o) for o in flatten(out)]
-            conn.send(("out", safe, wall, launches["n"] - before))
-        except BaseException as e:  # noqa: BLE001
-            _send_failure(conn, e, creq, "forward", "runtime")
-            return
-        ack = conn.recv()
-        del out, safe
-        if ack[0] == "quit":
-            return
-
-
-# ----------------------------------------------------------------------------- judge side
-class _Verdict(Exception):
-    def __init__(self, category: str, reason: str):
-        super().__init__(reason)
-        self.category, self.reason = category, reason
-
-
-def _eager(model, inputs: list, prob) -> list:
-    try:
-        with torch.no_grad():
-            out = model(*inputs)
-    except BaseException as e:  # noqa: BLE001
-        if isinstance(e, KeyboardInterrupt):
-            raise
-        if _is_memory_error(e):
-            raise _Verdict("harness", f"the reference ran out of memory: {one_line(e)}") from None
-        raise ProblemError(f"problem {prob.path}: Model.forward raised {one_line(e)}") from None
-    return [r.detach().clone() if isinstance(r, torch.Tensor) else r for r in flatten(out)]
-
-
-def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if torch.equal(a, b):
-        return True
-    if a.dtype.is_floating_point or a.is_complex():
-        return a.shape == b.shape and bool(torch.allclose(a, b, rtol=0, atol=0, equal_nan=True))
-    return False
-
-
-def judge(req: dict, chan) -> None:
-    t_start = time.time()
-    result = {"passed": False, "reason": "", "category": "", "trials": 0, "checks": [],
-              "outputs": [], "flags": [], "launches": 0, "device": req["device"]}
-    proc = conn = None
-    try:
-        dev = _device(req["device"])
-        deadline = t_start + float(req.get("timeout_s", 600))
-        tol = Tolerance(**req.get("tolerance", {}))
-        mem = memory_limit_bytes(req.get("memory_limit_gb"))
-        prob = load_problem(req["problem"])
-        init = prob.init_inputs()
-        init_seed = secrets.randbits(62)
-        model = _build(prob, init, init_seed, dev)
-        ctx = mp.get_context("spawn")
-        conn, child = ctx.Pipe()
-        creq = {k: req[k] for k in ("problem", "candidate", "device")}
-        creq.update(init_seed=init_seed, memory_limit_bytes=mem if dev.type == "cpu" else 0,
-                    device_memory_limit_bytes=_device_limit(req, dev))
-        proc = ctx.Process(target=candidate_main, args=(child, creq), daemon=True)
-        proc.start()
-        child.close()
-        watch = _Watch(conn, proc, deadline, mem)
-        msg = watch.recv("loading the candidate")
-        if msg[0] == "error":
-            raise _Verdict(_cand_category(msg[1]), msg[2])
-        if msg[0] != "ready" or not isinstance(msg[1], dict):
-            raise _Verdict("cheat", "the candidate process sent an unexpected message")
-        _check_params(model, msg[1], result)
-        result["checks"].append("parameters")
-        n_trials = int(req.get("trials", 5))
-        shared = None
-        fp64_model = None
-        recalled = False
-        for t in range(n_trials):
-            priv = _seeded_inputs(prob, secrets.randbits(62), dev)  # never leaves the judge
-            ref = _eager(model, priv, prob)
-            if t == 0:
-                _check_reference_determinism(ref, _eager(model, priv, prob), tol)
-                result["checks"].append("reference-determinism")
-            if shared is not None and t % 2 == 1:
-                # same buffers, new values: defeats caches keyed on pointers or on first results
-                for b, f in zip(shared, priv):
-                    if isinstance(b, torch.Tensor):
-                        b.copy_(f)
-                mode, recalled = ("again",), True
-            else:
-                shared = [x.clone() if isinstance(x, torch.Tensor) else x for x in priv]
-                mode = ("run", shared)
-            _sync(dev)  # the candidate process reads these buffers on its own stream
-            conn.send(mode)
-            msg = watch.recv(f"trial {t + 1}")
-            if msg[0] == "error":
-                raise _Verdict(_cand_category(msg[1]), msg[2])
-            if msg[0] != "out" or len(msg) != 4 or not isinstance(msg[1], list):
-                raise _Verdict("cheat", "the candidate process sent an unexpected message")
-            _, outs, _wall, launches = msg
-            _check_structure(ref, outs)  # metadata only: shapes are checked before anything is copied
-            try:
-                cand = [o.clone() if isinstance(o, torch.Tensor) else o for o in outs]
-                _sync(dev)  # our copies are complete before the candidate may free its outputs
-            except Exception as e:  # noqa: BLE001 - e.g. CUDA IPC handles that do not open
-                raise _Verdict("runtime", f"trial {t + 1}: the candidate's outputs could not be read "
-                               f"({one_line(e)}): its channel to the judge was tampered with or its "
-                               "memory is gone") from None
-            conn.send(("ack",))
-            del outs, msg  # releases the candidate's output blocks (CUDA IPC reference counts)
-            result["launches"] = max(result["launches"], int(launches) if isinstance(launches, int) else 0)
-            for i, (a, b) in enumerate(zip(shared, priv)):
-                if isinstance(a, torch.Tensor) and not _same(a, b):
-                    raise _Verdict("cheat", f"trial {t + 1}: input {i} was modified by the candidate")
-            checks = []
-            need64 = t == 0
-            for i, (r, c) in enumerate(zip(ref, cand)):
-                if not isinstance(r, torch.Tensor):
-                    if r != c:
-                        raise _Verdict("mismatch", f"trial {t + 1}: output {i}: {c!r} != eager's {r!r}")
-                    continue
-                chk = compare_output(i, r, c, tol)
-                checks.append((chk, r, c))
-                need64 |= not chk.ok
-            if need64 and any(r.dtype.is_floating_point for _, r, _ in checks):
-                if fp64_model is None:
-                    fp64_model = _fp64_model(model)
-                ref64 = _fp64_outputs(fp64_model, priv) if fp64_model is not None else None
-                if ref64 is not None:
-                    checks = [(fp64_door(chk, ref64[chk.index], r, c), r, c) for chk, r, c in checks]
-                    if "fp64-reference" not in result["checks"]:
-                        result["checks"].append("fp64-reference")
-            for chk, _, _ in checks:
-                _merge_output(result, chk)
-            for chk, _, _ in checks:
-                if not chk.ok:
-                    raise _Verdict(chk.category, f"trial {t + 1}: {chk.reason}")
-            result["trials"] = t + 1
-        result["checks"] += ["tolerance", "inputs-unchanged", "fresh-seeds"]
-        if recalled:
-            result["checks"].append("recall-same-buffers")
-        result["checks"].append("memory-limit" if mem else "no-memory-limit")
-        if dev.type == "cuda":
-            result["checks"].append("poisoned-memory")
-        result["passed"] = True
-    except _Verdict as v:
-        result["category"], result["reason"] = v.category, v.reason
-    except ProblemError as e:
-        result["category"], result["reason"] = "problem", str(e)
-    except BaseException:  # noqa: BLE001
-        result["category"], result["reason"] = "harness", _tail(traceback.format_exc())
-    finally:
-        if conn is not None:
-            try:
-                conn.send(("quit",))
-            except Exception:  # noqa: BLE001
-                pass
-        if proc is not None:
-            proc.join(5)
-            if proc.is_alive():
-                proc.kill()
-                proc.join(5)
-    result["wall_s"] = round(time.time() - t_start, 3)
-    if req.get("nonce"):
-        result["nonce"] = req["nonce"]
-    chan.write(json.dumps(result) + "\n")
-
-
-def _cand_category(c: str) -> str:
-    """A failure category reported by the candidate process (which may lie: only these pass)."""
-    return c if c in ("candidate", "compile", "runtime", "memory") else "cheat"
-
-
-def _device_limit(req: dict, dev: torch.device) -> int:
-    """Device memory the candidate may allocate: the limit when given, else half the device."""
-    if dev.type != "cuda":
-        return 0
-    lim = req.get("memory_limit_gb")
-    if lim is not None and lim < 0:
-        return 0
-    if lim:
-        return int(lim * (1 << 30))
-    return torch.cuda.get_device_properties(dev).total_memory // 2
 
 
 class _Watch:
@@ -562,6 +329,7 @@ class _Watch:
         raise _Verdict("crash", f"candidate process {_signal_name(self.proc.exitcode)} during {what}")
 
 
+# ----------------------------------------------------------------------------- judge side
 def _check_structure(ref: list, cand: list) -> None:
     for i, c in enumerate(cand):
         if isinstance(c, tuple) and len(c) == 3 and c[0] == MARK:
@@ -575,42 +343,144 @@ def _check_structure(ref: list, cand: list) -> None:
         raise _Verdict("cheat" if "subclass" in err else "mismatch", err)
 
 
-def _check_params(model, cand_state: dict, result: dict) -> None:
-    ref = dict(model.named_parameters())
+def _state(model) -> dict:
+    """Model's parameters and persistent buffers (its state_dict entries), detached."""
+    return {k: v.detach() for k, v in model.state_dict().items() if isinstance(v, torch.Tensor)}
+
+
+def _key_map(model, cand_state: dict, result: dict) -> dict[str, str]:
+    """Model's state_dict keys -> ModelNew's: the same names, or (an LLM-style ModelNew that names
+    them differently) by position, flagged. Shapes and dtypes must agree."""
     if not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in cand_state.items()):
         raise _Verdict("cheat", "the candidate process sent unexpected parameters")
+    ref = _state(model)
+    params = {k for k, _ in model.named_parameters()}
     if set(ref) <= set(cand_state):
-        pairs = [(k, k, p, cand_state[k]) for k, p in ref.items()]
+        kmap = {k: k for k in ref}
     else:
-        # an LLM-style ModelNew(nn.Module) may name its parameters differently: match by position
-        cands = list(cand_state.items())
+        cands = list(cand_state)
         if len(cands) < len(ref):
             missing = [k for k in ref if k not in cand_state]
-            raise _Verdict("params", f"ModelNew lacks parameters of Model: {', '.join(missing[:5])}")
-        pairs = [(k, ck, p, c) for (k, p), (ck, c) in zip(ref.items(), cands)]
-        if pairs:
+            raise _Verdict("params", f"ModelNew lacks parameters or buffers of Model: {', '.join(missing[:5])}")
+        kmap = dict(zip(ref, cands))
+        if kmap:
             result["flags"].append("parameter names differ from Model's (matched by position)")
-    for k, ck, p, c in pairs:
+    for k, ck in kmap.items():
+        p, c = ref[k], cand_state[ck]
+        what = "parameter" if k in params else "buffer"
         if tuple(c.shape) != tuple(p.shape) or c.dtype != p.dtype:
-            raise _Verdict("params", f"parameter {ck} is {tuple(c.shape)} {c.dtype}, Model's {k} is "
+            raise _Verdict("params", f"{what} {ck} is {tuple(c.shape)} {c.dtype}, Model's {k} is "
                            f"{tuple(p.shape)} {p.dtype}")
-        if not torch.equal(c.to(p.device), p.detach()):
-            raise _Verdict("params", f"parameter {ck} differs from Model's {k} after the same seeded init")
-    used = {ck for _, ck, _, _ in pairs}
-    extra = [k for k in cand_state if k not in used]
+    extra = [k for k in cand_state if k not in set(kmap.values())]
     if extra:
-        result["flags"].append(f"extra parameters: {', '.join(extra[:5])}")
+        result["flags"].append(f"extra parameters or buffers: {', '.join(extra[:5])}")
+    return kmap
 
 
-def _check_reference_determinism(a: list, b: list, tol: Tolerance) -> None:
+def _check_same_init(model, cand_state: dict, kmap: dict) -> None:
+    """ModelNew(*get_init_inputs()) from the same seed holds Model's parameters."""
+    ref = _state(model)
+    for k, p in model.named_parameters():
+        c = cand_state[kmap[k]]
+        if not torch.equal(c.to(p.device), p.detach()):
+            raise _Verdict("params", f"parameter {kmap[k]} differs from Model's {k} after the same seeded init")
+    del ref
+
+
+def _is_mask(t: torch.Tensor) -> bool:
+    """A buffer of 0s and 1s (both present: an attention mask kept as a buffer): structure, not
+    a weight. A parameter never is one (a LayerNorm weight starts as all ones)."""
+    if t.dtype == torch.bool:
+        return True
+    return t.numel() > 1 and bool(((t == 0) | (t == 1)).all()) and bool((t == 0).any()) and bool((t == 1).any())
+
+
+def random_state(model, gen: torch.Generator) -> dict:
+    """Random values for every floating parameter and buffer of Model (0/1 masks kept): a
+    tensor with spread keeps its values' distribution exactly (a random permutation) times a
+    sign-preserving jitter; a constant one (ones, zeros: a seeded init hides a dropped weight or
+    bias) gets values around it of the same sign (running variances stay positive)."""
+    out = {}
+    params = {k for k, _ in model.named_parameters()}
+    for k, v in _state(model).items():
+        if not v.dtype.is_floating_point or (k not in params and _is_mask(v)):
+            continue
+        x = v.detach().float().cpu()
+        r = torch.rand(x.shape, generator=gen)
+        if x.numel() > 1 and float(x.std()) > 0:
+            perm = torch.randperm(x.numel(), generator=gen)
+            new = x.reshape(-1)[perm].view_as(x) * (0.75 + 0.5 * r)
+        else:
+            m = float(x.mean()) if x.numel() else 0.0
+            new = (m * (0.5 + r)) if m != 0 else 0.5 * torch.randn(x.shape, generator=gen)
+        out[k] = new.to(dtype=v.dtype, device=v.device)
+    return out
+
+
+def _buffers(model) -> dict:
+    """Model's buffers (persistent ones: state_dict entries that are not parameters), cloned."""
+    params = {k for k, _ in model.named_parameters()}
+    return {k: v.clone() for k, v in _state(model).items() if k not in params}
+
+
+def _restore(model, snap: dict) -> None:
+    cur = dict(model.state_dict())
+    with torch.no_grad():
+        for k, v in snap.items():
+            cur[k].copy_(v)
+
+
+def _call(model, xs: list, grad: bool) -> list:
+    with torch.set_grad_enabled(grad):
+        out = model(*xs)
+    return [r.detach().clone() if isinstance(r, torch.Tensor) else r for r in flatten(out)]
+
+
+class _Raised(Exception):
+    pass
+
+
+def _reference(model, xs: list, mode: str, grad: bool, prob, check_det: bool, tol: Tolerance):
+    """Eager's outputs on ``xs`` (its buffers updated as by one call), or _Raised when it raises
+    on them. ``check_det``: the call is made twice from the same state; the outputs and buffers
+    must agree (a non-deterministic reference cannot judge)."""
+    model.train(mode == "train")
+    before = _buffers(model)
+    try:
+        out = _call(model, xs, grad)
+        if check_det:
+            after = _buffers(model)
+            _restore(model, before)
+            again = _call(model, xs, grad)
+            _check_reference_determinism(out, again, tol, mode)
+            _check_reference_determinism(list(after.values()), list(_buffers(model).values()), tol, mode)
+    except (_Verdict, KeyboardInterrupt):
+        raise
+    except BaseException as e:  # noqa: BLE001
+        _restore(model, before)
+        if _is_memory_error(e):
+            raise _Verdict("harness", f"the reference ran out of memory: {one_line(e)}") from None
+        raise _Raised(one_line(e)) from None
+    return out, before
+
+
+def _check_reference_determinism(a: list, b: list, tol: Tolerance, mode: str = "train") -> None:
     for i, (x, y) in enumerate(zip(a, b)):
         if isinstance(x, torch.Tensor) and not _same(x, y):
             chk = compare_output(i, x, y, tol)
             if not chk.ok:
                 raise _Verdict("reference", f"the reference is not deterministic: two eager runs "
-                               f"on the same inputs differ (output {i}, max abs {chk.max_abs:.3g}), "
-                               "e.g. dropout in training mode or random ops in forward; it cannot "
-                               "judge a candidate")
+                               f"on the same inputs in {mode}() mode differ (output {i}, max abs "
+                               f"{chk.max_abs:.3g}), e.g. dropout in training mode or random ops in "
+                               "forward; it cannot judge a candidate")
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if torch.equal(a, b):
+        return True
+    if a.dtype.is_floating_point or a.is_complex():
+        return a.shape == b.shape and bool(torch.allclose(a, b, rtol=0, atol=0, equal_nan=True))
+    return False
 
 
 def _fp64_model(model):
@@ -620,14 +490,108 @@ def _fp64_model(model):
         return None
 
 
-def _fp64_outputs(m64, inputs):
-    xs = [x.double() if isinstance(x, torch.Tensor) and x.dtype.is_floating_point else x for x in inputs]
+def _fp64_outputs(m64, model, before: dict, xs: list, mode: str):
+    """The float64 reference: Model cast to float64 with the buffers it had before the call."""
+    if m64 is None:
+        return None
     try:
         with torch.no_grad():
-            outs = flatten(m64(*xs))
+            cur = m64.state_dict()
+            for k, v in _state(model).items():
+                src = before.get(k, v)
+                cur[k].copy_(src.to(cur[k].dtype) if cur[k].dtype.is_floating_point else src)
+            m64.train(mode == "train")
+            xs64 = [x.double() if isinstance(x, torch.Tensor) and x.dtype.is_floating_point else x
+                    for x in xs]
+            return flatten(m64(*xs64))
     except Exception:  # noqa: BLE001 - an op without fp64 support: no door, tolerance only
         return None
-    return outs
+
+
+def _scaled(tol: Tolerance, k: float) -> Tolerance:
+    """The tolerance with its absolute terms scaled by ``k`` (outputs k times larger than on the
+    problem's own inputs: the same relative accuracy)."""
+    if k <= 1.0:
+        return tol
+    return Tolerance(tol.atol_fp32 * k, tol.rtol_fp32, tol.atol_lowp * k, tol.rtol_lowp)
+
+
+def _scale(t) -> float:
+    """The largest finite magnitude of ``t`` (in chunks: no full-size temporary)."""
+    if not isinstance(t, torch.Tensor) or not t.dtype.is_floating_point or t.numel() == 0:
+        return 0.0
+    m = 0.0
+    for (x,) in _chunks(t.detach()):
+        x = x.abs()
+        x = x[torch.isfinite(x)]
+        if x.numel():
+            m = max(m, float(x.max()))
+    return m
+
+
+def _release(dev: torch.device) -> None:
+    """Between trials: hand the device memory of the last trial's tensors back (the candidate
+    process and the bench's other jobs share the GPU; a problem's inputs can be several GiB)."""
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _nonfinite(t) -> bool:
+    return isinstance(t, torch.Tensor) and t.dtype.is_floating_point and not bool(torch.isfinite(t).all())
+
+
+def judge_outputs(ref: list, cand: list, xs: list, model, m64, before: dict, mode: str,
+                  tol_for, where: str) -> list:
+    """Compare candidate outputs with eager's under the precision contract (the float64 door
+    and the lower-precision guard on every call): a list of OutputChecks, or a _Verdict."""
+    checks = []
+    for i, (r, c) in enumerate(zip(ref, cand)):
+        if not isinstance(r, torch.Tensor):
+            if r != c:
+                raise _Verdict("mismatch", f"{where}: output {i}: {c!r} != eager's {r!r}")
+            continue
+        checks.append((compare_output(i, r, c, tol_for(i, r)), r, c))
+    if any(r.dtype.is_floating_point for _, r, _ in checks):
+        ref64 = _fp64_outputs(m64, model, before, xs, mode)
+        if ref64 is not None:
+            checks = [(fp64_door(chk, ref64[chk.index], r, c, tol_for(chk.index, r)), r, c)
+                      for chk, r, c in checks]
+    return [chk for chk, _, _ in checks]
+
+
+def _check_state(model, cand_state, kmap: dict, before: dict, prev: dict | None, tol: Tolerance,
+                 where: str) -> dict:
+    """After a call: ModelNew's parameters and buffers that Model's forward leaves unchanged are
+    unchanged (bit for bit: ``prev``, ModelNew's state before the call; None: Model's values,
+    after a load), and those it updates (batch norm's running statistics) are Model's within
+    the tolerance. Returns ModelNew's state by Model's keys (the next call's ``prev``)."""
+    if not isinstance(cand_state, dict):
+        raise _Verdict("cheat", "the candidate process sent unexpected parameters")
+    params = {k for k, _ in model.named_parameters()}
+    mine = {}
+    for k, exp in _state(model).items():
+        ck = kmap[k]
+        c = cand_state.get(ck)
+        if not isinstance(c, torch.Tensor) or tuple(c.shape) != tuple(exp.shape) or c.dtype != exp.dtype:
+            raise _Verdict("params", f"{where}: ModelNew's {ck} is gone or changed shape or dtype")
+        c = c.to(exp.device)
+        mine[k] = c.clone()
+        changed = k in before and not torch.equal(before[k], exp)
+        what = "parameter" if k in params else "buffer"
+        if not changed:
+            was = exp if prev is None else prev[k]
+            if not _same(c, was):
+                raise _Verdict("params", f"{where}: ModelNew's forward changed its {what} {ck} "
+                               "(Model's forward leaves it unchanged)" if prev is not None else
+                               f"{where}: ModelNew's {what} {ck} is not the value loaded")
+        elif exp.dtype.is_floating_point:
+            chk = compare_output(0, exp, c, tol)
+            if not chk.ok:
+                raise _Verdict("mismatch", f"{where}: {what} {ck} after the call differs from Model's "
+                               f"(max abs {chk.max_abs:.3g}: {chk.reason.split(': ', 1)[-1]})")
+        elif not torch.equal(c, exp):
+            raise _Verdict("mismatch", f"{where}: {what} {ck} after the call differs from Model's")
+    return mine
 
 
 def _merge_output(result: dict, chk) -> None:
@@ -651,24 +615,472 @@ def _finite(x: float) -> float:
     return x if math.isfinite(x) else 1e308
 
 
-# ----------------------------------------------------------------------------- profiling server
-#: candidate models kept built in the profiling process (the tiler times many variants; older
-#: ones are freed so that problems with large parameters still fit)
+def _describe(tr: TR.Trial, variant: str) -> str:
+    bits = [tr.mode]
+    if tr.grad:
+        bits.append("grad on")
+    if tr.inputs != "own":
+        bits.append(f"inputs {tr.inputs}")
+    if variant:
+        bits.append(variant)
+    return ", ".join(bits)
+
+
+def judge(req: dict, chan) -> None:
+    """Verify a candidate: the random-state load, then every trial of harness.trials.plan."""
+    t_start = time.time()
+    result = {"passed": False, "reason": "", "category": "", "trials": 0, "checks": [],
+              "outputs": [], "flags": [], "launches": 0, "device": req["device"],
+              "trial_log": [], "sandbox": [], "sandbox_notes": []}
+    cand = None
+    try:
+        dev = _device(req["device"])
+        deadline = t_start + float(req.get("timeout_s", 600))
+        tol = Tolerance(**req.get("tolerance", {}))
+        mem = memory_limit_bytes(req.get("memory_limit_gb"))
+        prob = load_problem(req["problem"])
+        init = prob.init_inputs()
+        init_seed = secrets.randbits(62)
+        model = _build(prob, init, init_seed, dev)
+        source = req["candidate_source"]
+        result["candidate_sha256"] = hashlib.sha256(source.encode()).hexdigest()
+        cand = CandidateProcess(source, req["candidate"], dev, init, init_seed, mem,
+                                _device_limit(req, dev), deadline, req.get("sandbox_mode"))
+        cand.enter(result)
+        msg = cand.expect("ready", "loading the candidate")
+        kmap = _key_map(model, msg[1], result)
+        _check_same_init(model, msg[1], kmap)
+        result["checks"].append("parameters")
+        state = random_state(model, torch.Generator().manual_seed(secrets.randbits(62)))
+        model.load_state_dict(state, strict=False)
+        cand.send(("load", {kmap[k]: v.clone() for k, v in state.items()}))
+        msg = cand.expect("loaded", "load_state_dict")
+        prev = _check_state(model, msg[1], kmap, {}, None, tol, "after load_state_dict")
+        result["checks"].append("random-state")
+        _run_trials(req, result, model, cand, kmap, prob, dev, tol, deadline, prev)
+        result["checks"].append("memory-limit" if mem else "no-memory-limit")
+        if dev.type == "cuda":
+            result["checks"].append("poisoned-memory")
+        result["passed"] = True
+    except _Verdict as v:
+        result["category"], result["reason"] = v.category, v.reason
+    except ProblemError as e:
+        result["category"], result["reason"] = "problem", str(e)
+    except BaseException:  # noqa: BLE001
+        result["category"], result["reason"] = "harness", _tail(traceback.format_exc())
+    finally:
+        if cand is not None:
+            cand.close()
+    result["wall_s"] = round(time.time() - t_start, 3)
+    if req.get("nonce"):
+        result["nonce"] = req["nonce"]
+    chan.write(json.dumps(result) + "\n")
+
+
+#: what each kind of trial shows, for the verdict's list of checks
+_TRIAL_CHECKS = {"recall": "recall-same-buffers", "partial": "partial-change", "x3": "distributions",
+                 "x0.01": "distributions", "negated": "distributions", "large": "distributions"}
+
+
+def _variants(tr: TR.Trial, base: list, more: list, sizes: list) -> list[tuple[list, str]]:
+    """Inputs of a shape trial, in the order to try them, with how they differ."""
+    b = TR.batch_size(base)
+    if b is None:
+        return []
+    if tr.variant == "batch":
+        nb = TR.other_size(b)
+        return [(TR.resize(base, more, b, nb), f"batch {b} -> {nb}"),
+                (TR.resize(base, more, b, nb, only_batch=True), f"batch {b} -> {nb} (dim 0 only)")]
+    if tr.variant == "rank":
+        return [(TR.add_rank(base, more), "one more leading dim")]
+    if not sizes:
+        return []
+    s = sizes.pop(0)
+    return [(TR.resize(base, more, s, TR.other_size(s)), f"size {s} -> {TR.other_size(s)}")]
+
+
+def _run_trials(req, result, model, cand, kmap, prob, dev, tol, deadline, prev: dict) -> None:
+    plan = TR.plan(int(req.get("trials", 5)))
+    m64 = _fp64_model(model)
+    gen = torch.Generator().manual_seed(secrets.randbits(62))
+    shared = None
+    own_scale: dict[int, float] = {}
+    own_finite: dict[int, bool] = {}
+    det_done: set[str] = set()
+    sizes: list | None = None
+    ran: set[str] = set()
+    for tr in plan:
+        # the last trial's tensors go before this one's are made (peak memory: one trial's, not two)
+        ref = got = priv = before = checks = xs = base = more = opts = first = None  # noqa: F841
+        _release(dev)
+        n = tr.index + 1
+        result["trials"] = len(result["trial_log"]) + 1  # trials run, this one included
+        if time.time() > deadline:
+            raise _Verdict("timeout", f"trial {n}: the verification did not finish within the time limit")
+        variant, raised, kind = "", None, "run"
+        if tr.variant:
+            base = _seeded_inputs(prob, secrets.randbits(62), dev)
+            more = _seeded_inputs(prob, secrets.randbits(62), dev)
+            if sizes is None:
+                sizes = TR.varied_sizes(base)[1:]
+            opts = _variants(tr, base, more, sizes)
+            if not opts:
+                continue
+            for xs, desc in opts:
+                try:
+                    ref, before = _reference(model, xs, tr.mode, tr.grad, prob, False, tol)
+                    variant, raised = desc, None
+                    break
+                except _Raised as e:
+                    if raised is None:
+                        first = (xs, desc, str(e))
+                    raised = str(e)
+            if raised is not None:
+                xs, variant, raised = first
+                before = _buffers(model)
+            priv, shared = xs, [x.clone() if isinstance(x, torch.Tensor) else x for x in xs]
+            base = more = opts = first = xs = None  # noqa: F841 - only priv and shared are kept
+            ran.add("shape-variants")
+        else:
+            if tr.same_buffers and shared is not None:
+                if tr.inputs == "recall":
+                    new = _seeded_inputs(prob, secrets.randbits(62), dev)
+                    if TR.shapes(new) == TR.shapes(shared):
+                        for b, f in zip(shared, new):
+                            if isinstance(b, torch.Tensor):
+                                b.copy_(f)
+                        kind = "again"
+                    else:
+                        shared = new
+                    new = None
+                else:
+                    TR.partial_change(shared, gen)
+                    kind = "again"
+                priv = [x.clone() if isinstance(x, torch.Tensor) else x for x in shared]
+            else:
+                priv = TR.transform(_seeded_inputs(prob, secrets.randbits(62), dev), tr.inputs)
+                shared = [x.clone() if isinstance(x, torch.Tensor) else x for x in priv]
+            check_det = tr.mode not in det_done and tr.inputs == "own"
+            try:
+                ref, before = _reference(model, priv, tr.mode, tr.grad, prob, check_det, tol)
+            except _Raised as e:
+                if n == 1:
+                    raise ProblemError(f"problem {prob.path}: Model.forward raised {e}") from None
+                raised, before = str(e), _buffers(model)
+            if check_det:
+                det_done.add(tr.mode)
+                if "reference-determinism" not in result["checks"]:
+                    result["checks"].append("reference-determinism")
+            if raised is None and tr.inputs in TR.DISTRIBUTIONS and any(
+                    _nonfinite(r) and own_finite.get(i, True) for i, r in enumerate(ref)):
+                _restore(model, before)  # running statistics of overflowing values
+                result["trial_log"].append({**_log(tr, priv, variant), "note": "skipped: eager's "
+                                            "outputs are not finite on these inputs"})
+                continue
+        desc = _describe(tr, variant)
+        where = f"trial {n} ({desc})"
+        report_progress(f"verifying: trial {n}/{len(plan)} ({desc})")
+        entry = _log(tr, priv, variant)
+        try:
+            _sync(dev)  # the candidate process reads these buffers on its own stream
+            expect = raised is not None
+            cand.send(("run", shared, tr.mode, tr.grad, expect) if kind == "run"
+                      else ("again", tr.mode, tr.grad, expect))
+            msg = cand.recv(where)
+            if msg[0] == "error":
+                raise _Verdict(_cand_category(msg[1]), f"{where}: {msg[2]}")
+            if msg[0] == "raised" and expect:
+                entry["note"] = f"raised as Model does ({raised})"
+                result["trial_log"].append(entry)
+                prev = _resync(model, cand, kmap, tol, where)
+                continue
+            if msg[0] != "out" or len(msg) != 5 or not isinstance(msg[1], list):
+                raise _Verdict("cheat", "the candidate process sent an unexpected message")
+            if expect:
+                raise _Verdict("mismatch", f"{where}: ModelNew returned a result where Model raises "
+                               f"({raised})")
+            _, outs, _wall, launches, cstate = msg
+            _check_structure(ref, outs)  # metadata only: shapes are checked before anything is copied
+            try:
+                got = [o.clone() if isinstance(o, torch.Tensor) else o for o in outs]
+                _sync(dev)  # our copies are complete before the candidate may free its outputs
+            except Exception as e:  # noqa: BLE001 - e.g. CUDA IPC handles that do not open
+                raise _Verdict("runtime", f"{where}: the candidate's outputs could not be read "
+                               f"({one_line(e)}): its channel to the judge was tampered with or its "
+                               "memory is gone") from None
+            cand.send(("ack",))
+            del outs, msg
+            result["launches"] = max(result["launches"], int(launches) if isinstance(launches, int) else 0)
+            for i, (a, b) in enumerate(zip(shared, priv)):
+                if isinstance(a, torch.Tensor) and not _same(a, b):
+                    raise _Verdict("cheat", f"{where}: input {i} was modified by the candidate")
+            if tr.inputs == "own" and not tr.variant and not own_scale:
+                own_scale = {i: _scale(r) for i, r in enumerate(ref)}
+                own_finite = {i: not _nonfinite(r) for i, r in enumerate(ref)}
+            scaled = tr.inputs in TR.DISTRIBUTIONS
+
+            def tol_for(i, r):
+                if not scaled or not own_scale.get(i):
+                    return tol
+                return _scaled(tol, _scale(r) / own_scale[i])
+
+            checks = judge_outputs(ref, got, priv, model, m64, before, tr.mode, tol_for, where)
+            if m64 is not None and "fp64-reference" not in result["checks"]:
+                result["checks"].append("fp64-reference")
+            for chk in checks:
+                _merge_output(result, chk)
+            entry["max_abs"] = max([_finite(c.max_abs) for c in checks] or [0.0])
+            for chk in checks:
+                if not chk.ok:
+                    raise _Verdict(chk.category, f"{where}: {chk.reason}")
+            prev = _check_state(model, cstate, kmap, before, prev, tol, where)
+        except _Verdict as v:
+            entry.update(passed=False, note=v.reason)
+            result["trial_log"].append(entry)
+            raise
+        result["trial_log"].append(entry)
+        result["trials"] = len(result["trial_log"])
+        ran.update({"train-eval"} if tr.mode == "eval" else set())
+        ran.update({"grad-mode"} if tr.grad else set())
+        if _TRIAL_CHECKS.get(tr.inputs):
+            ran.add(_TRIAL_CHECKS[tr.inputs])
+    result["checks"] += ["tolerance", "lower-precision-guard", "inputs-unchanged", "state-after-call",
+                         "fresh-seeds"]
+    result["checks"] += [c for c in ("recall-same-buffers", "partial-change", "train-eval", "grad-mode",
+                                     "distributions", "shape-variants") if c in ran]
+
+
+def _log(tr: TR.Trial, xs: list, variant: str) -> dict:
+    return {"index": tr.index + 1, "mode": tr.mode, "grad": tr.grad, "inputs": tr.inputs,
+            "shapes": TR.shapes(xs), "shape_variant": variant, "calls": 1, "passed": True,
+            "max_abs": 0.0, "note": ""}
+
+
+def _resync(model, cand, kmap: dict, tol: Tolerance, where: str) -> dict:
+    """After a call that raised: ModelNew gets Model's state again (either may have updated
+    buffers before raising)."""
+    cand.send(("load", {kmap[k]: v.clone() for k, v in _state(model).items()}))
+    msg = cand.expect("loaded", f"{where}: load_state_dict")
+    return _check_state(model, msg[1], kmap, {}, None, tol, f"{where}: after load_state_dict")
+
+
+# ----------------------------------------------------------------------------- the timing judge
+#: candidate processes kept alive in the timing judge (the tiler times many variants; older
+#: ones are ended so that problems with large parameters still fit)
 PROFILE_CACHE = 2
+#: of the rounds with more than one call, this fraction (at random) has its last output checked
+#: on a GPU, besides the single-call rounds and the last round (on the CPU: every round)
+CHECKED_FRACTION = 1 / 3
+
+
+def _local_round(fn, dev: torch.device, calls: int, flush) -> tuple[dict, object]:
+    """A timed round of the judge's own function (eager, torch.compile), wall clock around it."""
+    from harness.timing import run_round
+
+    t0 = time.perf_counter()
+    times, out = run_round(fn, dev, calls, flush)
+    out = [o.detach().clone() if isinstance(o, torch.Tensor) else o for o in flatten(out)]
+    return {"times": times, "wall_ms": (time.perf_counter() - t0) * 1e3}, out
+
+
+def _remote_round(cand: CandidateProcess, calls: int, flush: bool, what: str) -> tuple[dict, list]:
+    """A timed round in the candidate process; its wall clock is this process's."""
+    t0 = time.perf_counter()
+    cand.send(("round", calls, flush))
+    msg = cand.recv(what)
+    wall = (time.perf_counter() - t0) * 1e3
+    if msg[0] == "error":
+        raise _Verdict(_cand_category(msg[1]), f"{what}: {msg[2]}")
+    ok = (msg[0] == "round" and len(msg) == 3 and isinstance(msg[1], list) and isinstance(msg[2], list)
+          and len(msg[2]) == calls
+          and all(isinstance(t, (int, float)) and math.isfinite(t) and t >= 0 for t in msg[2]))
+    if not ok:
+        raise _Verdict("cheat", f"{what}: the candidate process sent an unexpected message")
+    _, outs, times = msg
+    got = [o.clone() if isinstance(o, torch.Tensor) else o for o in outs]
+    _sync(cand.dev)
+    cand.send(("ack",))
+    del outs, msg
+    return {"times": [float(t) for t in times], "wall_ms": wall}, got
+
+
+class _Timer:
+    """The timing judge's state for one problem: the reference model, its float64 copy (made
+    when a check needs it), the L2 flush and its measured time, torch.compile's model."""
+
+    def __init__(self, prob, init, seed, dev, rep_ms, tol):
+        from harness import gpulock
+        from harness.timing import flush_buffer, measure_flush
+
+        self.prob, self.init, self.seed, self.dev, self.rep_ms, self.tol = prob, init, seed, dev, rep_ms, tol
+        self.cuda = dev.type == "cuda"
+        with gpulock.hold("shared", self.cuda):
+            self.model = _build(prob, init, seed, dev)
+            _sync(dev)
+        self.flush = flush_buffer(dev) if self.cuda else None
+        self.flush_ms = measure_flush(dev)
+        self.rng = random.Random(secrets.randbits(62))
+        self.m64 = None
+        self.compiled = None
+        self.compile_info: dict = {}
+
+    def inputs(self) -> list:
+        return _seeded_inputs(self.prob, secrets.randbits(62), self.dev)
+
+    def check(self, ref: list, got: list, xs: list, where: str) -> str | None:
+        """Why the outputs ``got`` of a timed call are not eager's ``ref`` (None: they are)."""
+        try:
+            _check_structure(ref, got)
+            if self.m64 is None:
+                self.m64 = _fp64_model(self.model)
+            checks = judge_outputs(ref, got, xs, self.model, self.m64, {}, "train",
+                                   lambda i, r: self.tol, where)
+        except _Verdict as v:
+            return v.reason
+        bad = [c for c in checks if not c.ok]
+        return f"{where}: {bad[0].reason}" if bad else None
+
+    def baselines(self, with_compile: bool) -> dict:
+        """Eager (and torch.compile) in timed rounds, interleaved, on fresh values each round."""
+        from harness import gpulock
+        from harness.timing import round_sizes, summarize_rounds
+
+        xs = self.inputs()
+        fns = {"eager": lambda: self.model(*xs)}
+        if with_compile and self.cuda:
+            fns["compile"] = self._compile(xs)
+        with gpulock.hold("shared", self.cuda):
+            for f in fns.values():
+                if f is not None:
+                    _local_round(f, self.dev, 1, self.flush)
+        fns = {k: f for k, f in fns.items() if f is not None}
+        out: dict = {}
+        with gpulock.hold("exclusive", self.cuda):
+            est = max(statistics.median(_local_round(f, self.dev, 3, self.flush)[0]["times"])
+                      for f in fns.values()) if self.cuda else 0.0
+            sizes = round_sizes(est, self.rep_ms, self.rng, interpreter=not self.cuda)
+            rounds: dict = {k: [] for k in fns}
+            for j, k in enumerate(sizes):
+                new = self.inputs()
+                for a, b in zip(xs, new):
+                    if isinstance(a, torch.Tensor):
+                        a.copy_(b)
+                res = {}
+                for name, f in fns.items():
+                    r, o = _local_round(f, self.dev, k, self.flush)
+                    rounds[name].append(r)
+                    res[name] = o
+                if "compile" in res and "contract" not in self.compile_info:
+                    why = self.check(res["eager"], res["compile"], xs, "torch.compile's output")
+                    self.compile_info["contract"] = why or "passes"
+        for name, rs in rounds.items():
+            out[name] = summarize_rounds(rs, self.flush_ms, 0.0, interpreter=not self.cuda)
+        if "compile" in out:
+            out["compile"].update(self.compile_info)
+        elif with_compile and self.cuda and self.compile_info.get("error"):
+            out["compile"] = {"error": self.compile_info["error"]}
+        return out
+
+    def _compile(self, xs):
+        """torch.compile (default mode) of the reference; its first call (compilation and
+        Inductor's autotuning) is timed apart as compile_s, never inside the timing."""
+        if self.compiled is None and "error" not in self.compile_info:
+            try:
+                compiled = torch.compile(self.model)
+                with torch.no_grad():
+                    t0 = time.perf_counter()
+                    compiled(*xs)
+                    _sync(self.dev)
+                self.compile_info["compile_s"] = round(time.perf_counter() - t0, 2)
+                self.compiled = compiled
+            except Exception as e:  # noqa: BLE001
+                msg = str(e).splitlines()[0] if str(e) else ""
+                self.compile_info["error"] = f"torch.compile failed: {type(e).__name__}: {msg}"
+                return None
+        if self.compiled is None:
+            return None
+        c = self.compiled
+        return lambda: c(*xs)
+
+    def time_candidate(self, cand: CandidateProcess) -> dict:
+        """The candidate in timed rounds, interleaved with eager's, on fresh values each round
+        (new buffers every NEW_BUFFERS_EVERY rounds); the last outputs of single-call rounds, of
+        the last round and of a random third of the others are checked against eager's on the
+        same values (every round's on the CPU)."""
+        from harness import gpulock
+        from harness.timing import NEW_BUFFERS_EVERY, round_sizes, summarize_rounds
+
+        priv = self.inputs()
+        shared = self._share(cand, priv)
+        eager = lambda: self.model(*priv)  # noqa: E731
+        with gpulock.hold("shared", self.cuda):  # first calls: Triton's JIT compilation
+            er, eo = _local_round(eager, self.dev, 1, self.flush)
+            cr, co = _remote_round(cand, 1, self.cuda, "the first timed call")
+            self._verify(eo, co, priv, shared, "the first timed call")
+        with gpulock.hold("exclusive", self.cuda):
+            t0 = time.perf_counter()
+            _remote_round(cand, 0, False, "a round of no calls")
+            ipc_ms = (time.perf_counter() - t0) * 1e3
+            est = max(statistics.median(_local_round(eager, self.dev, 3, self.flush)[0]["times"]),
+                      statistics.median(_remote_round(cand, 3, self.cuda, "the estimate")[0]["times"])
+                      ) if self.cuda else 0.0
+            sizes = round_sizes(est, self.rep_ms, self.rng, interpreter=not self.cuda)
+            e_rounds, c_rounds = [], []
+            for j, k in enumerate(sizes):
+                new = self.inputs()
+                if j % NEW_BUFFERS_EVERY == NEW_BUFFERS_EVERY - 1:
+                    priv = new
+                    shared = self._share(cand, priv)
+                else:
+                    for a, b, c in zip(priv, shared, new):
+                        if isinstance(a, torch.Tensor):
+                            a.copy_(c)
+                            b.copy_(c)
+                _sync(self.dev)
+                er, eo = _local_round(eager, self.dev, k, self.flush)
+                what = f"timed round {j + 1} of {len(sizes)} ({k} calls)"
+                report_progress(f"timing: {what}")
+                cr, co = _remote_round(cand, k, self.cuda, what)
+                e_rounds.append(er)
+                c_rounds.append(cr)
+                if not self.cuda or k == 1 or j == len(sizes) - 1 or self.rng.random() < CHECKED_FRACTION:
+                    self._verify(eo, co, priv, shared, what)
+        e = summarize_rounds(e_rounds, self.flush_ms, 0.0, interpreter=not self.cuda)
+        c = summarize_rounds(c_rounds, self.flush_ms, ipc_ms, interpreter=not self.cuda)
+        if c.get("inconsistent"):
+            raise _Verdict("cheat", f"timing rejected: {c['inconsistent']}")
+        c["ipc_ms"] = round(ipc_ms, 4)
+        c["flush_ms"] = round(self.flush_ms, 4)
+        return {"candidate": c, "eager": e}
+
+    def _share(self, cand: CandidateProcess, priv: list) -> list:
+        shared = [x.clone() if isinstance(x, torch.Tensor) else x for x in priv]
+        _sync(self.dev)
+        cand.send(("inputs", shared))
+        cand.expect("ok", "receiving the timing inputs")
+        return shared
+
+    def _verify(self, ref, got, priv, shared, where: str) -> None:
+        for i, (a, b) in enumerate(zip(shared, priv)):
+            if isinstance(a, torch.Tensor) and not _same(a, b):
+                raise _Verdict("cheat", f"{where}: input {i} was modified by the candidate")
+        why = self.check(ref, got, priv, where)
+        if why:
+            raise _Verdict("mismatch", f"timed calls are wrong: {why}")
 
 
 def profile_server(req: dict, chan, stdin) -> None:
-    """Times eager, torch.compile and candidates on the same inputs, in this one process."""
-    from collections import OrderedDict
-
-    from harness import gpulock
-    from harness.timing import bench
+    """The timing judge: eager, torch.compile and candidates timed on the same values; candidate
+    code only ever runs in candidate processes of its own (harness.candidate_proc)."""
+    from harness import gpulock  # noqa: F401 - the lock file is set up before any timing
 
     dev = _device(req["device"])
-    rep_ms = float(req.get("rep_ms", 200))
+    if dev.type == "cpu":
+        torch.set_num_threads(1)  # the interpreter's timings are at least steady on one core
     prob = load_problem(req["problem"])
     init = prob.init_inputs()
     seed = secrets.randbits(62)
+    tol = Tolerance(**req.get("tolerance", {}))
     ready: dict = {"ready": True}
     if dev.type == "cuda":
         ready["gpu"] = torch.cuda.get_device_properties(dev).name
@@ -678,10 +1090,8 @@ def profile_server(req: dict, chan, stdin) -> None:
             ready["peaks"] = peaks.ensure()
         except Exception as e:  # noqa: BLE001 - the roofline falls back to the profile's numbers
             ready["peaks_error"] = f"{type(e).__name__}: {e}"[:300]
-    with gpulock.hold("shared", dev.type == "cuda"):
-        model = _build(prob, init, seed, dev)
-        inputs = _seeded_inputs(prob, secrets.randbits(62), dev)
-        _sync(dev)
+    timer = _Timer(prob, init, seed, dev, float(req.get("rep_ms", 200)), tol)
+    mem = memory_limit_bytes(req.get("memory_limit_gb"))
     cache: OrderedDict = OrderedDict()
 
     def reply(obj: dict) -> None:
@@ -689,51 +1099,51 @@ def profile_server(req: dict, chan, stdin) -> None:
         chan.flush()
 
     reply(ready)
-    for line in stdin:
-        if not line.strip():
-            continue
-        r = json.loads(line)
-        try:
-            if r["op"] == "quit":
-                return
-            if r["op"] == "baseline":
-                out = {"eager": bench(lambda: model(*inputs), dev, rep_ms)}
-                if dev.type == "cuda" and r.get("compile", True):
-                    out["compile"] = _time_compiled(model, inputs, dev, rep_ms)
-                reply({"ok": True, **out})
-            elif r["op"] == "time":
-                m = cache.pop(r["path"], None)
-                if m is None:
-                    while len(cache) >= PROFILE_CACHE:
-                        cache.popitem(last=False)
-                        if dev.type == "cuda":
-                            torch.cuda.empty_cache()
-                    mod = load_module(r["path"], "candidate")
-                    with gpulock.hold("shared", dev.type == "cuda"):
-                        m = _build(None, init, seed, dev, cls=mod.ModelNew)
-                cache[r["path"]] = m
-                reply({"ok": True, "candidate": bench(lambda: m(*inputs), dev, rep_ms)})
-            else:
-                reply({"ok": False, "error": f"unknown op {r['op']}"})
-        except BaseException:  # noqa: BLE001
-            reply({"ok": False, "error": _tail(traceback.format_exc())})
-
-
-def _time_compiled(model, inputs, dev, rep_ms) -> dict:
-    """torch.compile (default mode): the first call (compilation and Inductor's autotuning) is
-    timed apart as compile_s, never inside the timing; then timed like eager. The compilation
-    holds no GPU lock: it is CPU work but for short autotuning bursts (docs/bench.md)."""
-    from harness.timing import bench
-
     try:
-        compiled = torch.compile(model)
-        with torch.no_grad():
-            t0 = time.perf_counter()
-            compiled(*inputs)
-            _sync(dev)
-            compile_s = time.perf_counter() - t0
-        res = bench(lambda: compiled(*inputs), dev, rep_ms)
-        res["compile_s"] = round(compile_s, 2)
-        return res
-    except Exception as e:  # noqa: BLE001
-        return {"error": f"torch.compile failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
+        for line in stdin:
+            if not line.strip():
+                continue
+            r = json.loads(line)
+            sha = None
+            try:
+                if r["op"] == "quit":
+                    return
+                if r["op"] == "baseline":
+                    reply({"ok": True, **timer.baselines(r.get("compile", True))})
+                elif r["op"] == "time":
+                    with open(r["path"]) as f:  # read once: this text is what is hashed and run
+                        source = f.read()
+                    sha = hashlib.sha256(source.encode()).hexdigest()
+                    if r.get("sha256") and r["sha256"] != sha:
+                        reply({"ok": False, "rejected": True, "category": "candidate",
+                               "error": f"candidate {r['path']} changed since it was verified"})
+                        continue
+                    cand = cache.pop(sha, None)
+                    if cand is None or not cand.proc.is_alive():
+                        while len(cache) >= PROFILE_CACHE:
+                            cache.popitem(last=False)[1].close(everything=False)
+                            if dev.type == "cuda":
+                                torch.cuda.empty_cache()
+                        deadline = time.time() + float(req.get("timeout_s", 900))
+                        cand = CandidateProcess(source, r["path"], dev, init, seed, mem,
+                                                _device_limit(req, dev), deadline)
+                        cand.enter({})
+                        msg = cand.expect("ready", "loading the candidate")
+                        kmap = _key_map(timer.model, msg[1], {"flags": []})
+                        _check_same_init(timer.model, msg[1], kmap)
+                    cand.watch.deadline = time.time() + float(req.get("timeout_s", 900))
+                    cache[sha] = cand
+                    reply({"ok": True, "sha256": sha, **timer.time_candidate(cand)})
+                else:
+                    reply({"ok": False, "error": f"unknown op {r['op']}"})
+            except _Verdict as v:
+                bad = cache.pop(sha, None) if sha else None
+                if bad is not None:
+                    bad.close(everything=False)
+                reply({"ok": False, "rejected": True, "category": v.category, "error": v.reason})
+            except BaseException:  # noqa: BLE001
+                reply({"ok": False, "error": _tail(traceback.format_exc())})
+    finally:
+        for c in cache.values():
+            c.close(everything=False)
+        sandbox.cleanup(None)  # whatever any candidate of this judge left: descendants, orphans

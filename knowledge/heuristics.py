@@ -196,3 +196,22 @@ def linear_ce_config(m: int, n: int, k: int, itemsize: int = 2, sm_count: int = 
     cfg = matmul_config(m, n, k, 1, sm_count)
     return {"MODE": 0, "CHUNK_N": chunk, "BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": 128,
             "BLOCK_K": cfg["BLOCK_K"], "GROUP_M": 8, "num_warps": 8, "num_stages": 3}
+
+
+# ---- run budget (policies.expert: which groups stage 1 spends a time-limited run on) ----------
+#: seconds one kernel adds to a verification: Triton compiles each kernel in the candidate
+#: process and every trial runs it. Not measured yet: an estimate to calibrate on the GPU from the
+#: level-3 bench's per-problem wall times (docs/capture.md); the interpreter runs kernels program
+#: by program in Python.
+KERNEL_VERIFY_S = {"cuda": 3.0, "cpu": 4.0}
+#: share of the time left that the first stage-1 candidate's kernels may take to verify: the
+#: rest is for its timing, the backing-out of a failed group, and stage 2
+STAGE1_BUDGET_SHARE = 0.3
+#: a time-limited run still tries at least this many groups
+MIN_BUDGET_GROUPS = 4
+
+
+def stage1_group_budget(seconds_left: float, device: str) -> int:
+    """How many fused groups the first stage-1 candidate of a run with ``seconds_left`` may hold."""
+    per = KERNEL_VERIFY_S.get(device, KERNEL_VERIFY_S["cuda"])
+    return max(MIN_BUDGET_GROUPS, int(STAGE1_BUDGET_SHARE * max(0.0, seconds_left) / per))

@@ -8,12 +8,14 @@ from harness import peaks as PK
 from harness import profile as P
 from harness import roofline
 from harness.timing import noise_verdict, relative_spread
-from nodes.common import candidate_path, mark_attempt, run_dir, settings_of
+from nodes.common import call_budget, candidate_path, mark_attempt, run_dir, settings_of
 from state import EggState, Settings, TimingRecord
 
 
-def _record(cid: str, t: dict, base: dict, floor_ms: float | None, interpreter: bool) -> TimingRecord:
-    eager = base.get("eager", {})
+def _record(cid: str, t: dict, base: dict, floor_ms: float | None, interpreter: bool,
+            eager: dict | None = None) -> TimingRecord:
+    """``eager``: eager's timing measured interleaved with this candidate's (else the baseline's)."""
+    eager = eager or base.get("eager", {})
     comp = base.get("compile", {})
     ms = t["median_ms"]
     rec = TimingRecord(
@@ -41,21 +43,22 @@ UNSTABLE_SPREAD = 0.25
 RETIMES = 2
 
 
-def _steady(sess, path: str) -> dict:
-    """The candidate's timing, taken again while its spread says it was disturbed; the
-    narrowest one is kept, with a flag saying so."""
-    t = sess.time_candidate(path)
+def _steady(sess, path: str, sha256: str | None = None) -> tuple[dict, dict | None]:
+    """The candidate's timing (and eager's, interleaved with it), taken again while its spread
+    says it was disturbed; the narrowest one is kept, with a flag saying so."""
+    t = sess.time_candidate(path, sha256)
+    eager = sess.last_eager
     first = relative_spread(t)
     for _ in range(RETIMES):
         if relative_spread(t) <= UNSTABLE_SPREAD:
             break
-        again = sess.time_candidate(path)
+        again = sess.time_candidate(path, sha256)
         if relative_spread(again) < relative_spread(t):
-            t = again
+            t, eager = again, sess.last_eager
     if relative_spread(t) != first:
         t = {**t, "flags": list(t.get("flags", [])) + [
             f"re-timed: 20-80% spread {first:.0%} of the median, kept the timing with {relative_spread(t):.0%}"]}
-    return t
+    return t, eager
 
 
 def _as_bench(rec: TimingRecord) -> dict:
@@ -86,12 +89,28 @@ def profiler(state: EggState, runtime: Runtime[Settings]) -> dict:
     interp = state.hardware.interpreter
     key = P.session_key(settings.run_dir, state.problem.sha256, dev)
     out: dict = {"timings": []}
+    budget = call_budget(settings, state, settings.profile_timeout_s)
+    if budget is None:
+        rec = TimingRecord(candidate_id=cand.id, device=dev, interpreter=interp, verdict="failed",
+                           note=f"not timed: the run's time budget ({settings.time_limit_s:g} s) "
+                                "is spent; the best verified candidate so far is kept")
+        return {"timings": [rec], "stage_context": mark_attempt(state, cand.id, "failed", rec.note)}
+    ver = state.verification(cand.id)
+    tol = {"atol_fp32": settings.atol_fp32, "rtol_fp32": settings.rtol_fp32,
+           "atol_lowp": settings.atol_lowp, "rtol_lowp": settings.rtol_lowp}
     try:
         sess = P.session(key, state.problem.path, dev, settings.timing_rep_ms,
-                         settings.profile_timeout_s, str(run_dir(settings, state) / "logs"))
+                         budget, str(run_dir(settings, state) / "logs"),
+                         tol, settings.memory_limit_gb)
+        sess.timeout_s = budget  # each call ends inside the run's budget
         base = sess.baselines()
         floor = _floor(state, sess)
-        t = _steady(sess, str(candidate_path(settings, state, cand)))
+        t, eager_now = _steady(sess, str(candidate_path(settings, state, cand)),
+                               (ver.candidate_sha256 if ver else "") or None)
+    except P.ProfileRejected as e:
+        rec = TimingRecord(candidate_id=cand.id, device=dev, interpreter=interp, verdict="failed",
+                           note=f"rejected by the timing judge [{e.category}]: {e}")
+        return {"timings": [rec], "stage_context": mark_attempt(state, cand.id, "failed", rec.note)}
     except P.ProfileError as e:
         rec = TimingRecord(candidate_id=cand.id, device=dev, interpreter=interp, verdict="failed",
                            note=f"profiling failed: {e}")
@@ -103,7 +122,7 @@ def profiler(state: EggState, runtime: Runtime[Settings]) -> dict:
         best_rec = ref
     else:
         best_rec = state.timing(state.best_id) or state.timing("c0")
-    rec = _record(cand.id, t, base, floor, interp)
+    rec = _record(cand.id, t, base, floor, interp, eager_now)
     rec.compared_to = state.best_id
     if interp:
         rec.verdict = "unmeasured"

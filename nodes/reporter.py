@@ -10,7 +10,34 @@ from langgraph.runtime import Runtime
 
 from harness import profile as P
 from nodes.common import run_dir, settings_of
-from state import EggState, Settings, STAGES
+from state import EggState, Settings, STAGES, VerificationRecord
+
+
+def verification_evidence(v: VerificationRecord) -> dict:
+    """What a verification checked and found, as plain data: trials (mode, grad, inputs, shapes,
+    calls, outcome), per-output errors and the door each passed by (tolerance or fp64), the
+    checks run and the OS protections of the candidate process. Empty lists where the verifier
+    recorded nothing of a kind."""
+    return {"candidate_id": v.candidate_id, "passed": v.passed, "category": v.category,
+            "reason": v.reason, "trials": v.trials, "device": v.device, "wall_s": v.wall_s,
+            "checks": list(v.checks), "sandbox": list(v.sandbox), "flags": list(v.flags),
+            "outputs": [o.model_dump() for o in v.outputs],
+            "trial_log": [t.model_dump() for t in v.trial_log]}
+
+
+def stage_outcome(state: EggState, stage: str) -> str:
+    """How a stage ended when the run ended, in words (report.json's stages[s].outcome,
+    report.md's Stages): a stage is marked finished only when it stopped by itself (a cap, a
+    time limit, nothing to do); one that moved on after an improvement says so."""
+    ctx = state.context(stage)
+    if ctx.finished:
+        return f"finished: {ctx.finish_reason}" if ctx.finish_reason else "finished"
+    made = [a.candidate_id for a in ctx.attempts]
+    if not made:
+        return "not reached"
+    best = ctx.best_id
+    return (f"moved on after {len(made)} candidate(s) ({', '.join(made)})"
+            + (f"; best {best}" if best else ""))
 
 
 def build_report(state: EggState, settings: Settings) -> dict:
@@ -44,7 +71,12 @@ def build_report(state: EggState, settings: Settings) -> dict:
                       "kernels": c.kernels, "fallback": c.fallback,
                       "verified": None if v is None else v.passed,
                       "failure": None if v is None or v.passed else f"[{v.category}] {v.reason}"[:500],
-                      "ms": tm.candidate_ms if tm else None, "verdict": tm.verdict if tm else None})
+                      "ms": tm.candidate_ms if tm else None, "verdict": tm.verdict if tm else None,
+                      "verification": None if v is None else verification_evidence(v)})
+    stages = {}
+    for s in STAGES:
+        stages[s] = state.context(s).model_dump()
+        stages[s]["outcome"] = stage_outcome(state, s)
     a = state.analysis
     return {
         "status": "ok", "problem": state.problem.name, "path": state.problem.path,
@@ -53,10 +85,12 @@ def build_report(state: EggState, settings: Settings) -> dict:
         "best_id": state.best_id, "fallback": bool(best.fallback), "kernels": best.kernels,
         "best_stage": best.stage, "timing": timing, "stage1_best_ms": stage1_best,
         "analysis": {"flops": a.flops, "bytes": a.bytes, "floor_ms": a.floor_ms, "bound": a.bound,
-                     "capture": a.capture, "capture_error": a.capture_error} if a else None,
+                     "capture": a.capture, "capture_error": a.capture_error,
+                     "capture_s": a.capture_s, "breaks": a.breaks, "attr_buffers": a.attr_buffers,
+                     "folds": a.folds, "regions": [r.model_dump() for r in a.regions]} if a else None,
         "plan": {"groups": [g.model_dump() for g in state.plan.groups],
                  "rewrites": state.plan.rewrites} if state.plan else None,
-        "stages": {s: state.context(s).model_dump() for s in STAGES},
+        "stages": stages,
         "candidates": cands,
         "tuning": tuning_summary(state),
         "llm_usage": {k: v.model_dump() for k, v in state.llm_usage.items()},
@@ -109,8 +143,12 @@ def report_markdown(rep: dict) -> str:
                   f"| {fmt(t.get('roofline_pct'), '{:.1f}')} |"]
     lines += ["", "## Candidates", "", "| id | stage | verified | ms | verdict | note |", "|---|---|---|---|---|---|"]
     for c in rep["candidates"]:
-        lines.append(f"| {c['id']} | {c['stage']} | {c['verified']} | {fmt(c['ms'])} | {c['verdict'] or '-'} "
-                     f"| {(c['failure'] or '').replace('|', '/')[:120]} |")
+        verified = {True: "yes", False: "no"}.get(c["verified"], "reference" if c.get("fallback") else "-")
+        lines.append(f"| {c['id']} | {c['stage']} | {verified} | {fmt(c['ms'])} | {c['verdict'] or '-'} "
+                     f"| {_cell(c['failure'] or '')[:120]} |")
+    best = next((c for c in rep["candidates"] if c["id"] == rep["best_id"]), None)
+    if best is not None and best.get("verification"):
+        lines += ["", f"## Verification of {best['id']} (the answer)", ""] + evidence_markdown(best["verification"])
     tu = rep.get("tuning") or {}
     if any(tu.values()):
         lines += ["", f"Tuning: {tu.get('cache_hits', 0)} kernel(s) from the tuning cache, "
@@ -119,8 +157,9 @@ def report_markdown(rep: dict) -> str:
                   f"{tu.get('timed', 0)} timings)."]
     lines += ["", "## Stages", ""]
     for s, ctx in rep["stages"].items():
-        lines.append(f"- {s}: {ctx.get('finish_reason') or 'done'}; "
-                     + "; ".join(d for d in ctx.get("decisions", [])[:4]))
+        decisions = "; ".join(d for d in ctx.get("decisions", [])[:4])
+        lines.append(f"- {s}: {ctx.get('outcome') or ctx.get('finish_reason') or '-'}"
+                     + (f" (decisions: {decisions})" if decisions else ""))
     llm = rep.get("llm")
     if llm:
         lines += ["", "## LLM usage", "",
@@ -136,6 +175,38 @@ def report_markdown(rep: dict) -> str:
             lines.append(f"| {role} | {u['calls']} | {u['prompt_tokens']} | {u['completion_tokens']} "
                          f"| {u['prompt_tokens'] + u['completion_tokens']} | {cost} |")
     return "\n".join(lines) + "\n"
+
+
+def _cell(text: str) -> str:
+    return str(text).replace("|", "/").replace("\n", " ")
+
+
+def evidence_markdown(ev: dict) -> list[str]:
+    """A verification's evidence (verification_evidence) as markdown lines."""
+    f = lambda v: "-" if v is None else f"{v:.3g}"  # noqa: E731
+    verdict = "passed" if ev["passed"] else f"rejected [{ev['category']}] {ev['reason']}"
+    lines = [f"{_cell(verdict)}: {ev['trials']} trial(s) on {ev['device']}, {ev['wall_s']:.1f} s."]
+    if ev["checks"]:
+        lines += ["", "Checks: " + _cell(", ".join(ev["checks"])) + "."]
+    if ev["sandbox"]:
+        lines += ["", "Candidate process: " + _cell(", ".join(ev["sandbox"])) + "."]
+    if ev["trial_log"]:
+        lines += ["", "| trial | mode | grad | inputs | shapes | shape variant | calls | passed | max abs err | note |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for t in ev["trial_log"]:
+            shapes = " ".join("x".join(map(str, sh)) for sh in t["shapes"]) or "-"
+            lines.append(f"| {t['index']} | {t['mode']} | {'on' if t['grad'] else 'off'} | {_cell(t['inputs'])} "
+                         f"| {shapes} | {_cell(t['shape_variant'] or 'own')} | {t['calls']} "
+                         f"| {'yes' if t['passed'] else 'no'} | {f(t['max_abs'])} | {_cell(t['note']) or '-'} |")
+    if ev["outputs"]:
+        lines += ["", "| output | max abs err | max rel err | eager err vs fp64 | candidate err vs fp64 | passed by |",
+                  "|---|---|---|---|---|---|"]
+        for o in ev["outputs"]:
+            lines.append(f"| {o['index']} | {f(o['max_abs'])} | {f(o['max_rel'])} | {f(o['eager_err_fp64'])} "
+                         f"| {f(o['cand_err_fp64'])} | {o['passed_by']} |")
+    for flag in ev["flags"]:
+        lines += ["", f"Flag: {_cell(flag)}"]
+    return lines
 
 
 def reporter(state: EggState, runtime: Runtime[Settings]) -> dict:

@@ -9,10 +9,13 @@ GPU-only cheats:
 - stale device memory: a candidate that returns ``torch.empty`` (always, or after an honest first
   call) hoping to find a previous result in freed memory; the candidate process's free device
   memory is poisoned with NaN before each call, so it gets NaN and fails;
-- a side stream: a candidate that does its matmul on another CUDA stream. Its values are right
-  (the candidate process synchronizes the whole device before handing outputs back), so with the
-  static check off it passes verification; timing must flag it (the synchronized wall time is far
-  above the event time of the timer's stream). A same-stream candidate is the control (no flag);
+- timing cheats, each timed by the timing judge (harness.profile.ProfileSession, as the profiler
+  node does): a side stream (values right: the event time misses the work, the judge's wall
+  clock does not; the time reported must not be a speedup), a result cached within a round
+  (calls after the first return the memo: the single-call rounds, whose outputs are checked,
+  are far slower than the rest: rejected), right only on the first call after new inputs (the
+  round's last output is checked: rejected), a detector of back-to-back calls (timing only:
+  rejected), right for 40 calls then wrong (rejected); the control is the same matmul honestly;
 - device memory beyond the limit, an illegal memory access (CUDA error), a hang: in the suite.
 
 Prints a table and writes it as markdown to the given path. Exit code 0 when every case came out
@@ -148,18 +151,112 @@ def run_case(case: C.Case, prob: pathlib.Path, cand: pathlib.Path, trials: int, 
     return res
 
 
-def timing_check(prob: pathlib.Path, cand: pathlib.Path) -> dict:
-    """Time a candidate in this process the way the profiler does (harness.timing.bench)."""
-    from harness.problem import load_module, load_problem
-    from harness.timing import bench
+TIMING_CHEATS = {
+    "cached_in_round": '''"""CHEAT: memoizes on sampled input values: calls after the first of a round (same
+inputs) return the memo at no cost."""
+import torch
+import torch.nn as nn
 
-    dev = torch.device("cuda")
-    p = load_problem(prob)
-    torch.manual_seed(0)
-    with torch.device(dev):
-        xs = p.inputs()
-    m = load_module(cand, "candidate").ModelNew(*p.init_inputs()).to(dev)
-    return bench(lambda: m(*xs), dev, rep_ms=200)
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.key, self.memo = None, None
+
+    def forward(self, a, b):
+        key = (a.data_ptr(), float(a[0, 0]), float(a[-1, -1]), float(b[1, 1]))
+        if key != self.key:
+            self.key, self.memo = key, torch.mm(a, b)
+        return self.memo
+''',
+    "first_call_only": '''"""CHEAT: right on the first call after new input values, zeros afterwards (a timer that
+checks only the first output of a batch of calls is fooled)."""
+import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.key = None
+
+    def forward(self, a, b):
+        key = (float(a[0, 0]), float(b[0, 0]))
+        if key != self.key:
+            self.key = key
+            return torch.mm(a, b)
+        return torch.zeros(a.shape[0], b.shape[1], device=a.device, dtype=a.dtype)
+''',
+    "gap_detector": '''"""CHEAT: returns garbage when called less than 1 ms after its previous call returned
+(back-to-back calls: a timing loop, never a verification trial)."""
+import time
+
+import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.last = 0.0
+
+    def forward(self, a, b):
+        fast = time.perf_counter() - self.last < 1e-3
+        out = torch.zeros(a.shape[0], b.shape[1], device=a.device, dtype=a.dtype) if fast else torch.mm(a, b)
+        self.last = time.perf_counter()
+        return out
+''',
+    "late_wrong": '''"""CHEAT: right for its first 40 calls (more than a verification makes), wrong after."""
+import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, a, b):
+        self.calls += 1
+        out = torch.mm(a, b)
+        return out if self.calls <= 40 else out * 1.01
+''',
+}
+
+
+def timing_cases(folder: pathlib.Path) -> list:
+    """Each timing cheat (and the side stream and its control) through the timing judge:
+    (name, expected, result dict, ok)."""
+    from harness import profile as P
+
+    for name, src in TIMING_CHEATS.items():
+        (folder / f"{name}.py").write_text(src)
+    sess = P.ProfileSession(str(folder / "mm.py"), "cuda", 200.0)  # static check off below
+    out = []
+    try:
+        base = sess.baselines()
+        eager = base["eager"]["median_ms"]
+        plan = [("same_stream", "timed"), ("side_stream", "no speedup"),
+                *[(n, "rejected") for n in TIMING_CHEATS]]
+        for name, expect in plan:
+            try:
+                t = sess.time_candidate(str(folder / f"{name}.py"), static=False)
+                res = {"outcome": "timed", "median_ms": t["median_ms"], "speedup": eager / t["median_ms"],
+                       "flags": t.get("flags", []), "reason": ""}
+            except P.ProfileRejected as e:
+                res = {"outcome": "rejected", "reason": f"[{e.category}] {e}", "flags": []}
+            if expect == "timed":
+                ok = res["outcome"] == "timed" and 0.8 < res["speedup"] < 1.25
+            elif expect == "no speedup":
+                ok = res["outcome"] == "rejected" or res["speedup"] < 1.25
+            else:
+                ok = res["outcome"] == "rejected"
+            out.append((name, expect, res, ok))
+            print(f"{'ok ' if ok else 'BAD'} timing {name}: {res['outcome']} "
+                  f"{res.get('median_ms', '')} {res['reason'][:120]} {res['flags'][:1]}", flush=True)
+    finally:
+        sess.close()
+    return out
 
 
 def main() -> int:
@@ -225,14 +322,7 @@ def gpu_extras(folder: pathlib.Path, rows: list, trials: int) -> list:
     os.environ.pop("EGG_HARDEN_JUDGE")
     rows.append((hc, hres, None))
     print(f"info EGG_HARDEN_JUDGE=1 with CUDA IPC: {C.outcome(hres)} {hres['reason'][:110]}", flush=True)
-    timing = []
-    for name, expect_flag in (("side_stream", True), ("same_stream", False)):
-        t = timing_check(folder / "gpu" / "mm.py", folder / "gpu" / f"{name}.py")
-        flagged = any("wall time" in f for f in t.get("flags", []))
-        timing.append((name, t, expect_flag, flagged == expect_flag))
-        print(f"{'ok ' if flagged == expect_flag else 'BAD'} timing {name}: event median "
-              f"{t['median_ms']:.3f} ms, synchronized wall {t['wall_ms']:.3f} ms, flags {t['flags']}")
-    return timing
+    return timing_cases(folder / "gpu")
 
 
 def _cell(s: str, n: int = 160) -> str:
@@ -273,13 +363,17 @@ def write_markdown(path: pathlib.Path, rows, timing, n_ok, n_all, wall) -> None:
 
 
 def _timing_lines(timing) -> list[str]:
-    lines = ["", "## Timing: side stream vs. the same work on the timer's stream", "",
-              "`harness.timing.bench` (do_bench event median, then 5 device-synchronized wall-clock calls).", "",
-              "| candidate | event median ms | synchronized wall ms | flags | expected | ok |",
-              "|---|---|---|---|---|---|"]
-    for name, t, expect_flag, ok in timing:
-        lines.append(f"| {name} | {t['median_ms']:.3f} | {t['wall_ms']:.3f} | {_cell('; '.join(t['flags']) or '-')} | "
-                     f"{'flagged' if expect_flag else 'no flag'} | {'yes' if ok else '**NO**'} |")
+    lines = ["", "## Timing cheats through the timing judge", "",
+             "Each candidate timed as the profiler node times it (harness.profile.ProfileSession): "
+             "rounds in the candidate's own process, bounded by the judge's wall clock, outputs of "
+             "timed calls checked, eager interleaved. The problem: one 4096^3 fp32 matmul.", "",
+             "| candidate | expected | outcome | ms | vs eager | reason / flags | ok |",
+             "|---|---|---|---|---|---|---|"]
+    for name, expect, r, ok in timing:
+        ms = f"{r['median_ms']:.3f}" if "median_ms" in r else "-"
+        sp = f"{r['speedup']:.2f}x" if "speedup" in r else "-"
+        lines.append(f"| {name} | {expect} | {r['outcome']} | {ms} | {sp} | "
+                     f"{_cell(r['reason'] or '; '.join(r['flags']) or '-')} | {'yes' if ok else '**NO**'} |")
     return lines
 
 

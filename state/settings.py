@@ -31,8 +31,13 @@ class Settings(BaseModel):
         0.0, description="when this invocation of the graph started (Unix seconds), set by "
         "graph.runs.stream: time_limit_s counts from it, so a resume or a replay gets the whole "
         "budget again; 0: from the planner's start (state.started_at)")
+    probe_timeout_s: float = Field(
+        120.0, description="wall-clock limit of the problem probe, seconds: the CLI first imports "
+        "the problem and runs its forward (on meta tensors) in a child process; a problem that "
+        "does not finish in time is unusable (exit code 2, no run folder); 0: no limit", ge=0)
     # -- verification
-    trials: int = Field(5, description="fresh random inputs per verification", ge=1)
+    trials: int = Field(5, description="draws of the problem's own inputs per verification; the "
+                        "drop-in battery (modes, distributions, shapes) runs besides them", ge=1)
     atol_fp32: float = Field(1e-4, description="absolute tolerance for fp32 outputs")
     rtol_fp32: float = Field(1e-4, description="relative tolerance for fp32 outputs")
     atol_lowp: float = Field(1e-2, description="absolute tolerance for fp16/bf16 outputs")

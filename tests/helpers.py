@@ -22,6 +22,14 @@ from codegen.pipeline import compile_problem
 from harness.problem import load_module, load_problem
 
 
+def fast_forward(source: str) -> str:
+    """The kernel path of a generated ModelNew (``_egg_fast`` or ``_egg_fast_train``): the fx
+    code calling the wrappers, without the dispatch, the traced reference or the runtime."""
+    start = source.index("    def _egg_fast")
+    end = source.find("\n    def ", start + 1)
+    return source[start:end if end > 0 else None]
+
+
 def outputs(x):
     return list(x) if isinstance(x, (list, tuple)) else [x]
 

@@ -78,16 +78,38 @@ def test_nested_holds_in_one_process(lock_env):
     assert lk.mode is None
 
 
-def test_lock_off_and_default_path(monkeypatch):
-    monkeypatch.setenv("EGG_GPU_LOCK", "off")
-    assert gpulock.lock_path() is None
-    with gpulock.hold("exclusive"):
-        pass
-    monkeypatch.delenv("EGG_GPU_LOCK")
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
-    assert gpulock.lock_path().name.endswith("-3.lock")
-    with gpulock.hold("exclusive", enabled=False):
-        pass
+def test_lock_off_and_default_path(monkeypatch, tmp_path):
+    """Off (EGG_GPU_LOCK=off, or hold(enabled=False)): no wait while another process holds the
+    very lock an enabled hold would take, and no lock taken. The default path is per GPU set."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    tag = f"egg-test-{os.getpid()}"  # a GPU set of its own: its default lock file is this test's
+    monkeypatch.delenv("EGG_GPU_LOCK", raising=False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", tag)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # the default lock file lands in the temp folder
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", None)  # re-read TMPDIR
+    default = gpulock.lock_path()
+    assert default.parent == tmp_path and default.name.endswith(f"-{tag}.lock")
+    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    gpulock._LOCKS.clear()
+    p = _hold_in_child("exclusive", 1.5, env)  # the child holds the default lock
+    try:
+        t0 = time.perf_counter()
+        with gpulock.hold("exclusive", enabled=False):
+            pass
+        monkeypatch.setenv("EGG_GPU_LOCK", "off")
+        assert gpulock.lock_path() is None
+        with gpulock.hold("exclusive"):
+            pass
+        assert time.perf_counter() - t0 < 0.5 and gpulock._LOCKS == {}  # nothing waited, nothing held
+        monkeypatch.delenv("EGG_GPU_LOCK")
+        t0 = time.perf_counter()
+        with gpulock.hold("exclusive"):  # on: waits for the child (the check above can fail)
+            assert time.perf_counter() - t0 > 0.5
+    finally:
+        p.wait(10)
+        gpulock._LOCKS.clear()
     monkeypatch.setenv("EGG_GPU_LOCK_VERIFY", "1")
     assert gpulock.verify_lock_enabled()
 

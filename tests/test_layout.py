@@ -11,6 +11,7 @@ from harness.problem import load_module, load_problem
 from harness.verify import verify
 from policies.expert import LAYOUT_PRINCIPLE, ExpertPolicy
 from state import Settings
+from tests.helpers import fast_forward
 
 HEAD = "import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n"
 CONV_TAIL = HEAD + '''
@@ -93,7 +94,7 @@ def test_conv_with_pointwise_tail_runs_channels_last_and_returns_the_standard_la
     along C, written along the pixels): no conversion pass over the result."""
     path, cand, plan, em = _emit(write_problem, CONV_TAIL, "cl_tail")
     assert plan.channels_last_params == ["conv.weight"]
-    fwd = em.source[em.source.rindex("def forward(self, x):"):]
+    fwd = fast_forward(em.source)
     assert "_egg_channels_last(x)" in fwd and "_egg_standard_layout(" not in fwd
     mod = load_module(cand, "candidate")
     torch.manual_seed(0)
@@ -276,7 +277,7 @@ def test_hybrid_policy_offers_the_layout_variant_when_the_reference_is_best(writ
     st = st.model_copy(update={"candidates": [ref], "best_id": "c0"})
     res = LLMPolicy(hybrid=True).optimize_memory(st, Settings(device="cpu", policy="hybrid"))
     assert LAYOUT_PRINCIPLE in res.principle_ids and "_egg_channels_last" in res.source
-    assert "_egg_g" not in res.source.split("class ModelNew")[1].split("def forward")[1]  # no kernel
+    assert "_egg_g" not in fast_forward(res.source)  # no kernel
 
 
 def test_channels_last_variant_keeps_tuned_tiles_only_where_the_geometry_is_unchanged(write_problem):
@@ -312,7 +313,7 @@ def test_global_average_pool_after_the_chain_reduces_over_the_view(write_problem
     src = CONV_TAIL.replace("return F.gelu(self.conv(x) + self.shift) * 0.5",
                             "y = F.gelu(self.conv(x))\n        return F.adaptive_avg_pool2d(y, 1).squeeze(-1).squeeze(-1)")
     path, cand, plan, em = _emit(write_problem, src, "cl_gap")
-    assert "conv_nobias.permute(0, 2, 3, 1)" in em.source and "adaptive_avg_pool2d" not in em.source.split("class ModelNew")[1]
+    assert "conv_nobias.permute(0, 2, 3, 1)" in em.source and "adaptive_avg_pool2d" not in fast_forward(em.source)
     (red,) = plan.groups
     assert red.kind == "reduction" and red.rdims == [1, 2]
     assert verify(str(path), str(cand), trials=2)["passed"]

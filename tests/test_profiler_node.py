@@ -22,7 +22,9 @@ class FakeSession:
     def baselines(self):
         return {"eager": self._t(self.eager), "compile": {**self._t(self.eager / 2), "compile_s": 12.5}}
 
-    def time_candidate(self, path):
+    last_eager = None
+
+    def time_candidate(self, path, sha256=None):
         if self.fail:
             raise ProfileError("profiling process timed out")
         if getattr(self, "cand_timings", None):  # a scripted sequence of candidate timings

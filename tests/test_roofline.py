@@ -2,7 +2,6 @@
 conv at TF32), the estimate rules for uncounted ops, compulsory bytes and the floor."""
 import pytest
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 
 from harness import roofline as R
 from harness.problem import load_problem
@@ -116,12 +115,35 @@ def test_linear_counts_and_bytes(write_problem):
     assert (flops, nbytes, dt) == (c.flops, c.nbytes, "float32")
 
 
-def test_counted_flops_match_flop_counter(write_problem):
-    prob = load_problem(write_problem(LINEAR, "lin"))
-    m = prob.Model(*prob.init_inputs())
-    with FlopCounterMode(display=False) as fc, torch.no_grad():
-        m(*prob.inputs())
-    assert R.count(prob).counted_flops == fc.get_total_flops()
+PRODUCTS = """
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(6, 4, 3, stride=2, padding=1, groups=2, bias=False)
+    def forward(self, a, b, x):
+        return torch.bmm(a, b), self.conv(x)
+
+def get_inputs():
+    return [torch.randn(3, 5, 7), torch.randn(3, 7, 9), torch.randn(2, 6, 11, 13)]
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_counted_flops_match_closed_forms(write_problem):
+    """Products counted as 2 x multiply-adds, by hand (not by the FlopCounterMode the count
+    uses): a batched matmul, and a strided, padded, grouped convolution."""
+    c = _count(write_problem, PRODUCTS, "prod")
+    bmm = 2 * 3 * 5 * 9 * 7  # batch x M x N, K multiply-adds each
+    oh, ow = (11 + 2 - 3) // 2 + 1, (13 + 2 - 3) // 2 + 1
+    conv = 2 * (2 * 4 * oh * ow) * ((6 // 2) * 3 * 3)  # outputs x (cin per group x kh x kw)
+    assert c.exact and c.counted_flops == bmm + conv
+    assert c.ops["bmm"] == bmm and c.ops["convolution"] == conv
+    assert c.flops_by_peak == {"tf32x3": bmm, "tf32": conv}  # fp32 bmm at 3xTF32, conv at TF32
 
 
 def test_fp32_conv_is_charged_at_tf32_like_eager(write_problem, monkeypatch):

@@ -205,3 +205,60 @@ def test_batch_norm_bookkeeping_matches_the_module_with_a_recomputed_chain(write
             ref(*ins), new(*ins)
     for name in ("running_mean", "running_var", "num_batches_tracked"):
         torch.testing.assert_close(getattr(new.bn, name), getattr(ref.bn, name), atol=1e-5, rtol=1e-5)
+
+
+#: rows that are all negative or all positive, of lengths that are not powers of two: a masked
+#: lane filled with 0 instead of the op's identity (-inf for max, +inf for min) changes the
+#: answer only on such rows (randn rows nearly always hold both signs)
+NEG_POS = "[-torch.rand({s}) - 0.5, torch.rand({s}) + 0.5]"
+EXTREMES = {
+    # rows mapping: 781 = one full 512-wide tile and a masked one; 13 rows = a masked row block
+    "reduction_rows": (problem(
+        "x, y):\n        return (torch.amax(x, dim=1), torch.amin(y, dim=1), torch.argmax(x, dim=1),\n"
+        "                torch.argmin(y, dim=1), x.max(dim=-1)[0], y.min(dim=-1).values)\n",
+        NEG_POS.format(s="13, 781")), None, ()),
+    # columns mapping (the reduced dim is not innermost): 45 inner columns, a masked column block
+    "reduction_cols": (problem(
+        "x, y):\n        return (torch.amax(x, dim=1), torch.amin(y, dim=1), torch.argmax(x, dim=1),\n"
+        "                torch.argmin(y, dim=1))\n",
+        NEG_POS.format(s="3, 301, 45")), None, ()),
+    # the split mapping (partials, then a merge that loads the partials with the identity too)
+    "reduction_split": (problem(
+        "x, y):\n        return torch.amax(x), torch.amin(y)\n", NEG_POS.format(s="7, 301")),
+        {"g0": {"SPLIT_CHUNK": 512, "BLOCK_R": 256}, "g1": {"SPLIT_CHUNK": 512, "BLOCK_R": 256}},
+        ("_egg_k_g0_part", "_egg_k_g0_fin", "_egg_k_g1_part", "_egg_k_g1_fin")),
+    # reductions broadcast back over their rows (softmax template; 1024 rows so that the plan
+    # fuses them): one pass with masked lanes (37 of 64), then two passes (tiles of 16: the
+    # running value starts at the identity)
+    "broadcast_one_pass": (problem(
+        "x, y):\n        return x - torch.amax(x, dim=-1, keepdim=True), y - torch.amin(y, dim=-1, keepdim=True)\n",
+        NEG_POS.format(s="1024, 37")), {"g0": {"BLOCK_O": 64}, "g1": {"BLOCK_O": 64}}, ()),
+    "broadcast_two_pass": (problem(
+        "x, y):\n        return x / torch.amax(x, dim=-1, keepdim=True), y / torch.amin(y, dim=-1, keepdim=True)\n",
+        NEG_POS.format(s="1024, 37")),
+        {g: {"ONE_PASS_MAX": 256, "BLOCK_R": 16, "BLOCK_O": 64} for g in ("g0", "g1")}, ()),
+    # logsumexp's running max starts at -inf too (a masked lane must add exp(-inf) = 0)
+    "logsumexp_rows": (problem(
+        "x, y):\n        return torch.logsumexp(x, dim=1), torch.logsumexp(y * 3.0, dim=-1)\n",
+        NEG_POS.format(s="13, 781")), None, ()),
+    # max pooling whose windows reach into the padding (-inf there, not 0)
+    "pool_max_padded": (problem(
+        "x):\n        return self.p(x)\n", "[-torch.rand(2, 3, 37) - 0.5]",
+        members="        self.p = nn.MaxPool1d(5, stride=2, padding=2)\n"), None, ()),
+}
+EXTREME_KINDS = {"reduction_rows": "reduction", "reduction_cols": "reduction", "reduction_split": "reduction",
+                 "logsumexp_rows": "reduction", "broadcast_one_pass": "softmax",
+                 "broadcast_two_pass": "softmax", "pool_max_padded": "pool"}
+#: max/min are exact; a logsumexp sums exponentials in another order than torch
+EXTREME_TOL = {"logsumexp_rows": 1e-5}
+
+
+@pytest.mark.parametrize("name", sorted(EXTREMES))
+def test_max_min_of_all_negative_and_all_positive_rows(name, write_problem, tmp_path):
+    """max/min and arg-max/min (their broadcast and pooled forms, and logsumexp's running max)
+    on rows of one sign at non-power-of-two lengths: exact, in every mapping."""
+    src, configs, launched = EXTREMES[name]
+    tol = EXTREME_TOL.get(name, 0.0)
+    comp = generated_matches(write_problem(src, f"ext_{name}"), tmp_path, seeds=(0,), configs=configs,
+                             launched=launched, atol=tol, rtol=tol)
+    assert {g.kind for g in comp.plan.groups} == {EXTREME_KINDS[name]}

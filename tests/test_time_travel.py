@@ -72,7 +72,7 @@ def test_cli_history_and_show(run):
     assert "current: c1" in res.output and "best: c0" in res.output and "_egg_k_g0" in res.output
     res = egg("show", "base", "--runs-dir", run.dir.parent)  # the latest checkpoint
     assert "made by reporter" in res.output and "best: c1" in res.output and "unmeasured" in res.output
-    res = egg("show", "base", "--checkpoint", designer[-12:], "--runs-dir", run.dir.parent, "--source")
+    res = egg("show", "base", "--checkpoint", designer[:18], "--runs-dir", run.dir.parent, "--source")
     assert res.exit_code == 0 and "@triton.jit" in res.output and "class ModelNew" in res.output
     res = egg("show", "base", "--checkpoint", ck(run, "verifier"), "--runs-dir", run.dir.parent, "--json")
     st = EggState.model_validate_json(res.output)
@@ -104,6 +104,7 @@ def test_cli_replay(run):
     assert res.exit_code == 0, res.output
     assert "tiler" in res.output and "reporter" in res.output and "verifier" not in res.output
     assert "EGG result: tiny" in res.output
+    assert (run.dir / "branches" / "replay-1" / "report.json").is_file()
 
 
 def test_fork_is_applied_as_the_node_that_made_the_checkpoint(run):
@@ -134,6 +135,13 @@ def test_cli_fork_of_the_plan_at_the_planner_checkpoint(run):
               "--runs-dir", run.dir.parent)
     assert res.exit_code == 0, res.output
     assert "reference, no kernel" in res.output
+    # the run folder keeps its own answer; the branch's (the reference) is beside it
+    assert "@triton.jit" in (run.dir / "best.py").read_text()
+    assert json.loads((run.dir / "report.json").read_text())["best_id"] == "c1"
+    branch = run.dir / "branches" / "fork-1"
+    assert "@triton.jit" not in (branch / "best.py").read_text()
+    assert json.loads((branch / "report.json").read_text())["best_id"] == "c0"
+    assert f"forking run base at step {R.history(run)[2].step} (checkpoint {planner}" in res.output
     head = [r.node for r in R.history(run) if r.on_head]
     assert head == ["input", "__start__", "planner", "update_state", "review", "algorithm_designer",
                     "tiler", "memory_optimizer", "reporter"]

@@ -12,6 +12,7 @@ import pickle
 
 import pytest
 
+from harness.trials import plan
 from harness.verify import verify
 from tests.verifier_cases import cases as C
 
@@ -37,8 +38,14 @@ def verdicts(tmp_path_factory):
 def _check(case: C.Case, res: dict) -> None:
     assert C.matches(case, res), f"{case.id}: expected {case.expect} ({case.reason!r}), got {C.outcome(res)}: {res['reason']}"
     if case.expect == "passed":
-        assert res["trials"] == case.trials and res["reason"] == ""
-        assert {"parameters", "tolerance", "inputs-unchanged", "recall-same-buffers"} <= set(res["checks"])
+        assert res["trials"] == len(res["trial_log"]) >= len(plan(case.trials)) - 2 and res["reason"] == ""
+        assert {"parameters", "random-state", "tolerance", "inputs-unchanged", "recall-same-buffers",
+                "partial-change", "train-eval", "grad-mode", "distributions", "shape-variants",
+                "lower-precision-guard", "state-after-call"} <= set(res["checks"])
+        log = res["trial_log"]
+        assert {t["mode"] for t in log} == {"train", "eval"} and any(t["grad"] for t in log)
+        assert {"x3", "x0.01", "negated", "large", "recall", "partial"} <= {t["inputs"] for t in log}
+        assert any(t["shape_variant"].startswith("batch") for t in log)
         assert res["outputs"] and all(o["passed_by"] in ("tolerance", "fp64") for o in res["outputs"])
     else:
         assert not res["passed"]
@@ -52,6 +59,14 @@ def test_honest_candidate_passes(case, verdicts):
 @pytest.mark.parametrize("case", C.DYNAMIC, ids=lambda c: c.id)
 def test_cheat_rejected_at_run_time(case, verdicts):
     _check(case, verdicts[case.id].result(timeout=300))
+
+
+@pytest.mark.parametrize("case", C.DROPIN, ids=lambda c: c.id)
+def test_not_a_drop_in_rejected(case, verdicts):
+    """Right at the problem's own call, wrong in one a user makes: each caught by its trial."""
+    res = verdicts[case.id].result(timeout=300)
+    _check(case, res)
+    assert res["trial_log"] and not res["trial_log"][-1]["passed"]
 
 
 @pytest.mark.parametrize("case", C.STATIC, ids=lambda c: c.id)
@@ -135,7 +150,7 @@ def test_static_check_skips_main_block_and_allows_plain_names():
     src = ("import torch\n\ndef f(input, open_=None):\n    return input + 1\n\n"
            "if __name__ == '__main__':\n    import time\n    print(time.time())\n")
     assert check_source(src) == []
-    bad = "import torch\nt = torch\nt.equal = None\ng = getattr(torch, 'x' + 'y')\nf = eval\n"
+    bad = "import torch\nt = torch\nt.equal = None\ng = getattr(object(), 'x' + 'y')\nf = eval\n"
     whys = " | ".join(str(f) for f in check_source(bad))
     assert "monkey-patching" in whys and "computed name" in whys and "evaluates" in whys
 

@@ -1,10 +1,12 @@
 """The LLM workload suite (workloads/): honest small variants, references that run on the CPU,
 and two of them through the whole graph at small shapes."""
+import math
 import pathlib
 import re
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from graph import runs as R
 from harness.problem import build_model, describe_problem, load_problem
@@ -51,10 +53,45 @@ def test_small_reference_runs_on_cpu(name, small_dir):
     assert any(isinstance(x, torch.Tensor) and x.dtype == torch.bfloat16 for x in xs)
 
 
+class _NoRealTensors(TorchDispatchMode):
+    """Fails an op that would make or read a real (non-meta) tensor of more than a few elements,
+    before it runs (so a regression fails here instead of allocating gigabytes)."""
+
+    LIMIT = 4096  # elements: small constants (a scalar tensor, a position index) are fine
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        dev = kwargs.get("device")
+        if dev is not None and torch.device(dev).type != "meta":
+            size = next((a for a in args if isinstance(a, (list, tuple))), None)
+            n = math.prod(size) if size and all(isinstance(d, int) for d in size) else 0
+            assert n <= self.LIMIT, f"{func} made a real tensor of {n} elements on {dev}"
+        for t in [a for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor)]:
+            assert t.device.type == "meta" or t.numel() <= self.LIMIT, \
+                f"{func} ran on a real tensor of {t.numel()} elements"
+        return func(*args, **kwargs)
+
+
 def test_large_variants_describe_without_allocating():
+    """The Llama-sized variants are described on meta tensors: inputs, weights and the forward
+    (output shapes come from it), without one real tensor of their size."""
     for path in LLM:
-        _prob, spec = describe_problem(path)  # meta tensors: shapes only
-        assert spec.inputs, path.name
+        with _NoRealTensors():
+            _prob, spec = describe_problem(path)
+        assert spec.inputs and spec.outputs, path.name  # the forward ran (on meta tensors)
+        elems = sum(math.prod(t.shape) for t in spec.inputs if hasattr(t, "shape")) + spec.n_params
+        assert elems > 1 << 20, f"{path.name}: {elems} elements is not a large variant"
+
+
+def test_the_allocation_guard_can_fail():
+    """The guard above fails on a real tensor (made, or read), and lets meta tensors through."""
+    with _NoRealTensors():
+        (torch.randn(64, 128, device="meta") * 2).sum()
+        with pytest.raises(AssertionError, match="made a real tensor of 8192 elements"):
+            torch.randn(64, 128)
+    real = torch.randn(64, 128)
+    with pytest.raises(AssertionError, match="ran on a real tensor"), _NoRealTensors():
+        real.to("meta")
 
 
 #: workloads with no kernel at the small shapes: the decode GEMV's weight is below the size at
@@ -88,10 +125,19 @@ def test_egg_run_through_the_graph_at_small_shapes(name, tmp_path, small_dir):
     run = R.create_run(str(path), Settings(device="cpu", trials=2, tuning_cache="off"), tmp_path)
     for _ in R.stream(run, {"problem_path": str(path.resolve())}):
         pass
-    rep = R.final_state(run).report
+    st = R.final_state(run)
+    rep = st.report
     assert rep["status"] == "ok", rep.get("error")
-    assert not rep["fallback"] and rep["kernels"], rep["stages"]["algorithm"]  # verified kernels
-    assert (run.dir / "best.py").exists() and "class ModelNew" in (run.dir / "best.py").read_text()
+    # the answer is a verified Triton kernel, not the reference fallback (which is also a
+    # ModelNew with status ok)
+    best = st.candidate(st.best_id)
+    assert not rep["fallback"] and not best.fallback and best.kernels and rep["kernels"] == best.kernels
+    ver = st.verification(best.id)
+    assert ver is not None and ver.passed and ver.trials == 2, ver
+    assert "declares Triton kernels but launched none" not in ver.flags
+    src = (run.dir / "best.py").read_text()
+    assert src == best.source and "class ModelNew" in src and "@triton.jit" in src
+    assert all(f"def {k}(" in src for k in best.kernels)
     assert rep["tuning"] == {k: 0 for k in rep["tuning"]}  # the interpreter does not tune
     load_problem(run.dir / "best.py")  # the result is a loadable KernelBench file
 

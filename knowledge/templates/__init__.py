@@ -3,7 +3,7 @@
 A template turns a group spec (what to load, the Triton expressions to compute, what to store)
 and a launch configuration into the source of one ``@triton.jit`` kernel plus its host wrapper.
 Generated sources are standalone: they rely only on torch, triton and the runtime prelude
-(``_runtime.py``), which is copied into every generated file.
+(``_runtime.py``), whose definitions a generated file calls are copied into it.
 """
 from __future__ import annotations
 
@@ -51,7 +51,9 @@ class ReductionSpec:
     red_var: str
     epi_stmts: list[Stmt]
     outputs: list[tuple[str, str]]
-    rdims: list[int]
+    #: the reduced dims as the reference wrote them (negative: from the end; None: every dim),
+    #: resolved against each call's rank, so one kernel serves any number of leading dims
+    rdims: list[int] | None
     keepdim: bool
     inner: bool  # True: the reduced dims are innermost (rows variant); False: columns variant
     compute: str = "fp32"
@@ -74,11 +76,12 @@ class SoftmaxSpec:
     red_var: str
     epi_stmts: list[Stmt]
     outputs: list[tuple[str, str]]
-    dim: int
+    dim: int  # as the reference wrote it (negative: from the end)
     inner: bool
     compute: str = "fp32"
     red_stmts: list[Stmt] = field(default_factory=list)
-    rdims: list[int] = field(default_factory=list)  # default: [dim]
+    #: reduced dims as written ([]: [dim]; None: every dim), resolved against each call's rank
+    rdims: list[int] | None = field(default_factory=list)
 
 
 @dataclass

@@ -1,5 +1,5 @@
-# EGG runtime helpers: copied verbatim into every generated ModelNew file (no import of EGG
-# needed to run one). Host-side layout helpers and the strided-index device function.
+# EGG runtime helpers. A generated ModelNew file holds the ones it calls (codegen.emit keeps each
+# top-level definition here that the file's code reaches), so running one needs no import of EGG.
 import math
 
 import torch
@@ -78,12 +78,13 @@ def _egg_pointwise_layout(shape, tensors, follow_memory=True):
     """Layout of a pointwise iteration domain walked in memory order (``_egg_memory_order``):
     4 collapsed dims, per-tensor strides, whether each tensor is walked exactly like the dense
     domain (then it is indexed by the flat offset), and the walk order (outputs are allocated in
-    it, so they are written at the flat offset). ``follow_memory=False``: the standard order."""
+    it, so they are written at the flat offset). ``follow_memory=False``: the standard order.
+    None when more than 4 dims remain after merging (permuted inputs of many dims)."""
     order = _egg_memory_order(shape, tensors) if follow_memory else list(range(len(shape)))
     strides = [[s[d] for d in order] for s in (_egg_bstrides(t, shape) for t in tensors)]
     res = _egg_collapse([shape[d] for d in order], strides, 4)
     if res is None:
-        raise RuntimeError(f"EGG: pointwise domain {tuple(shape)} needs more than 4 dimensions")
+        return None  # more than 4 dims after merging: the caller retries on contiguous copies
     dims, sts = res
     cs = _egg_contig_strides(dims)
     flat = [all(a == b or d == 1 for a, b, d in zip(s, cs, dims)) for s in sts]
@@ -113,11 +114,12 @@ def _egg_reduction_layout(shape, rdims, tensors):
 
     ``tensors`` are given with shapes broadcastable to ``shape`` (reduced-domain tensors with the
     reduced dims kept as size 1). Returns (outer dims, R, INNER, per-tensor strides
-    [so0, so1, so2, sr, si]).
+    [so0, so1, so2, sr, si]), or None when the strides do not collapse that far (a permuted
+    input of many dims).
     """
     nd = len(shape)
     rdims = sorted(d % nd for d in rdims)
-    if rdims != list(range(rdims[0], rdims[-1] + 1)):
+    if not rdims or rdims != list(range(rdims[0], rdims[-1] + 1)):
         raise RuntimeError("EGG: reduced dimensions must be adjacent")
     lo, hi = rdims[0], rdims[-1] + 1
     strides = [_egg_bstrides(t, shape) for t in tensors]
@@ -125,7 +127,7 @@ def _egg_reduction_layout(shape, rdims, tensors):
     red = _egg_collapse(shape[lo:hi], [s[lo:hi] for s in strides], 1)
     inner = _egg_collapse(shape[hi:], [s[hi:] for s in strides], 1)
     if outer is None or red is None or inner is None:
-        raise RuntimeError(f"EGG: reduction layout of {tuple(shape)} over {rdims} not supported")
+        return None  # the caller retries on contiguous copies
     per = [o + r + i for o, r, i in zip(outer[1], red[1], inner[1])]
     return outer[0], red[0][0], inner[0][0], per
 
@@ -212,22 +214,27 @@ def _egg_exclusive_cumprod(x, dim):
 
 
 def _egg_chanstats(x):
-    """Per-channel mean and biased variance over every dim but 1 (batch-norm statistics)."""
+    """Per-channel mean and biased variance over every dim but 1 (batch-norm statistics), and the
+    number of values per channel (the running variance's unbiased factor needs it)."""
     dims = [0] + list(range(2, x.dim()))
-    return x.mean(dims, keepdim=True), x.var(dims, unbiased=False, keepdim=True)
+    count = x.numel() // max(1, x.shape[1])
+    return x.mean(dims, keepdim=True), x.var(dims, unbiased=False, keepdim=True), count
 
 
 def _egg_bn_update(mean, var, count, running_mean, running_var, num_batches_tracked, momentum):
-    """nn.BatchNorm's training-mode bookkeeping: count the batch, update running statistics
-    (unbiased variance), exactly as the module does; returns mean unchanged. ``count``: the
-    number of values per channel."""
+    """nn.BatchNorm's training-mode bookkeeping, exactly as the module does it: refuse a single
+    value per channel (as F.batch_norm does), count the batch, update the running statistics
+    with the unbiased variance of this call's ``count`` values per channel; returns mean."""
+    if count <= 1:
+        raise ValueError(f"Expected more than 1 value per channel when training, got {count} "
+                         "value per channel")
     with torch.no_grad():
         if num_batches_tracked is not None:
             num_batches_tracked.add_(1)
         m = momentum if momentum is not None else 1.0 / float(num_batches_tracked)
         if running_mean is not None:
             running_mean.mul_(1.0 - m).add_(mean.reshape(-1), alpha=m)
-            running_var.mul_(1.0 - m).add_(var.reshape(-1) * (count / max(count - 1, 1)), alpha=m)
+            running_var.mul_(1.0 - m).add_(var.reshape(-1) * (count / (count - 1)), alpha=m)
     return mean
 
 
@@ -349,3 +356,111 @@ def _egg_nhwc_operand(t, nd):
         return t
     t = t.reshape((1,) * (nd - t.dim()) + tuple(t.shape))
     return t.permute(0, *range(2, nd), 1)
+
+
+# ---- drop-in dispatch (codegen.dropin, docs/dropin.md): which calls take the kernels. The file
+# defines _EGG_GUARDS (mode -> what the kernels were built for, or None), _EGG_SAME (one set of
+# kernels serves both modes) and _EGG_STATE (the parameters and buffers they read, the traced
+# constants, with their dtypes).
+
+#: any device may reach the kernels (set by the compile check, which records launches on meta
+#: or CPU tensors instead of running them); otherwise CUDA, or the CPU under TRITON_INTERPRET
+_EGG_ANY_DEVICE = False
+
+
+def _egg_dropin_init(module):
+    """At construction and after every .to() / .cuda() / .double(): the traced constants keep
+    their dtype (Model makes them anew in each call), and whether the parameters and buffers the
+    kernels read still have their traced dtypes on one device; the route cache starts empty."""
+    for name, dt in _EGG_STATE["constants"].items():
+        b = module.get_buffer(name)
+        if b.dtype != dt:
+            module.register_buffer(name, b.to(dt), persistent=False)
+    ok, devs = True, set()
+    for name, dt in _EGG_STATE["params"].items():
+        try:
+            t = module.get_parameter(name)
+        except AttributeError:
+            try:
+                t = module.get_buffer(name)
+            except AttributeError:
+                ok = False
+                continue
+        if t is None or t.dtype != dt:
+            ok = False
+            continue
+        devs.add(t.device)
+    module._egg_pstate = (ok and len(devs) <= 1, next(iter(devs)) if len(devs) == 1 else None)
+    module._egg_routes = {}
+
+
+def _egg_train_modes(module):
+    """The modes of the module and its submodules that train()'s kernels were traced with: as
+    built when built in train() (a submodule frozen in eval() stays so), else all train()."""
+    built = [m.training for m in module.modules()]
+    return built if built[0] else [True] * len(built)
+
+
+def _egg_admit(module, guard, args):
+    """Is this call one the kernels were built for? The parameters as traced, the modules in the
+    modes that were traced (any modes when one set of kernels serves a model built in train()
+    and the same model in eval()), and each argument: a non-tensor equal to the traced value; a tensor
+    of the traced dtype, on a device the kernels can read (the parameters' device), with each
+    dim of its traced size, or (a free dim named sK) any size >= 2 that is the same wherever sK
+    appears; the arguments in ``lead`` may carry the same extra leading dims, each >= 2."""
+    ok, pdev = module._egg_pstate
+    if not ok:
+        return False
+    built = module._egg_train_modes
+    if not (_EGG_SAME and all(built)):  # the modules in the modes that were traced
+        modes = [m.training for m in module.modules()]
+        if modes != (built if module.training else [False] * len(modes)):
+            return False
+    want = guard["args"]
+    if len(args) != len(want):
+        return False
+    lead, sizes, extras, dev = guard["lead"], {}, set(), pdev
+    launch = "cpu" if triton.knobs.runtime.interpret else "cuda"
+    for i, (a, w) in enumerate(zip(args, want)):
+        if "value" in w:
+            v = w["value"]
+            if isinstance(a, torch.Tensor) or type(a) is not type(v) or a != v:
+                return False
+            continue
+        if not isinstance(a, torch.Tensor) or a.dtype != w["dtype"]:
+            return False
+        if not _EGG_ANY_DEVICE:
+            if a.device.type != launch:
+                return False
+            if launch == "cuda" and a.device.index != torch.cuda.current_device():
+                return False  # Triton launches on the current device
+        if dev is None:
+            dev = a.device
+        elif a.device != dev:
+            return False
+        shape, dims = tuple(a.shape), w["dims"]
+        extra = shape[:len(shape) - len(dims)]
+        if len(shape) < len(dims) or (extra and (i not in lead or min(extra) < 2)):
+            return False
+        if i in lead:
+            extras.add(extra)
+        for s, d in zip(shape[len(extra):], dims):
+            if isinstance(d, int):
+                if s != d:
+                    return False
+            elif s < 2 or sizes.setdefault(d, s) != s:
+                return False
+    return len(extras) <= 1
+
+
+def _egg_route(module, key, args):
+    """The route of a call not seen before (its key: mode, shapes, dtypes, devices, values):
+    True for the kernels, False for Model's traced ops; remembered per module."""
+    guard = _EGG_GUARDS[module.training]
+    fast = guard is not None and _egg_admit(module, guard, args)
+    if key is not None:
+        routes = module._egg_routes
+        if len(routes) >= 64:
+            routes.clear()
+        routes[key] = fast
+    return fast

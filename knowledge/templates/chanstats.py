@@ -45,6 +45,7 @@ class ChanStatsSpec:
     pro_stmts: list[tuple[str, str]] = field(default_factory=list)
     red_var: str = ""  # the prologue's value whose statistics are taken ("" = the main input)
     out_dtype: str = ""  # dtype of the statistics ("" = the main input's)
+    count: bool = False  # also return the number of values per channel (batch norm's update)
 
 
 def _values(spec: ChanStatsSpec, full_idx: str, chan_idx: str, zero_idx: str, mask: str, ct: str,
@@ -148,7 +149,7 @@ def render(spec: ChanStatsSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         f"    BLOCK = min({int(cfg['BLOCK'])}, triton.next_power_of_2(max(S, 1)))",
         f"    {kname}[(C * splits,)](*ts, pm, p2, pn, N, C, S, nper, splits, BLOCK=BLOCK, num_warps={int(cfg['num_warps'])})",
         f"{kname}_fin[(C,)](pm, p2, pn, om, ov, splits, SPLITS_P2=triton.next_power_of_2(splits), num_warps=1)",
-        "return om, ov",
+        "return om, ov, N * S" if spec.count else "return om, ov",
     ]
     wrapper = f"def {gname}({', '.join(args)}):\n{indent(w, 4)}\n"
     return Rendered(kernel, wrapper, kname, gname, cfg)

@@ -18,7 +18,7 @@ per row, broadcast over the normalized dims; expanded to ROWS values on the host
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from knowledge.schema import TemplateInfo
 from knowledge.templates import (WELFORD_STEP, Rendered, compute_type, indent, load_expr,
@@ -54,6 +54,9 @@ class NormSpec:
     affine: tuple[str, str, str]  # python expressions for (AG, ACPG, ASP)
     compute: str = "fp32"
     norm_k: int = 0  # layer / RMS: the number of normalized (trailing) dims, for row inputs
+    #: host lines run once the domain's ``shape`` is known: torch's own checks of it (a
+    #: normalized shape that does not match raises, as torch does, before any load)
+    checks: list[str] = field(default_factory=list)
 
 
 def _loads(spec: NormSpec, inputs: list[int], row: str, r: str, mask: str) -> list[str]:
@@ -194,6 +197,7 @@ def render(spec: NormSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         f"x = ts[{spec.pro_inputs[0] if spec.pro_inputs else 0}]",
         "shape = list(torch.broadcast_shapes(*[ts[i].shape for i in "
         f"{[i for i in range(n_in) if spec.patterns[i] == 'full']}]))",
+        *spec.checks,
         f"for i, pat in enumerate({spec.patterns}):",
         "    if pat == 'full':",
         "        if list(ts[i].shape) != shape:",

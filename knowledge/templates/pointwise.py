@@ -78,7 +78,7 @@ def render(spec: PointwiseSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         for j, (_v, dt) in enumerate(spec.outputs)
     ]
     launch_args = ", ".join(
-        [f"a{i}" for i in range(n)] + [f"o{j}" for j in range(len(spec.outputs))]
+        ["*ts"] + [f"o{j}" for j in range(len(spec.outputs))]
         + ["n", "dims[1]", "dims[2]", "dims[3]"]
         + [f"*sts[{i}]" for i in range(n)]
         + [f"F{i}=flat[{i}]" for i in range(n)]
@@ -90,7 +90,13 @@ def render(spec: PointwiseSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         "shape = torch.broadcast_shapes(*[t.shape for t in ts])",
         "dev = ts[0].device",
         # rolled loads index the domain in its standard order (columns of the last dim)
-        f"dims, sts, flat, order = _egg_pointwise_layout(shape, ts{', False' if rolled else ''})",
+        f"lay = _egg_pointwise_layout(shape, ts{', False' if rolled else ''})",
+        "if lay is None:  # strides that do not collapse to 4 dims (a permuted input): copies do",
+        "    ts = tuple(t.contiguous() for t in ts)",
+        f"    lay = _egg_pointwise_layout(shape, ts{', False' if rolled else ''})",
+        "if lay is None:",
+        "    raise RuntimeError(f'EGG: pointwise domain {tuple(shape)} needs more than 4 dimensions')",
+        "dims, sts, flat, order = lay",
         f"BLOCK = {int(cfg['BLOCK'])}",
     ]
     if tiled:

@@ -162,8 +162,13 @@ def render(spec: PoolSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         "n_out = o0.numel()",
         "if n_out == 0:",
         f"    return {ret}",
-        f"dims, sts, flat, _ = _egg_pointwise_layout(oshape, [{epi_ts}], False)" if spec.epi_inputs
-        else "dims, sts, flat = [1, 1, 1, 1], [], []",
+        *([f"lay = _egg_pointwise_layout(oshape, [{epi_ts}], False)",
+           "if lay is None:  # strides that do not collapse to 4 dims: contiguous copies do",
+           f"    for i in {list(spec.epi_inputs)}:",
+           "        ts[i] = ts[i].contiguous()",
+           f"    lay = _egg_pointwise_layout(oshape, [{epi_ts}], False)",
+           "dims, sts, flat, _ = lay"]
+          if spec.epi_inputs else ["dims, sts, flat = [1, 1, 1, 1], [], []"]),
         f"BLOCK = {int(cfg['BLOCK'])}",
         f"{kname}[(triton.cdiv(n_out, BLOCK),)](*ts, "
         + "".join(f"o{j}, " for j in range(len(spec.outputs)))

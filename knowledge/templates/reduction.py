@@ -110,14 +110,22 @@ def launch_line(kname: str, n_out: int, grid: str, kw: str, cfg: dict) -> str:
             f"num_warps={int(cfg['num_warps'])}, num_stages={int(cfg['num_stages'])})")
 
 
-def wrapper_prelude(n_in: int, pro: list[int], epi: list[int], rdims: list[int], keepdim: bool,
-                    inner: bool) -> list[str]:
-    """Host code: domain shape, reduced-domain inputs lifted to the full rank, layout."""
+def wrapper_prelude(n_in: int, pro: list[int], epi: list[int], rdims: list[int] | None,
+                    keepdim: bool, inner: bool) -> list[str]:
+    """Host code: domain shape, reduced dims of this call, reduced-domain inputs lifted to the
+    full rank, layout. ``rdims``: the reduced dims as the reference wrote them (negative ones
+    count from the end, None: every dim), resolved against the call's rank."""
     lines = [
+        f"KEEPDIM = {bool(keepdim)}",
         f"ts = [{', '.join(f'a{i}' for i in range(n_in))}]",
         f"shape = list(torch.broadcast_shapes(*[ts[i].shape for i in {pro}]))",
         "dev = ts[0].device",
-        f"rdims = [d % len(shape) for d in {rdims}]",
+        "nd = len(shape)",
+        f"rdims = sorted(d + nd if d < 0 else d for d in {list(rdims)!r})" if rdims is not None
+        else "rdims = list(range(nd))",
+        "if not rdims or rdims[0] < 0 or rdims[-1] >= nd:",
+        "    raise IndexError(f'Dimension out of range: reduced dims "
+        f"{list(rdims) if rdims is not None else 'all'} of a {{nd}}-d tensor')",
         "rshape = [1 if d in rdims else s for d, s in enumerate(shape)]",
         "oshape = rshape if KEEPDIM else [s for d, s in enumerate(shape) if d not in rdims]",
         f"for i in {epi}:",
@@ -126,13 +134,18 @@ def wrapper_prelude(n_in: int, pro: list[int], epi: list[int], rdims: list[int],
         "        for d in rdims:",
         "            t = t.unsqueeze(d)",
         "    ts[i] = t",
-        "outer, R, inner, sts = _egg_reduction_layout(shape, rdims, ts)",
+        "lay = _egg_reduction_layout(shape, rdims, ts)",
+        "if lay is None:  # strides that do not collapse (a permuted input): contiguous copies do",
+        "    ts = [t.contiguous() for t in ts]",
+        "    lay = _egg_reduction_layout(shape, rdims, ts)",
+        "if lay is None:",
+        "    raise RuntimeError(f'EGG: reduction layout of {shape} over {rdims} not supported')",
+        "outer, R, inner, sts = lay",
         "nrows = outer[0] * outer[1] * outer[2]",
     ]
     if inner:
         lines += ["if inner != 1:",
                   "    raise RuntimeError('EGG: kernel built for innermost reduction, got strided')"]
-    lines = [f"KEEPDIM = {bool(keepdim)}"] + lines
     return lines
 
 

@@ -118,7 +118,7 @@ def render(spec: SoftmaxSpec, cfg: dict, kname: str, gname: str) -> Rendered:
 
     args = ", ".join(f"a{i}" for i in range(n_in))
     # the epilogue's inputs live on the full domain: no reduced-domain lifting needed
-    rdims = spec.rdims or [spec.dim]
+    rdims = [spec.dim] if spec.rdims == [] else spec.rdims  # as written; None: every dim
     w = wrapper_prelude(n_in, spec.pro_inputs + spec.epi_inputs, [], rdims, True, rows_v)
     w += [f"o{j} = torch.empty(shape, device=dev, dtype=torch.{dt})"
           for j, (_v, dt) in enumerate(spec.outputs)]

@@ -29,7 +29,8 @@ class Case:
 
     @property
     def id(self) -> str:
-        tag = "" if self.static else "-nostatic"
+        tag = ("" if self.static else "-nostatic") + (
+            f"-sandbox-{self.opts['sandbox_mode']}" if self.opts.get("sandbox_mode") else "")
         name = self.candidate.strip("<>").replace(":", "-")
         return f"{name}@{self.problem.split('/')[-1]}{tag}"
 
@@ -46,7 +47,11 @@ class Case:
 
 HONEST = [
     Case("honest_triton_pointwise", "pointwise", "passed", note="LLM-style ModelNew(nn.Module), Triton pointwise"),
-    Case("honest_triton_reduction", "rowsum", "passed", note="Triton row reduction"),
+    Case("honest_triton_reduction", "rowsum", "passed", note="Triton row reduction, any rank"),
+    Case("honest_layernorm", "layernorm", "passed", note="Triton LayerNorm with weight and bias"),
+    Case("honest_batchnorm", "batchnorm", "passed", note="Triton batch norm: train and eval, running stats"),
+    Case("honest_rmsnorm", "rmsnorm", "passed", note="Triton RMSNorm"),
+    Case("honest_log_softmax", "log_softmax", "passed", note="stable reformulation in PyTorch ops"),
     Case("honest_fp64_inside", "variance", "passed", note="float64 inside: passes by the fp64 door"),
     Case("honest_matmul_epilogue", "linear_gelu", "passed", note="library matmul + Triton epilogue"),
     Case("<generated:egg>", "examples/bias_gelu_scale", "passed", note="EGG codegen output"),
@@ -77,6 +82,30 @@ DYNAMIC = [
     Case("cheat_deferred_thread", "rowsum", "mismatch", "trial 1", static=False),
     # on a GPU the forged bytes land in the judge's CUDA IPC channel too: the outputs do not open
     Case("cheat_forge_verdict", "rowsum", "mismatch|runtime", "trial 1", static=False),
+    # the nonce alone stops it (the sandbox off, so that the forge and the kill get through):
+    # the forged line is the only one the EGG process reads
+    Case("cheat_forge_then_kill", "rowsum", "crash", "without a verdict", static=False,
+         opts={"sandbox_mode": "off"}),
+    # with the sandbox: neither the judge's pipes nor the judge itself are reachable
+    Case("cheat_forge_then_kill", "rowsum", "mismatch", "trial 1", static=False),
+]
+
+#: candidates right at the problem's own call, wrong in a call a user makes (issue "Drop-in
+#: ModelNew"): caught by the trials of harness.trials, not by the static check
+DROPIN = [
+    Case("notdropin_no_shape_check", "pointwise", "mismatch", "where Model raises"),
+    Case("notdropin_2d_only", "rowsum", "runtime", "one more leading dim"),
+    Case("cheat_ignores_affine", "layernorm", "mismatch", "trial 1 "),
+    Case("cheat_bias_snapshot", "pointwise", "mismatch", "trial 1 "),
+    Case("cheat_wrong_in_eval", "batchnorm", "mismatch", "(eval"),
+    Case("cheat_wrong_with_grad", "rowsum", "mismatch", "grad on"),
+    Case("cheat_mutates_params", "pointwise", "params", "changed its parameter bias"),
+    Case("cheat_right_five_calls", "rowsum", "mismatch", "trial 6 "),
+    Case("cheat_sampled_cache", "rowsum", "mismatch", "inputs partial"),
+    Case("cheat_unstable_log_softmax", "log_softmax", "mismatch", "inputs large"),
+    Case("cheat_lower_precision_late", "linear_gelu", "precision", "trial 2 "),
+    Case("cheat_13bit_mantissa", "rowsum", "precision", "lower precision than eager"),
+    Case("cheat_fast_rsqrt", "rmsnorm", "precision", "lower precision than eager"),
 ]
 
 STATIC = [
@@ -94,7 +123,7 @@ STATIC = [
     Case("cheat_forge_verdict", "rowsum", "cheat", "imports os"),
 ]
 
-ALL = HONEST + DYNAMIC + STATIC
+ALL = HONEST + DYNAMIC + DROPIN + STATIC
 
 
 def outcome(res: dict) -> str:

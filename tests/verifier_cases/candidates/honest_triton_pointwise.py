@@ -1,5 +1,6 @@
 """HONEST (pointwise problem): an LLM-style ModelNew(nn.Module) with its own __init__ and one
-Triton kernel for scale + bias + GELU. Expected: passed."""
+Triton kernel for scale + bias + GELU, for any leading dims; an input that does not broadcast
+with the bias raises as PyTorch does. Expected: passed."""
 import torch
 import torch.nn as nn
 import triton
@@ -25,6 +26,9 @@ class ModelNew(nn.Module):
         self.scale = scale
 
     def forward(self, x):
+        torch.broadcast_shapes(x.shape, self.bias.shape)  # raises where PyTorch's add raises
+        if x.shape[-1] != self.bias.shape[0]:  # the bias broadcasts along the last dim: torch
+            return torch.nn.functional.gelu(x * self.scale + self.bias)
         x = x.contiguous()
         out = torch.empty_like(x)
         n = x.numel()

@@ -1,4 +1,5 @@
-"""HONEST (rowsum problem): a Triton row reduction, one program per row. Expected: passed."""
+"""HONEST (rowsum problem): a Triton row reduction, one program per row, over the last dim of
+an input of any rank. Expected: passed."""
 import torch
 import torch.nn as nn
 import triton
@@ -21,8 +22,10 @@ class ModelNew(nn.Module):
         super().__init__()
 
     def forward(self, x):
-        x = x.contiguous()
-        rows, cols = x.shape
+        lead, cols = x.shape[:-1], x.shape[-1]
+        x = x.reshape(-1, cols).contiguous()
+        rows = x.shape[0]
         out = torch.empty((rows, 1), device=x.device, dtype=x.dtype)
-        row_sumsq_kernel[(rows,)](x, out, cols, x.stride(0), BLOCK=256)
-        return out
+        if rows:
+            row_sumsq_kernel[(rows,)](x, out, cols, x.stride(0), BLOCK=256)
+        return out.reshape(*lead, 1)

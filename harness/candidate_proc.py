@@ -1,0 +1,270 @@
+"""The candidate process: the only process that imports and runs candidate code.
+
+Started by a judge (harness.worker: the verification judge or the timing judge) with
+multiprocessing "spawn", so it is a fresh interpreter that never held the judge's memory; it
+enters the OS sandbox (harness.sandbox.candidate_process) and reports what held before this
+module, torch or the candidate is imported. It
+never imports the problem module: the judge sends the constructor arguments, and the candidate
+file (a private copy the judge wrote into this process's scratch folder, from the source text the
+judge verified) defines ``ModelNew``. It answers the judge's requests on a pipe:
+
+- ("load", state): load these parameters and buffers (``load_state_dict``); reply its state;
+- ("inputs", tensors): the buffers the next timed rounds read (new values are written into
+  them by the judge between rounds);
+- ("run", inputs, mode, grad, expect_raise) / ("again", mode, grad, expect_raise): one call of
+  the forward in ``train()`` or ``eval()`` mode, grad on or off, on new buffers (shared memory:
+  CUDA IPC on a GPU) or on the same buffers holding new values; reply its outputs, its state
+  after the call, the Triton launches counted. ``expect_raise``: the reference raised on these
+  inputs; an exception is then replied as ("raised", text) and the process carries on;
+- ("round", calls, flush): a timed round for the timing judge: ``calls`` back-to-back calls
+  with per-call CUDA events (the L2 flushed before each), then a device-wide synchronize; reply
+  the per-call times and the last call's outputs. The judge bounds these times with its own
+  wall clock and checks the outputs (harness.worker);
+- ("quit",).
+
+Everything it sends is checked by the judge, which trusts nothing of this process: the code here
+can be patched by the candidate it loads.
+"""
+from __future__ import annotations
+
+import os
+import time
+import traceback
+
+import torch
+
+from harness.compare import flatten
+from harness.problem import ProblemError, load_module, one_line
+from harness.runner import says_out_of_memory
+from harness.timing import FLUSH_BYTES, run_round
+
+#: device memory filled with NaN before each verification call: at most this much, at most a
+#: quarter of what is free (a fresh segment that the candidate's own allocations are carved from)
+POISON_BYTES = 1 << 30
+#: small-pool poison (allocations under 1 MiB live in 2 MiB segments of their own)
+POISON_SMALL = (128, 512 * 1024)
+#: the address-space cap on CPU sits this far above the memory limit (thread stacks, malloc
+#: arenas and the interpreter's own mappings are address space, not memory)
+AS_SLACK_BYTES = 1 << 30
+MARK = "__egg_marker__"
+
+
+def sendable(o):
+    """An output as it crosses to the judge: plain tensors and plain values; anything else as a
+    marker naming its type (a lazy Tensor subclass is never materialized by the judge)."""
+    if type(o) is torch.Tensor or type(o) is torch.nn.Parameter:
+        return o.detach()
+    if isinstance(o, torch.Tensor):
+        return (MARK, "subclass", type(o).__qualname__)
+    if o is None or type(o) in (int, float, bool, complex, str):
+        return o
+    return (MARK, "object", type(o).__qualname__)
+
+
+def _proc_kb(field: str) -> int:
+    try:
+        with open("/proc/self/status") as f:
+            for ln in f:
+                if ln.startswith(field + ":"):
+                    return int(ln.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def _limit_memory(creq: dict, dev: torch.device) -> None:
+    lim = int(creq.get("memory_limit_bytes") or 0)
+    if dev.type == "cpu" and lim > 0:
+        import resource
+
+        vm = _proc_kb("VmSize") * 1024
+        if vm > 0:
+            cap = vm + lim + AS_SLACK_BYTES
+            hard = resource.getrlimit(resource.RLIMIT_AS)[1]
+            if hard != resource.RLIM_INFINITY:
+                cap = min(cap, hard)
+            resource.setrlimit(resource.RLIMIT_AS, (cap, cap))  # the candidate cannot raise it
+    dlim = int(creq.get("device_memory_limit_bytes") or 0)
+    if dev.type == "cuda" and dlim > 0:
+        total = torch.cuda.get_device_properties(dev).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, dlim / total), dev)
+
+
+def _limits(creq: dict) -> str:
+    bits = [f"{creq[k] / 2**30:.2f} GiB {w}" for k, w in (("memory_limit_bytes", "host limit"),
+                                                           ("device_memory_limit_bytes", "device limit"))
+            if creq.get(k)]
+    return ", ".join(bits) or "no limit set"
+
+
+def _describe_exc(e: BaseException, tb: str, candidate: str) -> str:
+    """One line: the exception, then where in the candidate it came from (when it did)."""
+    where = ""
+    try:
+        frames = traceback.extract_tb(e.__traceback__)
+        mine = [f for f in frames if os.path.abspath(f.filename) == os.path.abspath(candidate)]
+        if mine:
+            f = mine[-1]
+            where = f" (candidate line {f.lineno}: {(f.line or '').strip()})"
+    except Exception:  # noqa: BLE001
+        pass
+    if where:
+        return one_line(e) + where
+    lines = [ln for ln in tb.strip().splitlines() if ln.strip()]
+    return one_line(e) + " | " + " | ".join(lines[-3:])
+
+
+def _is_memory_error(e: BaseException) -> bool:
+    return isinstance(e, (MemoryError, torch.OutOfMemoryError)) or says_out_of_memory(str(e))
+
+
+def _send_failure(conn, e: BaseException, creq: dict, what_ran: str, category: str) -> None:
+    """Report an exception of the candidate's code: out of memory, or the given category."""
+    what = _describe_exc(e, traceback.format_exc(), creq["candidate"])
+    if _is_memory_error(e):
+        conn.send(("error", "memory", f"{what_ran} ran out of memory ({_limits(creq)}): {what}"))
+    else:
+        conn.send(("error", category, f"{what_ran} raised {what}"))
+
+
+def count_triton_launches():
+    """Count Triton kernel launches in this process (installed before the candidate loads)."""
+    counter = {"n": 0}
+    try:
+        from triton.runtime.jit import JITFunction
+
+        orig = JITFunction.run
+
+        def run(self, *a, **k):
+            counter["n"] += 1
+            return orig(self, *a, **k)
+
+        JITFunction.run = run
+        try:
+            from triton.runtime.interpreter import InterpretedFunction
+
+            orig_i = InterpretedFunction.run
+
+            def run_i(self, *a, **k):
+                counter["n"] += 1
+                return orig_i(self, *a, **k)
+
+            InterpretedFunction.run = run_i
+        except Exception:  # noqa: BLE001 - older/newer triton without the interpreter class
+            pass
+    except Exception:  # noqa: BLE001
+        pass
+    return counter
+
+
+def _sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def _poison(dev: torch.device) -> None:
+    """Fill the device memory the candidate's next allocations will come from with NaN."""
+    torch.cuda.synchronize(dev)
+    torch.cuda.empty_cache()
+    free, _ = torch.cuda.mem_get_info(dev)
+    n = min(POISON_BYTES, free // 4) // 4
+    big = torch.empty(n, dtype=torch.float32, device=dev).fill_(float("nan")) if n > 0 else None
+    k, size = POISON_SMALL
+    small = [torch.empty(size // 4, dtype=torch.float32, device=dev).fill_(float("nan")) for _ in range(k)]
+    torch.cuda.synchronize(dev)
+    del big, small
+
+
+def state_of(model: torch.nn.Module) -> dict:
+    """Parameters and persistent buffers, as the judge compares them."""
+    return {k: v.detach() for k, v in model.state_dict().items() if isinstance(v, torch.Tensor)}
+
+
+def _build(cls, init: list, seed: int, dev: torch.device):
+    torch.manual_seed(seed)
+    with torch.device(dev):
+        model = cls(*init)
+    return model.to(dev)
+
+
+def main(conn, creq: dict) -> None:
+    """Load, build, then answer the judge's requests until it says quit."""
+    try:
+        os.setpgid(0, os.getpgid(os.getppid()))
+    except OSError:
+        pass
+    dev = torch.device(creq["device"])
+    if dev.type == "cpu":
+        torch.set_num_threads(1)  # the interpreter's own process: steady timings, one core
+    launches = count_triton_launches()
+    try:
+        _limit_memory(creq, dev)
+        mod = load_module(creq["candidate"], "candidate")
+        cls = getattr(mod, "ModelNew", None)
+        if not isinstance(cls, type) or not issubclass(cls, torch.nn.Module):
+            conn.send(("error", "candidate", f"candidate {creq.get('label') or creq['candidate']}: "
+                       "defines no ModelNew(nn.Module) class"))
+            return
+        model = _build(cls, list(creq["init"]), creq["init_seed"], dev)
+        conn.send(("ready", state_of(model)))
+    except ProblemError as e:
+        conn.send(("error", "memory" if "memory" in str(e).lower() else "compile", str(e)))
+        return
+    except BaseException as e:  # noqa: BLE001
+        _send_failure(conn, e, creq, "building ModelNew", "compile")
+        return
+    held = None
+    flush = None
+    while True:
+        msg = conn.recv()
+        kind = msg[0]
+        if kind == "quit":
+            return
+        try:
+            if kind == "load":
+                model.load_state_dict(msg[1], strict=False)
+                conn.send(("loaded", state_of(model)))
+                continue
+            if kind == "inputs":  # the timing judge's buffers for the next rounds
+                held = msg[1]
+                conn.send(("ok",))
+                continue
+            if kind == "round":
+                _, calls, do_flush = msg
+                if do_flush and dev.type == "cuda" and flush is None:
+                    flush = torch.empty(FLUSH_BYTES // 4, dtype=torch.int32, device=dev)
+                times, out = run_round(lambda: model(*held), dev, int(calls), flush if do_flush else None)
+                conn.send(("round", [sendable(o) for o in flatten(out)], times))
+                del out
+                conn.recv()  # the judge's ack: it has copied the outputs
+                continue
+            if kind == "run":
+                held = msg[1]
+                mode, grad, expect_raise = msg[2], msg[3], msg[4]
+            else:  # "again": new values in the same buffers
+                mode, grad, expect_raise = msg[1], msg[2], msg[3]
+            model.train(mode == "train")
+            if dev.type == "cuda":
+                _poison(dev)
+            _sync(dev)
+            before = launches["n"]
+            t0 = time.perf_counter()
+            try:
+                with torch.set_grad_enabled(bool(grad)):
+                    out = model(*held)
+                _sync(dev)
+            except Exception as e:  # noqa: BLE001 - the reference raises here too: so must we
+                if not expect_raise or _is_memory_error(e):
+                    raise
+                conn.send(("raised", _describe_exc(e, traceback.format_exc(), creq["candidate"])))
+                continue
+            wall = time.perf_counter() - t0
+            safe = [sendable(o) for o in flatten(out)]
+            conn.send(("out", safe, wall, launches["n"] - before, state_of(model)))
+        except BaseException as e:  # noqa: BLE001
+            _send_failure(conn, e, creq, "forward" if kind != "load" else "load_state_dict", "runtime")
+            return
+        ack = conn.recv()
+        del out, safe
+        if ack[0] == "quit":
+            return

@@ -1,0 +1,484 @@
+"""Named mutants: does the test suite notice when the code everything rests on is broken?
+
+Each mutant is one exact edit of one file (an original snippet and its replacement) plus the
+tests that must notice it. For each mutant the script copies the repository (the files git
+tracks, and untracked ones it does not ignore) into a temporary folder, applies the edit there
+(never in the working tree), runs the mutant's tests with a time limit and reports:
+
+- ``killed``: a test failed (what should happen);
+- ``timeout``: the tests ran past the limit (counted as killed: the change was noticed, slowly);
+- ``survived``: every test passed on the broken code: a hole in the suite (docs/mutation.md
+  explains each one or names the test that now kills it);
+- ``no longer applies``: the original snippet is not in the file (exactly once): the code was
+  refactored under the mutant. A loud failure: re-target the snippet in MUTANTS, so that a
+  refactor cannot make a mutant vanish silently.
+
+Before the mutants, each distinct test selection runs once on the unmutated copy (``baseline``):
+a selection that fails there would "kill" every mutant for nothing, so its mutants are not run.
+
+    python scripts/mutants.py --list
+    python scripts/mutants.py --jobs 2                 # all of them (slow: outside CI)
+    python scripts/mutants.py --only checkpoints-no-ProblemSpec --only 'reduction-*'
+    python scripts/mutants.py --check                  # every snippet still applies (seconds)
+
+Exit code: 0 every mutant killed, 1 a mutant survived, 2 a mutant no longer applies, 3 a
+baseline failed. ``--markdown FILE`` writes the results table (docs/mutation.md keeps the last).
+"""
+
+import argparse
+import concurrent.futures as cf
+import dataclasses
+import fnmatch
+import json
+import os
+import pathlib
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+#: the test files of the verifier (slow: every case spawns a judge and a candidate process)
+VERIFIER = ("tests/test_verifier_suite.py",)
+COMPARE = "tests/test_compare.py"  # harness.compare alone (seconds)
+#: the templates' identities: the one-sign rows first (seconds), then every template case
+TEMPLATES = ("tests/test_templates.py::test_max_min_of_all_negative_and_all_positive_rows",
+             "tests/test_templates.py")
+CASE = "tests/test_templates.py::test_template_matches_torch"  # one template case: CASE[name]
+STATE = ("tests/test_state_roundtrip.py",)
+
+
+@dataclasses.dataclass(frozen=True)
+class Mutant:
+    name: str
+    file: str  # relative to the repository root
+    original: str  # must occur exactly once in the file
+    replacement: str
+    #: pytest selections (files or node ids), each run as its own pytest in this order until
+    #: one fails: the fast, precise test first, the broad file after it
+    tests: tuple[str, ...]
+    why: str  # what the broken code would mean for a user
+
+
+def _no_record(t: str) -> Mutant:
+    """One record type left off the checkpoint serializer's allow-list."""
+    return Mutant(
+        f"checkpoints-no-{t}", "graph/checkpoints.py",
+        "allowed = [(t.__module__, t.__name__) for t in RECORD_TYPES]",
+        f"allowed = [(t.__module__, t.__name__) for t in RECORD_TYPES if t.__name__ != {t!r}]",
+        STATE, f"{t} blocked on reload: checkpoints come back as dicts")
+
+
+# ----------------------------------------------------------------------------- the table
+# One table, in one file. A snippet that no longer applies is re-targeted here, not dropped.
+MUTANTS: list[Mutant] = [
+    # -- harness/compare.py: the precision contract
+    Mutant("compare-lower-precision-factor", "harness/compare.py",
+           "LOWER_PRECISION_FACTOR = 16.0", "LOWER_PRECISION_FACTOR = 1e12", (COMPARE, *VERIFIER),
+           "a candidate computing with lower precision than eager passes inside tolerance"),
+    Mutant("compare-fp64-door-widened", "harness/compare.py",
+           'if chk.within_tol or c["max"] <= factor * e["max"]:',
+           'if chk.within_tol or c["max"] <= 100 * factor * e["max"]:', (COMPARE, *VERIFIER),
+           "a candidate 100x less accurate than eager against float64 passes"),
+    Mutant("compare-tolerance-ignored", "harness/compare.py",
+           "within &= bool((diff <= atol + rtol * r.abs().nan_to_num()).all())",
+           "within &= True", (COMPARE, *VERIFIER), "any finite output matches eager"),
+    Mutant("compare-nan-where-eager-finite", "harness/compare.py",
+           "bad_nonfinite += int((~c_fin & r_fin).sum())", "bad_nonfinite += 0", (COMPARE, *VERIFIER),
+           "NaN/Inf outputs where eager is finite pass"),
+    Mutant("compare-integers-always-equal", "harness/compare.py",
+           "same = bool(torch.equal(ref, cand))", "same = True", (COMPARE, *VERIFIER),
+           "wrong integer outputs (argmax indices) pass"),
+    Mutant("compare-shape-unchecked", "harness/compare.py",
+           "            if tuple(c.shape) != tuple(r.shape):\n",
+           "            if False:\n", (COMPARE, *VERIFIER), "an output of another shape is compared by broadcasting"),
+    Mutant("compare-dtype-unchecked", "harness/compare.py",
+           "            if c.dtype != r.dtype:\n", "            if False:\n", (COMPARE, *VERIFIER),
+           "an output of another dtype passes"),
+    # -- harness/verify.py: the EGG process's side
+    Mutant("verify-nonce-unchecked", "harness/verify.py",
+           'if isinstance(obj, dict) and obj.get("nonce") == nonce:', "if isinstance(obj, dict):",
+           VERIFIER, "a verdict the candidate printed is taken for the judge's"),
+    Mutant("verify-static-check-off", "harness/verify.py",
+           "    if static:\n        findings", "    if False:\n        findings", VERIFIER,
+           "monkey-patching, threads, file access are not looked for"),
+    # -- harness/worker.py: the judge
+    Mutant("worker-inputs-unchecked", "harness/worker.py",
+           "                if isinstance(a, torch.Tensor) and not _same(a, b):\n                    raise",
+           "                if False:\n                    raise", VERIFIER,
+           "a candidate that writes into its inputs passes"),
+    Mutant("trials-no-recall", "harness/trials.py",
+           'Trial(0, "train", False, "recall"),', 'Trial(0, "train", False, "own"),', VERIFIER,
+           "a candidate caching on buffer pointers passes"),
+    Mutant("trials-no-partial", "harness/trials.py",
+           "    for b in buffers:\n        if not isinstance(b, torch.Tensor) or b.numel() < 2:",
+           "    for b in []:\n        if not isinstance(b, torch.Tensor) or b.numel() < 2:", VERIFIER,
+           "a cache keyed on pointers and a few sampled elements passes"),
+    Mutant("trials-no-eval", "harness/worker.py",
+           '    model.train(mode == "train")\n    before = _buffers(model)',
+           '    model.train(True)\n    before = _buffers(model)', VERIFIER,
+           "the reference always in train(): an eval()-only bug passes"),
+    Mutant("worker-no-random-state", "harness/worker.py",
+           "        model.load_state_dict(state, strict=False)\n",
+           "        state = {}\n", VERIFIER, "a dropped LayerNorm weight or bias passes (seeded init 1 and 0)"),
+    Mutant("worker-state-unchecked", "harness/worker.py",
+           "            prev = _check_state(model, cstate, kmap, before, prev, tol, where)\n",
+           "            pass\n", VERIFIER, "a forward that changes its parameters, or running stats off, pass"),
+    Mutant("worker-raise-not-required", "harness/worker.py",
+           "            if expect:\n                raise _Verdict(\"mismatch\"",
+           "            if False:\n                raise _Verdict(\"mismatch\"", VERIFIER,
+           "a result where PyTorch raises passes"),
+    Mutant("timing-wall-bound-off", "harness/timing.py",
+           "    if bound > med:\n", "    if False:\n", ("tests/test_timing_judge.py",),
+           "times reported below the judge's wall clock count"),
+    Mutant("timing-outputs-unchecked", "harness/worker.py",
+           "                    self._verify(eo, co, priv, shared, what)\n", "                    pass\n",
+           ("tests/test_timing_judge.py",), "a candidate wrong only in timed calls is timed"),
+    Mutant("timing-hash-unchecked", "harness/worker.py",
+           'if r.get("sha256") and r["sha256"] != sha:', "if False:", ("tests/test_timing_judge.py",),
+           "a file changed after verification is timed"),
+    Mutant("worker-params-unchecked", "harness/worker.py",
+           "if not torch.equal(c.to(p.device), p.detach()):", "if False:", VERIFIER,
+           "ModelNew's parameters may differ from Model's"),
+    Mutant("worker-reference-determinism-off", "harness/worker.py",
+           "            _check_reference_determinism(out, again, tol, mode)\n", "            pass\n", VERIFIER,
+           "a random reference (dropout) judges candidates"),
+    Mutant("worker-unpickler-open", "harness/worker.py",
+           "        if (module, name) not in _ALLOWED:\n", "        if False:\n", VERIFIER,
+           "the candidate can make the judge run code through pickle"),
+    Mutant("worker-candidate-category-trusted", "harness/worker.py",
+           'return c if c in ("candidate", "compile", "runtime", "memory") else "cheat"', "return c",
+           VERIFIER, "the candidate process names its own failure category"),
+    Mutant("worker-memory-unwatched", "harness/worker.py",
+           "                if rss > self.mem:\n", "                if False:\n", VERIFIER,
+           "a candidate may use all the host's memory"),
+    Mutant("worker-no-fp64-reference", "harness/worker.py",
+           "        ref64 = _fp64_outputs(m64, model, before, xs, mode)\n", "        ref64 = None\n", VERIFIER,
+           "no float64 door and no lower-precision guard"),
+    Mutant("worker-launches-uncounted", "harness/candidate_proc.py",
+           "            def run_i(self, *a, **k):\n                counter[\"n\"] += 1\n",
+           "            def run_i(self, *a, **k):\n                counter[\"n\"] += 0\n",
+           ("tests/test_verifier_node.py", "tests/test_expert_stage2.py::test_memory_variant_draft_verifies"),
+           "interpreted kernels are not counted: every CPU kernel candidate looks like plain torch"),
+    # -- the templates' identities (masked lanes of a non-power-of-two tile)
+    Mutant("reduction-amax-identity", "knowledge/templates/reduction.py",
+           '"amax": \'float("-inf")\', "amin"', '"amax": "0.0", "amin"', TEMPLATES,
+           "max of an all-negative row is 0"),
+    Mutant("reduction-amin-identity", "knowledge/templates/reduction.py",
+           '"amin": \'float("inf")\',\n            "argmax"', '"amin": "0.0",\n            "argmax"',
+           TEMPLATES, "min of an all-positive row is 0"),
+    Mutant("reduction-argmax-identity", "knowledge/templates/reduction.py",
+           '"argmax": \'float("-inf")\'', '"argmax": "0.0"', TEMPLATES,
+           "argmax of an all-negative row is 0"),
+    Mutant("reduction-argmin-identity", "knowledge/templates/reduction.py",
+           '"argmin": \'float("inf")\'', '"argmin": "0.0"', TEMPLATES,
+           "argmin of an all-positive row is 0"),
+    Mutant("reduction-sum-identity", "knowledge/templates/reduction.py",
+           'IDENTITY = {"sum": "0.0"', 'IDENTITY = {"sum": "1.0"', (f"{CASE}[reduction_rows]", *TEMPLATES),
+           "masked lanes add 1 to a sum"),
+    Mutant("reduction-prod-identity", "knowledge/templates/reduction.py",
+           '"prod": "1.0"', '"prod": "0.0"', (f"{CASE}[reduction_prod]", *TEMPLATES), "masked lanes zero a product"),
+    Mutant("reduction-logsumexp-identity", "knowledge/templates/reduction.py",
+           '"logsumexp": \'float("-inf")\'', '"logsumexp": "0.0"',
+           (TEMPLATES[0], "tests/test_codegen_families.py::test_generated_model_matches_reference[long_row_softmax]",
+            TEMPLATES[1]),
+           "masked lanes add exp(0) to a logsumexp"),
+    Mutant("reduction-split-merge-fill", "knowledge/templates/reduction.py",
+           "mask=rmask[:, None] & (s < SPLITS)[None, :], other={ident})",
+           "mask=rmask[:, None] & (s < SPLITS)[None, :], other=0.0)", TEMPLATES,
+           "the split merge reads 0 for missing partials: max of all-negative rows is 0"),
+    Mutant("softmax-broadcast-amax-fill", "knowledge/templates/softmax.py",
+           '"amax": (NEG, "tl.max"', '"amax": ("0.0", "tl.max"', TEMPLATES,
+           "x - amax(x) is wrong on all-negative rows"),
+    Mutant("softmax-broadcast-amin-fill", "knowledge/templates/softmax.py",
+           '"amin": (\'float("inf")\', "tl.min"', '"amin": ("0.0", "tl.min"', TEMPLATES,
+           "x - amin(x) is wrong on all-positive rows"),
+    Mutant("softmax-fill", "knowledge/templates/softmax.py",
+           "fill = BROADCAST[spec.op][0] if bcast else NEG",
+           'fill = BROADCAST[spec.op][0] if bcast else "0.0"', (f"{CASE}[softmax_one_pass]", *TEMPLATES),
+           "masked lanes take part in a softmax's max and sum"),
+    Mutant("scan-identity", "knowledge/templates/scan.py",
+           'ident = "1.0" if prod else "0.0"', 'ident = "0.0"', (f"{CASE}[scan_exclusive]", *TEMPLATES),
+           "exclusive cumprod starts at 0"),
+    Mutant("scan-sum-identity", "knowledge/templates/scan.py",
+           'ident = "1.0" if prod else "0.0"', 'ident = "1.0"', (f"{CASE}[scan]", *TEMPLATES),
+           "masked lanes of a reverse cumsum add 1"),
+    Mutant("pool-max-identity", "knowledge/templates/pool.py",
+           'ident = \'float("-inf")\' if spec.op == "max" else "0.0"', 'ident = "0.0"', TEMPLATES,
+           "max pooling over the padding of an all-negative window is 0"),
+    # -- graph/checkpoints.py: the state survives a checkpoint round trip typed
+    # (the types that only ever sit inside another record, TensorSpec, OutputError, TrialRecord
+    # and Attempt, are rebuilt by their parent's validation: leaving them off changes nothing,
+    # docs/mutation.md)
+    *[_no_record(t) for t in ("ProblemSpec", "HardwareInfo", "Analysis", "VerificationRecord",
+                               "TimingRecord", "StageContext", "LLMUsage", "Candidate", "Plan")],
+    Mutant("checkpoints-no-allow-list", "graph/checkpoints.py",
+           "return JsonPlusSerializer(allowed_msgpack_modules=allowed)", "return JsonPlusSerializer()",
+           STATE, "every record comes back with an 'unregistered type' warning"),
+    # -- the rows of issue 22's table and its "Also" paragraph
+    Mutant("expert-designer-declines", "policies/expert.py",
+           "    def design(self, state: EggState, settings: Settings) -> Draft | Decline:\n        a = state.analysis\n",
+           "    def design(self, state: EggState, settings: Settings) -> Draft | Decline:\n"
+           "        return Decline('mutant')\n        a = state.analysis\n",
+           ("tests/test_workloads.py::test_egg_run_through_the_graph_at_small_shapes",),
+           "stage 1 never makes a kernel: every run returns the reference"),
+    Mutant("memory-optimizer-declines", "policies/expert.py",
+           "        tried = [c for c in state.candidates if c.stage == \"memory\"]\n",
+           "        return Decline(\"every memory variant was tried\")\n",
+           ("tests/test_expert_stage2.py::test_memory_optimizer_decides_per_kernel_kind",),
+           "stage 2's memory variants are never tried"),
+    Mutant("bench-kill-job-noop", "graph/bench.py",
+           "    marker in their environment.\"\"\"\n    for _ in range(3):\n",
+           "    marker in their environment.\"\"\"\n    return\n    for _ in range(3):\n",
+           ("tests/test_bench.py::test_bench_hang_and_crash_are_failures",),
+           "a timed-out problem's processes live on after egg bench moved on"),
+    Mutant("problem-inputs-not-meta", "harness/problem.py",
+           "        with torch.device(\"meta\"):\n            out = call_checked(prob, \"get_inputs\", True)\n",
+           "        out = call_checked(prob, \"get_inputs\", True)\n",
+           ("tests/test_workloads.py::test_large_variants_describe_without_allocating",),
+           "describing a Llama-sized problem allocates its real inputs"),
+    Mutant("problem-model-not-meta", "harness/problem.py",
+           "        return build_model(prob, init, \"meta\")\n", "        return build_model(prob, init).to(\"meta\")\n",
+           ("tests/test_workloads.py::test_large_variants_describe_without_allocating",),
+           "describing a Llama-sized problem allocates its real weights"),
+    Mutant("gpulock-enabled-ignored", "harness/gpulock.py",
+           "path = lock_path() if enabled else None", "path = lock_path()",
+           ("tests/test_gpulock.py",), "hold(enabled=False) still waits for the GPU lock"),
+    Mutant("gpulock-off-ignored", "harness/gpulock.py",
+           "    path = lock_path() if enabled else None\n    if path is None:\n",
+           "    path = (lock_path() or pathlib.Path(tempfile.gettempdir()) / \"egg-gpu-off.lock\") "
+           "if enabled else None\n    if path is None:\n",
+           ("tests/test_gpulock.py",), "EGG_GPU_LOCK=off still takes a lock"),
+    Mutant("roofline-bmm-counted-once", "harness/roofline.py",
+           "            self.cnt.counted_flops += delta\n",
+           "            delta = delta / 2 if name == \"bmm\" else delta\n            self.cnt.counted_flops += delta\n",
+           ("tests/test_roofline.py",), "batched matmuls counted at half their FLOPs"),
+    Mutant("rewrite-softmax-size1-2d", "codegen/rewrites.py",
+           "or not isinstance(dim, int) or shape[dim % len(shape)] != 1:",
+           "or not isinstance(dim, int) or shape[dim % len(shape)] != 1 or len(shape) == 2:",
+           ("tests/test_rewrites.py::test_softmax_size1_keeps_eager_nan_for_infinite_inputs",),
+           "softmax over a size-1 dim of a 2-d tensor is not rewritten"),
+    Mutant("fusion-no-half-pointwise", "codegen/fusion.py",
+           "            if shape is None or not _all_float([n] + op.tensor_inputs):\n",
+           "            if shape is None or not _all_float([n] + op.tensor_inputs) or "
+           "node_dtype(n) in (torch.float16, torch.bfloat16):\n",
+           ("tests/test_codegen_families.py::test_low_precision_inputs",), "fp16/bf16 pointwise ops stay PyTorch's"),
+    Mutant("verifier-node-no-launch-flag", "nodes/verifier.py",
+           "        flags.append(\"declares Triton kernels but launched none\")\n", "        pass\n",
+           ("tests/test_verifier_node.py",), "a kernel candidate that runs plain torch is not flagged"),
+]
+
+
+# ----------------------------------------------------------------------------- mechanics
+def repo_files(root: pathlib.Path) -> list[str]:
+    """The working tree's files as git sees them (tracked, and untracked ones not ignored)."""
+    try:
+        out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                             cwd=root, capture_output=True, check=True).stdout.decode()
+        return sorted({f for f in out.split("\0") if f and (root / f).is_file()})
+    except (OSError, subprocess.CalledProcessError):  # not a git checkout: everything but caches
+        skip = {".git", "__pycache__", ".venv", ".venv-ci", ".pytest_cache", "runs"}
+        return sorted(str(p.relative_to(root)) for p in root.rglob("*")
+                      if p.is_file() and not skip & set(p.relative_to(root).parts))
+
+
+def copy_repo(root: pathlib.Path, dest: pathlib.Path, files: list[str]) -> None:
+    for f in files:
+        (dest / f).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(root / f, dest / f)
+
+
+def applies(m: Mutant, root: pathlib.Path = ROOT) -> str | None:
+    """None when the mutant applies; else why not."""
+    path = root / m.file
+    if not path.is_file():
+        return f"{m.file} does not exist"
+    n = path.read_text().count(m.original)
+    if n != 1:
+        return f"the original snippet occurs {n} times in {m.file} (must be exactly once)"
+    if m.original == m.replacement:
+        return "the replacement equals the original"
+    return None
+
+
+#: test runs in flight (their process groups are killed when the script is interrupted)
+RUNNING: set = set()
+STOP = threading.Event()
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    """Kill the run's process group, only while its leader is not reaped (its pid is ours)."""
+    if proc.returncode is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def run_tests(tests: tuple[str, ...], cwd: pathlib.Path, timeout_s: float) -> tuple[str, float, str]:
+    """(passed | failed | timeout | no tests, seconds, output tail): one pytest per selection of
+    ``tests`` in ``cwd``, in order, up to the first that does not pass; ``timeout_s`` for all."""
+    t0 = time.time()
+    status, tail = "passed", ""
+    for sel in tests:
+        status, _secs, tail = _pytest(sel, cwd, timeout_s - (time.time() - t0))
+        if status != "passed":
+            break
+    return status, time.time() - t0, tail
+
+
+def _pytest(sel: str, cwd: pathlib.Path, timeout_s: float) -> tuple[str, float, str]:
+    env = {**os.environ, "TRITON_INTERPRET": "1", "EGG_DEVICE": "cpu",
+           "PYTHONPATH": str(cwd), "PYTHONDONTWRITEBYTECODE": "1"}
+    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", sel]
+    t0 = time.time()
+    if timeout_s <= 0:
+        return "timeout", 0.0, ""
+    if STOP.is_set():
+        return "interrupted", 0.0, ""
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    RUNNING.add(proc)
+    try:
+        out, _ = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        _kill(proc)  # pytest and everything it started (judges, candidates, bench jobs)
+        out, _ = proc.communicate()
+        return "timeout", time.time() - t0, (out or "")[-2000:]
+    finally:  # (not killed after it was reaped: its pid could be another process's by then)
+        RUNNING.discard(proc)
+    status = "passed" if proc.returncode == 0 else "failed"
+    if proc.returncode == 5:  # pytest: no test was collected: a selection that vanished
+        status = "no tests"
+    return status, time.time() - t0, (out or "")[-2000:]
+
+
+def _failed_test(tail: str) -> str:
+    for ln in tail.splitlines():
+        if ln.startswith("FAILED ") or ln.startswith("ERROR "):
+            return ln.split(" ", 1)[1].split(" - ")[0]
+    return ""
+
+
+def run_mutant(m: Mutant, root: pathlib.Path, files: list[str], timeout_s: float) -> dict:
+    why = applies(m, root)
+    if why:
+        return {"name": m.name, "status": "no longer applies", "detail": why, "seconds": 0.0}
+    with tempfile.TemporaryDirectory(prefix=f"egg-mutant-{m.name}-") as tmp:
+        dest = pathlib.Path(tmp)
+        copy_repo(root, dest, files)
+        path = dest / m.file
+        path.write_text(path.read_text().replace(m.original, m.replacement, 1))
+        status, secs, tail = run_tests(m.tests, dest, timeout_s)
+    status = {"failed": "killed", "passed": "survived"}.get(status, status)
+    detail = _failed_test(tail) if status == "killed" else tail.strip().splitlines()[-1:] or [""]
+    return {"name": m.name, "status": status, "seconds": round(secs, 1),
+            "detail": detail if isinstance(detail, str) else detail[0]}
+
+
+def baseline(tests: tuple[str, ...], root: pathlib.Path, files: list[str], timeout_s: float) -> dict:
+    with tempfile.TemporaryDirectory(prefix="egg-mutant-baseline-") as tmp:
+        dest = pathlib.Path(tmp)
+        copy_repo(root, dest, files)
+        status, secs, tail = run_tests(tests, dest, timeout_s)
+    return {"tests": tests, "status": status, "seconds": round(secs, 1),
+            "detail": tail.strip().splitlines()[-1] if tail.strip() else ""}
+
+
+def select(patterns: list[str] | None, table: list[Mutant] = MUTANTS) -> list[Mutant]:
+    if not patterns:
+        return list(table)
+    chosen = [m for m in table if any(fnmatch.fnmatchcase(m.name, p) for p in patterns)]
+    unknown = [p for p in patterns if not any(fnmatch.fnmatchcase(m.name, p) for m in table)]
+    if unknown:
+        raise SystemExit(f"no mutant named {', '.join(unknown)} (see --list)")
+    return chosen
+
+
+def markdown(results: list[dict], table: list[Mutant] = MUTANTS) -> str:
+    by = {m.name: m for m in table}
+    rows = ["| mutant | file | status | test that failed / last line | s |", "|---|---|---|---|---|"]
+    for r in results:
+        m = by[r["name"]]
+        detail = str(r.get("detail", "")).replace("|", "\\|")
+        rows.append(f"| `{m.name}` | {m.file} | {r['status']} | {detail} | {r['seconds']:g} |")
+    return "\n".join(rows) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--list", action="store_true", help="print the mutants and exit")
+    ap.add_argument("--check", action="store_true", help="check that every mutant applies; run nothing")
+    ap.add_argument("--only", action="append", metavar="NAME", help="a mutant name or glob (repeatable)")
+    ap.add_argument("--jobs", type=int, default=1, help="mutants run at once (each runs pytest)")
+    ap.add_argument("--timeout", type=float, default=1200.0, help="seconds per test run")
+    ap.add_argument("--no-baseline", action="store_true", help="skip the unmutated runs")
+    ap.add_argument("--json", metavar="FILE", help="write the results as JSON")
+    ap.add_argument("--markdown", metavar="FILE", help="write the results table as markdown")
+    args = ap.parse_args(argv)
+    chosen = select(args.only)
+    if args.list:
+        for m in chosen:
+            print(f"{m.name:40s} {m.file:36s} {' '.join(m.tests)}\n{'':40s} {m.why}")
+        return 0
+    gone = [(m.name, why) for m in chosen if (why := applies(m))]
+    for name, why in gone:
+        print(f"NO LONGER APPLIES {name}: {why}", file=sys.stderr)
+    if args.check:
+        print(f"{len(chosen) - len(gone)}/{len(chosen)} mutants apply")
+        return 2 if gone else 0
+    files = repo_files(ROOT)
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    pool = cf.ThreadPoolExecutor(max_workers=max(1, args.jobs))
+    try:
+        return _run_all(pool, chosen, files, args)
+    except KeyboardInterrupt:
+        STOP.set()
+        for proc in list(RUNNING):
+            _kill(proc)
+        pool.shutdown(wait=True, cancel_futures=True)
+        print("interrupted", file=sys.stderr)
+        return 130
+    finally:
+        pool.shutdown(wait=True)
+
+
+def _run_all(pool, chosen: list, files: list[str], args) -> int:
+    results: list[dict] = []
+    broken: set[tuple[str, ...]] = set()
+    if not args.no_baseline:
+        sels = sorted({m.tests for m in chosen if not applies(m)})
+        for b in pool.map(lambda t: baseline(t, ROOT, files, args.timeout), sels):
+            print(f"baseline {' '.join(b['tests'])}: {b['status']} ({b['seconds']:g} s)", flush=True)
+            if b["status"] != "passed":
+                broken.add(b["tests"])
+                print(f"  {b['detail']}", flush=True)
+    todo = [m for m in chosen if m.tests not in broken]
+    futs = {pool.submit(run_mutant, m, ROOT, files, args.timeout): m for m in todo}
+    for fut in cf.as_completed(futs):
+        r = fut.result()
+        results.append(r)
+        print(f"{r['status']:18s} {r['name']:40s} {r['seconds']:7.1f} s  {r['detail']}", flush=True)
+    order = {m.name: i for i, m in enumerate(MUTANTS)}
+    results.sort(key=lambda r: order[r["name"]])
+    counts = {s: sum(r["status"] == s for r in results)
+              for s in ("killed", "timeout", "survived", "no longer applies", "no tests")}
+    print(" ".join(f"{v} {k}" for k, v in counts.items() if v) or "no mutant ran")
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps(results, indent=1))
+    if args.markdown:
+        pathlib.Path(args.markdown).write_text(markdown(results))
+    if broken:
+        return 3
+    if counts["no longer applies"] or counts["no tests"]:
+        return 2
+    return 1 if counts["survived"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,155 @@
+"""The precision contract on its own (harness.compare, no processes): integer outputs compared
+exactly, the tolerance and non-finite rules, and the boundaries of the float64 door, the
+lower-precision guard, the deep-net regime and the precision / mismatch label: each case builds
+eager's and the candidate's outputs around a float64 truth with errors of known size. The
+verifier suite covers the same contract end to end."""
+import pytest
+import torch
+
+from harness import compare as CMP
+from harness.compare import Tolerance, compare_output, fp64_door, structure_error
+
+N = 4096
+
+
+def _truth(seed=0, n=N):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, generator=g, dtype=torch.float64)
+
+
+def _noise(n, scale, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, generator=g, dtype=torch.float64) * scale
+
+
+def _judge(ref64, eager64, cand64, tol=None):
+    tol = tol or Tolerance()
+    eager, cand = eager64.float(), cand64.float()
+    chk = compare_output(0, eager, cand, tol)
+    return fp64_door(chk, ref64, eager, cand, tol)
+
+
+def _err(t, frac, seed):
+    """An error of exactly ``frac`` of the fp32 tolerance at each element, random signs."""
+    g = torch.Generator().manual_seed(seed)
+    sign = torch.randint(0, 2, t.shape, generator=g, dtype=torch.float64) * 2 - 1
+    return frac * (1e-4 + 1e-4 * t.abs()) * sign
+
+
+def test_door_boundary_more_accurate_passes_less_accurate_fails():
+    """Eager within the tolerance of the float64 truth (0.7 of it), the candidate outside the
+    tolerance of eager: 0.9x eager's error vs float64 passes by the door, 1.2x and 3x fail (a door
+    widened to 100x eager's error would pass them)."""
+    t = _truth()
+    eager = t + _err(t, 0.7, 1)
+    for k, ok in ((0.9, True), (1.2, False), (3.0, False)):
+        chk = _judge(t, eager, t + _err(t, 0.7 * k, 2))
+        assert not chk.within_tol
+        assert chk.ok is ok, (k, chk.reason)
+        assert chk.passed_by == ("fp64" if ok else "none")
+        assert not chk.extra.get("deep_regime")
+        if not ok:
+            assert "error vs fp64" in chk.reason
+
+
+def test_guard_boundary_inside_tolerance():
+    """Inside the tolerance, an RMS error vs float64 16x eager's is lower precision; 8x is not
+    (a guard factor widened to 1e12 would pass the 40x candidate)."""
+    t = _truth()
+    e = _noise(N, 1e-7, 2)
+    eager = t + e
+    for k, ok in ((8.0, True), (40.0, False)):
+        cand = t + _noise(N, 1e-7 * k, 3)
+        chk = _judge(t, eager, cand)
+        assert chk.within_tol
+        assert chk.ok is ok, (k, chk.reason)
+        if not ok:
+            assert chk.category == "precision" and "lower precision than eager" in chk.reason
+
+
+def test_guard_catches_a_small_relative_bias_inside_tolerance():
+    """A 2e-5 relative bias (inside rtol=1e-4) is ~100x eager's fp32 error: rejected."""
+    t = _truth()
+    eager = t.float().double()
+    chk = _judge(t, eager, t * (1 + 2e-5))
+    assert chk.within_tol and not chk.ok and chk.category == "precision"
+
+
+def test_guard_floor_exact_eager():
+    """Eager exact (a copy, relu): the candidate's rounding of ~1 ulp is not lower precision."""
+    t = _truth().float().double()  # exactly representable: eager's error is 0
+    cand = (t.float() * 3.0 / 3.0).double()
+    chk = _judge(t, t, cand)
+    assert chk.ok, chk.reason
+
+
+def test_deep_regime_admits_a_like_error_and_rejects_a_larger_one():
+    """Eager itself outside the tolerance of float64 (TF32 convolutions deep in a net): a
+    candidate of the same class (1.5x eager's max error) passes; 2.5x does not."""
+    t = _truth()
+    eager = t + _err(t, 2.0, 4)
+    ok_c = _judge(t, eager, t + _err(t, 3.0, 5))
+    assert ok_c.ok and ok_c.passed_by == "fp64" and ok_c.extra.get("deep_regime"), ok_c.reason
+    bad = _judge(t, eager, t + _err(t, 5.0, 6))
+    assert not bad.ok and f"{CMP.DEEP_DOOR_FACTOR:g}x eager's" in bad.reason
+
+
+def test_close_noise_is_precision_but_a_systematic_error_is_a_mismatch():
+    """Both outside the tolerance and close to the truth: rounding-like noise (TF32 for fp32
+    work) is 'precision'; a wrong eps (error proportional to the values) or a constant offset
+    is a 'mismatch'."""
+    t = _truth()
+    eager = t + _noise(N, 1e-8, 5)
+    noisy = _judge(t, eager, t + _noise(N, 1e-3, 6))
+    assert not noisy.ok and noisy.category == "precision"
+    scaled = _judge(t, eager, t * (1 - 2e-3))  # 1 / sqrt(var + eps') with eps' too large
+    assert not scaled.ok and scaled.category == "mismatch"
+    shifted = _judge(t, eager, t + 2e-3)
+    assert not shifted.ok and shifted.category == "mismatch"
+
+
+def test_nan_where_eager_is_finite_fails_before_any_door():
+    t = _truth()
+    cand = t.clone()
+    cand[7] = float("nan")
+    chk = _judge(t, t, cand)
+    assert not chk.ok and "NaN" in chk.reason and chk.passed_by == "none"
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_low_precision_problems_have_no_guard(dtype):
+    """For fp16/bf16 problems eager is itself low precision: only tolerance and door apply."""
+    t = _truth()
+    eager = t.to(dtype)
+    cand = (t + _noise(N, 1e-4, 7)).to(dtype)
+    chk = fp64_door(compare_output(0, eager, cand, Tolerance()), t, eager, cand, Tolerance())
+    assert chk.ok, chk.reason
+
+
+def test_integer_outputs_must_be_equal():
+    """argmax-style outputs: one index off fails (no tolerance applies to integers)."""
+    ref = torch.tensor([3, 0, 7, 1])
+    assert compare_output(0, ref, ref.clone(), Tolerance()).ok
+    off = ref.clone()
+    off[2] = 6
+    chk = compare_output(0, ref, off, Tolerance())
+    assert not chk.ok and chk.max_abs == 1.0 and "integer values differ" in chk.reason
+
+
+def test_float_tolerance_and_non_finite_values():
+    ref = torch.tensor([1.0, -2.0, 1000.0])
+    tol = Tolerance()
+    assert compare_output(0, ref, ref + 5e-5, tol).ok  # inside atol + rtol * |ref|
+    chk = compare_output(0, ref, ref + torch.tensor([0.0, 0.0, 0.2]), tol)
+    assert not chk.ok and chk.max_abs > 0.1  # 0.2 > 1e-4 + 1e-4 * 1000
+    nan = ref.clone()
+    nan[0] = float("nan")
+    assert not compare_output(0, ref, nan, tol).ok
+    assert "NaN/Inf" in compare_output(0, ref, nan, tol).reason
+
+
+def test_structure_shape_and_dtype():
+    ref = [torch.zeros(2, 3)]
+    assert structure_error(ref, [torch.zeros(2, 3)]) is None
+    assert "shape" in structure_error(ref, [torch.zeros(3, 2)])
+    assert "dtype" in structure_error(ref, [torch.zeros(2, 3, dtype=torch.float64)])

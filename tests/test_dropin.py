@@ -1,0 +1,267 @@
+"""Generated ModelNew modules are drop-ins (docs/dropin.md): for every template family a small
+problem (tests/dropin_cases.py), compiled by EGG, passes tests/dropin.check_dropin (random parameters,
+train() and eval(), other sizes and ranks, scaled inputs, grad mode, moved with .to()); the
+known failures of issue 16 stay fixed; and the checker catches modules that are not drop-ins."""
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+
+from codegen import dropin as D
+from codegen.pipeline import compile_problem
+from harness.problem import load_module, load_problem
+from tests.dropin import check_dropin, load_sources
+from tests.dropin_cases import (CONFIGS, CONV_BN_RELU, FAMILIES, LAYER_NORM, LOG_SOFTMAX,
+                                ONE_SPLIT, problem)
+
+
+def compiled(write_problem, src: str, name: str, configs=None):
+    comp = compile_problem(load_problem(write_problem(src, name)), configs=configs)
+    assert comp.emitted is not None, comp.error
+    return comp
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_every_family_is_a_drop_in(name, write_problem):
+    src, kinds, fast = FAMILIES[name]
+    comp = compiled(write_problem, src, name, CONFIGS.get(name))
+    assert kinds <= {g.kind for g in comp.plan.groups}
+    same = comp.plan.dropin.same  # one set of kernels for both modes: eval() needs fewer trials
+    report = check_dropin(src, comp.emitted.source, calls=2,
+                          eval_variants=("own", "batch", "rank") if same else None)
+    for mode in ("train", "eval"):
+        for trial in fast if mode == "train" or not same else [t for t in fast if t in ("own", "batch", "rank")]:
+            assert report.fast(trial, mode), (name, trial, mode)  # the kernels ran (not Model's ops)
+
+
+# ---------------------------------------------------------------- the failures of issue 16
+def test_conv_batchnorm_relu_in_eval_and_at_another_batch_size(write_problem):
+    """Was off by 25 in eval() (batch statistics), and its running variance drifted at another
+    batch size (the unbiased factor's count baked in from the traced shape)."""
+    comp = compiled(write_problem, CONV_BN_RELU, "cbr", ONE_SPLIT)
+    src = comp.emitted.source
+    assert "_egg_fast_eval" in src and "_egg_fast_train" in src  # a plan per mode
+    report = check_dropin(CONV_BN_RELU, src, calls=2, variants=("own", "batch"))
+    assert report.fast("own", "eval") and report.fast("batch", "train")
+    # the running statistics after train() calls at two batch sizes, exactly as nn.BatchNorm
+    prob, cand = load_sources(CONV_BN_RELU, src)
+    torch.manual_seed(0)
+    ref = prob.Model()
+    new = cand.ModelNew()
+    new.load_state_dict(ref.state_dict())
+    for n in (3, 5, 2):
+        x = torch.randn(n, 2, 5, 4)
+        with torch.no_grad():
+            torch.testing.assert_close(new(x), ref(x), atol=1e-5, rtol=1e-5)
+        for k in ("running_mean", "running_var", "num_batches_tracked"):
+            torch.testing.assert_close(getattr(new.bn, k), getattr(ref.bn, k), atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("momentum", [0.1, None])
+def test_bn_update_counts_the_call(momentum):
+    """The running-statistics bookkeeping against nn.BatchNorm1d, for any batch size and the
+    cumulative average (momentum=None); a single value per channel raises as torch does."""
+    from knowledge.templates import _runtime as R
+
+    bn = nn.BatchNorm1d(3, momentum=momentum)
+    rm, rv, nbt = bn.running_mean.clone(), bn.running_var.clone(), bn.num_batches_tracked.clone()
+    for n in (4, 7, 2):
+        x = torch.randn(n, 3) * 2 + 1
+        bn(x)
+        mean, var, count = R._egg_chanstats(x)
+        R._egg_bn_update(mean, var, count, rm, rv, nbt, momentum)
+        torch.testing.assert_close(rm, bn.running_mean)
+        torch.testing.assert_close(rv, bn.running_var)
+        assert int(nbt) == int(bn.num_batches_tracked)
+    with pytest.raises(ValueError, match="more than 1 value per channel"):
+        R._egg_bn_update(*R._egg_chanstats(torch.randn(1, 3)), rm, rv, nbt, momentum)
+    with pytest.raises(ValueError):
+        bn(torch.randn(1, 3))
+
+
+def test_layer_norm_other_leading_dims_and_a_wrong_width(write_problem):
+    """Returned NaN and values near 1e37 for (4, 5, 257) (rows counted with the traced rank),
+    and a result at (7, 256) where torch raises."""
+    comp = compiled(write_problem, LAYER_NORM, "ln")
+    prob, cand = load_sources(LAYER_NORM, comp.emitted.source)
+    torch.manual_seed(0)
+    ref, new = prob.Model(), cand.ModelNew()
+    with torch.no_grad():
+        ref.ln.weight.normal_()
+        ref.ln.bias.normal_()
+    new.load_state_dict(ref.state_dict())
+    x = torch.randn(4, 5, 257) * 3
+    with torch.no_grad():
+        torch.testing.assert_close(new(x), ref(x), atol=1e-4, rtol=1e-4)
+        with pytest.raises(RuntimeError, match="normalized_shape"):
+            ref(torch.randn(7, 256))
+        with pytest.raises(RuntimeError, match="normalized_shape"):
+            new(torch.randn(7, 256))
+    # the kernel itself refuses a wrong width as torch does (not only the dispatch)
+    with pytest.raises(RuntimeError, match=r"normalized_shape=\[257\]"):
+        cand._egg_g0(torch.randn(7, 256), new.ln.weight, new.ln.bias)
+    report = check_dropin(LAYER_NORM, comp.emitted.source, modes=("train",),
+                          variants=("own", "batch", "rank", "dim257"))
+    assert report.fast("rank") and report.fast("batch")
+
+
+def test_log_softmax_of_a_3d_input(write_problem):
+    """Raised "kernel built for innermost reduction, got strided" for a 3-d input: the reduced
+    dim was the traced rank's, not the last."""
+    comp = compiled(write_problem, LOG_SOFTMAX, "lsm")
+    prob, cand = load_sources(LOG_SOFTMAX, comp.emitted.source)
+    x = torch.randn(2, 3, 40) * 10
+    with torch.no_grad():
+        torch.testing.assert_close(cand.ModelNew()(x), prob.Model()(x))
+    report = check_dropin(LOG_SOFTMAX, comp.emitted.source, modes=("eval",), variants=("own", "rank"))
+    assert report.fast("rank", "eval")
+
+
+# ---------------------------------------------------------------- the generated file
+def test_the_file_is_lean_and_says_what_it_is(write_problem):
+    src, _kinds, _fast = FAMILIES["pointwise"]
+    out = compiled(write_problem, src, "lean").emitted.source
+    gen = out.split("# ======== EGG generated below this line ========")[1]
+    assert "# ModelNew: a drop-in for Model" in gen
+    assert gen.index("@triton.jit") < gen.index("def _egg_bstrides")  # kernels first
+    for used in ("def _egg_index4", "def _egg_pointwise_layout", "def _egg_route"):
+        assert used in gen
+    for unused in ("_egg_welford_combine", "_egg_transpose_kernel", "_egg_bn_update", "_egg_k_major",
+                   "import math", "fx_pytree"):
+        assert unused not in gen, unused
+    assert "class ModelNew(Model):" in gen and "def _egg_reference(self, x, y):" in gen
+
+
+def test_guards_fix_what_the_kernels_bake_in(write_problem):
+    """A dim whose size a kernel holds as a constant (rotate-half's width) is fixed; the batch
+    dim stays free; a size-1 dim is fixed; another dtype, a submodule in another mode or a
+    parameter of another dtype takes Model's ops."""
+    src = problem("", "    def forward(self, x, c):\n"
+                  "        h = x.shape[-1] // 2\n"
+                  "        return x * c + torch.cat((-x[..., h:], x[..., :h]), dim=-1)\n",
+                  "[torch.randn(3, 1, 16), torch.randn(16)]")
+    comp = compiled(write_problem, src, "rope")
+    g = comp.plan.dropin.train
+    assert g.args[0]["dims"][0] == "s0" and g.args[0]["dims"][1:] == [1, 16], g.args
+    prob, cand = load_sources(src, comp.emitted.source)
+    m = cand.ModelNew()
+    x, c = torch.randn(5, 1, 16), torch.randn(16)
+    assert cand._egg_admit(m, cand._EGG_GUARDS[True], (x, c))
+    assert not cand._egg_admit(m, cand._EGG_GUARDS[True], (torch.randn(5, 1, 18), torch.randn(18)))
+    assert not cand._egg_admit(m, cand._EGG_GUARDS[True], (torch.randn(5, 2, 16), c))
+    assert not cand._egg_admit(m, cand._EGG_GUARDS[True], (x.double(), c.double()))
+    with torch.no_grad():
+        y = m(torch.randn(5, 1, 18), torch.randn(18))  # the reference path: right, not a crash
+    assert y.shape == (5, 1, 18)
+
+
+def test_dispatch_follows_modes_and_moves(write_problem):
+    comp = compiled(write_problem, CONV_BN_RELU, "cbr2", ONE_SPLIT)
+    prob, cand = load_sources(CONV_BN_RELU, comp.emitted.source)
+    m = cand.ModelNew()
+    x = torch.randn(3, 2, 5, 4)
+    with torch.no_grad():
+        m(x)
+    m.bn.eval()  # a submodule alone in another mode: Model's ops (batch norm's own check)
+    assert not cand._egg_admit(m, cand._EGG_GUARDS[True], (x,))
+    m.train()
+    m2 = copy.deepcopy(m).double()
+    assert m2._egg_pstate[0] is False  # parameters of another dtype: re-checked by .to()
+    m2.float()
+    assert m2._egg_pstate[0] is True and m2._egg_mode_modules[0] is m2.bn
+
+
+# ---------------------------------------------------------------- the checker can fail
+SUM_ROWS = problem("", "    def forward(self, x):\n        return x.sum(-1) * 2.0\n", "[torch.randn(5, 8)]")
+BAKED_SHAPE = SUM_ROWS + '''
+class ModelNew(Model):
+    def forward(self, x):
+        return x.reshape(5, 8).sum(-1) * 2.0
+'''
+BN_MODEL = problem("        self.bn = nn.BatchNorm1d(4)\n",
+                   "    def forward(self, x):\n        return self.bn(x)\n", "[torch.randn(6, 4)]")
+EVAL_IGNORED = BN_MODEL + '''
+class ModelNew(Model):
+    def forward(self, x):  # right in train(), batch statistics in eval() too
+        b = self.bn
+        if self.training:
+            b.num_batches_tracked.add_(1)
+        return F.batch_norm(x, b.running_mean, b.running_var, b.weight, b.bias, True, b.momentum, b.eps)
+'''
+LN_MODEL = problem("        self.ln = nn.LayerNorm(8)\n",
+                   "    def forward(self, x):\n        return self.ln(x)\n", "[torch.randn(5, 8)]")
+WEIGHT_IGNORED = LN_MODEL + '''
+class ModelNew(Model):
+    def forward(self, x):
+        return F.layer_norm(x, (8,), None, None, self.ln.eps)
+'''
+SNAPSHOT = LN_MODEL + '''
+class ModelNew(Model):
+    def __init__(self):
+        super().__init__()
+        self.w = self.ln.weight.detach().clone()
+    def forward(self, x):
+        return F.layer_norm(x, (8,), self.w, self.ln.bias, self.ln.eps)
+'''
+MUTATES = LN_MODEL + '''
+class ModelNew(Model):
+    def forward(self, x):  # right output, then a parameter changed for the next call
+        y = self.ln(x)
+        with torch.no_grad():
+            self.ln.weight.mul_(1.0001)
+        return y
+'''
+HONEST = LN_MODEL + '''
+class ModelNew(Model):
+    def forward(self, x):
+        return F.layer_norm(x, self.ln.normalized_shape, self.ln.weight, self.ln.bias, self.ln.eps)
+'''
+
+
+@pytest.mark.parametrize("src, source, match", [
+    (SUM_ROWS, BAKED_SHAPE, "inputs batch"),
+    (BN_MODEL, EVAL_IGNORED, r"eval\(\), inputs own"),
+    (LN_MODEL, WEIGHT_IGNORED, "inputs own"),
+    (LN_MODEL, SNAPSHOT, "tensor attributes outside parameters"),
+    (LN_MODEL, MUTATES, "state ln.weight differs"),
+], ids=["baked_shape", "eval_ignored", "weight_ignored", "snapshot", "mutates"])
+def test_the_checker_catches_modules_that_are_not_drop_ins(src, source, match):
+    with pytest.raises(AssertionError, match=match):
+        check_dropin(src, source, grad=False, move=False)
+
+
+def test_the_checker_passes_an_honest_module():
+    report = check_dropin(LN_MODEL, HONEST)
+    assert {"own", "x3", "x0.01", "neg", "batch", "rank", "grad"} <= report.names()
+
+
+def test_exact_guard_without_probes():
+    g = D.derive_guard([torch.empty(4, 1, 6, device="meta"), 0.5], lambda xs: None, None)
+    assert g.args == [{"dtype": torch.float32, "dims": [4, 1, 6]}, {"value": 0.5}] and g.lead == []
+
+
+FROZEN_BN = problem("        self.bn = nn.BatchNorm1d(4)\n        self.bn.eval()  # frozen at construction\n",
+                    "    def forward(self, x):\n        return torch.relu(self.bn(x)) * 2.0\n",
+                    "[torch.randn(6, 4)]")
+
+
+def test_a_submodule_frozen_at_construction(write_problem):
+    """Traced as built (the frozen batch norm on running statistics), the same file as the
+    model in eval(): the kernels serve the model as built and in eval(), and a call with every
+    module in train() (never traced) takes Model's ops, which update the statistics."""
+    comp = compiled(write_problem, FROZEN_BN, "frozen")
+    assert comp.plan.dropin.same
+    prob, cand = load_sources(FROZEN_BN, comp.emitted.source)
+    ref, new = prob.Model(), cand.ModelNew()
+    x = torch.randn(6, 4)
+    assert cand._egg_admit(new, cand._EGG_GUARDS[True], (x,))  # as built
+    new.eval()
+    assert cand._egg_admit(new, cand._EGG_GUARDS[False], (x,))
+    ref.train()
+    new.train()  # the batch norm in train() too: not what was traced
+    assert not cand._egg_admit(new, cand._EGG_GUARDS[True], (x,))
+    with torch.no_grad():
+        torch.testing.assert_close(new(x), ref(x))
+    torch.testing.assert_close(new.bn.running_mean, ref.bn.running_mean)
+    assert int(new.bn.num_batches_tracked) == 1

@@ -1,0 +1,147 @@
+"""The timing judge (harness.worker.profile_server through harness.profile.ProfileSession): the
+candidate runs in a process of its own, every timed round's outputs are checked on the CPU, the
+file timed is the file verified, and the wall-clock bound of harness.timing.summarize_rounds."""
+import pathlib
+
+import pytest
+
+from harness import profile as P
+from harness.timing import WALL_ALLOWANCE_MS, summarize_rounds
+from tests.verifier_cases import cases as C
+
+ROWSUM = C.PROBLEMS / "rowsum.py"
+
+LATE_WRONG = '''import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    """Right for its first 20 calls (more than a verification makes), wrong after."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        out = (x * x).sum(dim=-1, keepdim=True)
+        return out if self.calls <= 20 else out * 1.5
+'''
+
+MUTATES_LATE = '''import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    """Right, but after 20 calls it also scales its input in place."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        out = (x * x).sum(dim=-1, keepdim=True)
+        if self.calls > 20:
+            x.mul_(2.0)
+        return out
+'''
+
+
+@pytest.fixture(scope="module")
+def session():
+    s = P.ProfileSession(str(ROWSUM), "cpu", 20.0)
+    yield s
+    s.close()
+
+
+def test_honest_candidate_is_timed_with_eager_interleaved(session):
+    base = session.baselines()
+    assert base["eager"]["interpreter"] and base["eager"]["n"] >= 3
+    t = session.time_candidate(str(C.CANDIDATES / "honest_triton_reduction.py"))
+    assert t["interpreter"] and t["n"] == 3 and t["median_ms"] > 0
+    assert session.last_eager and session.last_eager["n"] == 3
+
+
+def test_wrong_only_in_timed_calls_is_rejected_not_timed(session, tmp_path):
+    path = tmp_path / "late_wrong.py"
+    path.write_text(LATE_WRONG)
+    with pytest.raises(P.ProfileRejected) as e:
+        for _ in range(8):  # each timing makes ~5 calls: the 21st call is inside a timing
+            session.time_candidate(str(path))
+    assert e.value.category == "mismatch" and "timed calls are wrong" in str(e.value)
+
+
+def test_wrong_in_a_timed_round_is_rejected(session, tmp_path):
+    """Right on the first timed call (the warm-up), wrong from the third: a round's check."""
+    path = tmp_path / "round_wrong.py"
+    path.write_text(LATE_WRONG.replace("self.calls <= 20", "self.calls <= 2"))
+    with pytest.raises(P.ProfileRejected) as e:
+        session.time_candidate(str(path))
+    assert e.value.category == "mismatch" and "timed round" in str(e.value)
+
+
+def test_input_changed_during_timing_is_rejected(session, tmp_path):
+    path = tmp_path / "mutates_late.py"
+    path.write_text(MUTATES_LATE)
+    with pytest.raises(P.ProfileRejected) as e:
+        for _ in range(8):
+            session.time_candidate(str(path))
+    assert e.value.category == "cheat" and "was modified" in str(e.value)
+
+
+def test_the_file_timed_is_the_file_verified(session, tmp_path):
+    import hashlib
+
+    path = tmp_path / "cand.py"
+    src = (C.CANDIDATES / "honest_triton_reduction.py").read_text()
+    path.write_text(src)
+    verified = hashlib.sha256(src.encode()).hexdigest()
+    assert session.time_candidate(str(path), verified)["n"] == 3
+    path.write_text(src + "\n# changed after verification\n")
+    with pytest.raises(P.ProfileRejected, match="changed since it was verified"):
+        session.time_candidate(str(path), verified)
+
+
+def test_the_static_check_runs_before_timing(session):
+    with pytest.raises(P.ProfileRejected) as e:
+        session.time_candidate(str(C.CANDIDATES / "cheat_patch_timer.py"))
+    assert e.value.category == "cheat" and str(e.value).startswith("static check: line ")
+
+
+# ----------------------------------------------------------------------------- the wall-clock bound
+def _rounds(times_per_round, wall_per_call, calls=10, singles=()):
+    rs = [{"times": [t] * calls, "wall_ms": wall_per_call * calls} for t in times_per_round]
+    rs += [{"times": [t], "wall_ms": t + 0.05} for t in singles]
+    return rs
+
+
+def test_honest_gpu_bound_times_are_the_event_times():
+    """Events 1 ms, the judge's wall clock 1 ms + the flush per call: the events count."""
+    s = summarize_rounds(_rounds([1.0] * 6, 1.0 + 0.06), flush_ms=0.06, ipc_ms=0.0)
+    assert s["median_ms"] == pytest.approx(1.0) and not s["flags"]
+
+
+def test_times_reported_below_the_wall_clock_count_for_nothing():
+    """A candidate that reports 0.1 ms per call where the judge's clock saw 1 ms of work per call
+    is timed at the wall clock's bound, flagged."""
+    s = summarize_rounds(_rounds([0.1] * 6, 1.0 + 0.06), flush_ms=0.06, ipc_ms=0.0)
+    assert s["median_ms"] == pytest.approx(1.0 - WALL_ALLOWANCE_MS, rel=1e-6)
+    assert s["p20_ms"] <= s["median_ms"] <= s["p80_ms"]
+    assert any("wall clock" in f for f in s["flags"])
+
+
+def test_channel_overhead_is_not_charged_to_the_candidate():
+    calls, ipc = 10, 0.5
+    rs = [{"times": [1.0] * calls, "wall_ms": 1.06 * calls + ipc} for _ in range(6)]
+    s = summarize_rounds(rs, flush_ms=0.06, ipc_ms=ipc)
+    assert s["median_ms"] == pytest.approx(1.0) and not s["flags"]
+
+
+def test_long_rounds_far_faster_than_checked_single_calls_are_inconsistent():
+    """A memo within a round: calls after the first cost nothing; the single-call rounds (every
+    output checked) show the real cost."""
+    rs = _rounds([0.01] * 6, 0.08, singles=(1.0, 1.0))
+    assert "inconsistent" in summarize_rounds(rs, flush_ms=0.06, ipc_ms=0.0)
+    honest = _rounds([1.0] * 6, 1.06, singles=(1.05, 1.02))
+    assert "inconsistent" not in summarize_rounds(honest, flush_ms=0.06, ipc_ms=0.0)

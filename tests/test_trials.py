@@ -1,0 +1,85 @@
+"""The verification trial plan (harness.trials): what the battery covers and how shape variants
+and partial changes are derived from the problem's own inputs."""
+import torch
+
+from harness import trials as TR
+
+
+def test_plan_covers_modes_grad_distributions_and_shapes():
+    p = TR.plan(1)
+    assert [t.index for t in p] == list(range(len(p)))
+    assert p[0].mode == "train" and p[0].inputs == "own" and not p[0].variant
+    assert {t.mode for t in p} == {"train", "eval"} and any(t.grad for t in p)
+    assert {"recall", "partial", *TR.DISTRIBUTIONS} <= {t.inputs for t in p}
+    assert {"batch", "rank", "size"} <= {t.variant for t in p}
+    assert sum(t.inputs == "partial" for t in p) >= 2
+    # more calls than a counter can hide behind
+    assert len(p) > 10
+    more = TR.plan(8)
+    assert sum(t.inputs in ("own", "recall") and not t.variant for t in more) >= 8
+
+
+def test_same_buffer_trials_follow_a_trial_of_the_problem_s_own_shapes():
+    """recall / partial write into the previous trial's buffers: never after a shape variant
+    (the judge would fall back to new buffers, and the trial would test nothing)."""
+    for n in (1, 5, 9):
+        p = TR.plan(n)
+        assert not p[0].same_buffers
+        for prev, t in zip(p, p[1:]):
+            if t.same_buffers:
+                assert not prev.variant, (n, t)
+
+
+def test_transform_scales_floating_inputs_only():
+    x, idx = torch.randn(3, 4), torch.arange(3)
+    y, j = TR.transform([x, idx], "negated")
+    assert torch.equal(y, -x) and j is idx
+    (z,) = TR.transform([x], "large")
+    assert torch.equal(z, x * TR.DISTRIBUTIONS["large"])
+    assert TR.transform([x], "own")[0] is x
+
+
+def test_partial_change_changes_a_few_elements_in_place_with_values_of_the_tensor():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(40, 50)
+    before = x.clone()
+    ptr = x.data_ptr()
+    TR.partial_change([x], g)
+    diff = (x != before).sum().item()
+    assert x.data_ptr() == ptr and 1 <= diff <= TR.PARTIAL_ELEMENTS
+    assert set(x[x != before].tolist()) <= set(before.reshape(-1).tolist())
+    t = torch.randn(6, 8).t()  # not contiguous
+    tb = t.clone()
+    TR.partial_change([t], g)
+    assert (t != tb).sum().item() >= 1
+
+
+def test_other_size_is_different_and_odd_past_four():
+    for n, m in ((1, 2), (2, 1), (3, 2), (4, 3), (16, 9), (257, 129), (4096, 2049)):
+        assert TR.other_size(n) == m and m != n
+
+
+def test_resize_changes_a_size_everywhere_it_appears():
+    a, b = torch.randn(6, 10), torch.randn(10, 7)
+    ma, mb = torch.randn(6, 10), torch.randn(10, 7)
+    ra, rb = TR.resize([a, b], [ma, mb], 10, 6)
+    assert ra.shape == (6, 6) and rb.shape == (6, 7)
+    assert torch.equal(ra, a[:, :6]) and (ra @ rb).shape == (6, 7)
+    ga, gb = TR.resize([a, b], [ma, mb], 10, 13)  # larger: filled from the other draw
+    assert ga.shape == (6, 13) and torch.equal(ga[:, 10:], ma[:, :3])
+    only = TR.resize([a, torch.randn(6, 3)], [ma, torch.randn(6, 3)], 6, 4, only_batch=True)
+    assert only[0].shape == (4, 10) and only[1].shape == (4, 3)
+
+
+def test_add_rank_stacks_halves_of_the_batch():
+    x, w = torch.randn(8, 5), torch.randn(5)
+    rx, rw = TR.add_rank([x, w], [torch.randn(8, 5), torch.randn(5)])
+    assert rx.shape == (2, 4, 5) and torch.equal(rx[1], x[4:8]) and rw is w
+    one = TR.add_rank([torch.randn(1, 3)], [torch.randn(1, 3)])[0]
+    assert one.shape == (2, 1, 3)
+
+
+def test_varied_sizes_batch_first():
+    xs = [torch.randn(16, 3, 32, 32), torch.randn(3)]
+    assert TR.varied_sizes(xs) == [16, 32, 3]
+    assert TR.batch_size([3, torch.randn(5, 2)]) == 5 and TR.batch_size([torch.tensor(2.0)]) is None
