@@ -135,6 +135,10 @@ def capture_model(make, inputs: list) -> Captured:
         assigned = _proxy_attrs(model)
         if assigned:  # fx would drop the update of module state the forward makes
             first = f"forward assigns {', '.join(assigned[:3])}: a trace would drop the update"
+        baked = _state_constants(gm)
+        if baked and first is None:  # fx computed them from a buffer at trace time
+            first = (f"forward computes {baked[0]} from module state at trace time (a "
+                     "load_state_dict would not reach it): buffers are traced as graph values")
     except Exception as e:  # noqa: BLE001
         first = f"fx could not trace Model: {one_line(e)}"
     if first is None:
@@ -149,6 +153,19 @@ def capture_model(make, inputs: list) -> Captured:
     if cap.gm is None:
         cap.error = f"{first}; with graph breaks: {cap.error}"
     return cap
+
+
+def _state_constants(gm: fx.GraphModule) -> list[str]:
+    """Tensor constants of a plain fx trace on the meta model: fx reads a buffer as a tensor, so
+    ``self.mask == 0`` becomes a meta ``_tensor_constantN`` computed at trace time (a literal
+    ``torch.tensor(v)`` of forward is a real tensor and stays a constant)."""
+    out = []
+    for n in gm.graph.nodes:
+        if n.op == "get_attr" and str(n.target).startswith("_tensor_constant"):
+            t = getattr(gm, str(n.target), None)
+            if isinstance(t, torch.Tensor) and t.device.type == "meta":
+                out.append(str(n.target))
+    return out
 
 
 def unsupplied_defaults(model: torch.nn.Module, inputs: list) -> dict:

@@ -367,3 +367,25 @@ def test_whole_model_file_is_a_drop_in(case):
     assert comp.emitted is not None and comp.emitted.kernels, comp.error
     report = check_dropin(path.read_text(), comp.emitted.source, calls=1)
     assert report.fast("own", "train") and report.fast("own", "eval")
+
+
+def test_a_value_computed_from_a_buffer_is_read_at_run_time(write_problem):
+    """fx reads a buffer as a tensor, so ``self.mask == 0`` became a constant computed at trace
+    time (on meta tensors: no file could be written; on real ones, a load_state_dict would not
+    reach it): such a forward is traced with buffers as graph values, and the file reads the
+    buffer (check_dropin loads random values into it)."""
+    from tests.dropin import check_dropin
+
+    src = _problem("        s = x @ x.transpose(-2, -1)\n"
+                   "        return torch.softmax(s.masked_fill(self.mask == 0, float('-inf')), dim=-1)\n",
+                   "torch.randn(2, 6, 4)",
+                   members="        self.register_buffer('mask', torch.tril(torch.ones(6, 6)))\n")
+    path = write_problem(src, "bufmask")
+    cap = capture(load_problem(path))
+    assert cap.method == "fx-breaks" and cap.breaks == []
+    assert not [n for n in cap.gm.graph.nodes if n.op == "get_attr"
+                and str(n.target).startswith("_tensor_constant")]
+    comp = compile_problem(load_problem(path))
+    assert comp.emitted is not None and comp.emitted.kernels, comp.error
+    report = check_dropin(src, comp.emitted.source, calls=1, variants=("own", "x3"), grad=False)
+    assert report.fast("own", "train")

@@ -155,3 +155,22 @@ def test_gpu_llm_kernels_script_runs_on_the_cpu(tmp_path):
     assert rc == 0, text
     row = next(ln for ln in text.splitlines() if ln.startswith("| 10_rms_norm_fp32_weight"))
     assert "| norm | yes |" in row and "| 0.037, -%, 2.0x |" in row  # no floor on the CPU
+
+
+@pytest.mark.parametrize("name", ["07_causal_prefill_attention.py", "12_gqa_decode_attention_manual.py",
+                                  "08_lm_head_cross_entropy.py", "14_rope_interleaved.py"],
+                         ids=lambda n: n[:-3])
+def test_llm_kernel_files_are_drop_ins(name, small_dir):
+    """The files of the new kernels (flash prefill, split-KV decode, LM head + CE, interleaved
+    RoPE) are drop-ins (tests/dropin.check_dropin: random state, train() and eval(), scaled
+    inputs, other sizes, grad mode, moved to float64 and back), and their kernels run for the
+    problem's own inputs."""
+    from codegen.pipeline import compile_problem
+    from tests.dropin import check_dropin
+
+    path = small_dir / name
+    comp = compile_problem(load_problem(path))
+    assert comp.emitted is not None and comp.emitted.kernels, comp.error
+    report = check_dropin(path.read_text(), comp.emitted.source, calls=1, atol=2e-2, rtol=2e-2,
+                          variants=("own", "x3", "neg", "batch", "grad"))
+    assert report.fast("own", "train")
