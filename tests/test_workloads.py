@@ -163,14 +163,15 @@ def test_gpu_llm_kernels_script_runs_on_the_cpu(tmp_path):
 def test_llm_kernel_files_are_drop_ins(name, small_dir):
     """The files of the new kernels (flash prefill, split-KV decode, LM head + CE, interleaved
     RoPE) are drop-ins (tests/dropin.check_dropin: random state, train() and eval(), scaled
-    inputs, other sizes, grad mode, moved to float64 and back), and their kernels run for the
-    problem's own inputs."""
+    inputs, another batch size, grad mode), and their kernels run for the problem's own inputs."""
     from codegen.pipeline import compile_problem
     from tests.dropin import check_dropin
 
     path = small_dir / name
     comp = compile_problem(load_problem(path))
     assert comp.emitted is not None and comp.emitted.kernels, comp.error
+    # move=False: the checker's move trial goes to float64 and back to float32, which for a
+    # bf16 model is another dtype than the reference's (its Model stays bf16)
     report = check_dropin(path.read_text(), comp.emitted.source, calls=1, atol=2e-2, rtol=2e-2,
-                          variants=("own", "x3", "neg", "batch", "grad"))
+                          variants=("own", "x3", "neg", "batch", "grad"), move=False)
     assert report.fast("own", "train")
