@@ -16,15 +16,17 @@ import torch
 from torch import fx
 
 from codegen import ops as O
+from codegen.constants import source_lines as fold_source_lines
 from codegen.fusion import (FusionPlan, Group, broadcast_epilogue, group_outputs, group_slots,
                             slot_roles)
 from codegen.fusion import chanstats_aux_pattern, norm_pattern, pool_aux_pattern
 from codegen.layout import init_lines as layout_init_lines
 from knowledge.templates import (RUNTIME_SOURCE, PointwiseSpec, ReductionSpec, SoftmaxSpec,
-                                 attention, chanstats, matmul, norm, pointwise, pool, reduction,
-                                 scan, softmax)
+                                 attention, chanstats, linear_ce, matmul, norm, pointwise, pool,
+                                 reduction, scan, softmax)
 from knowledge.templates.attention import AttentionSpec
 from knowledge.templates.chanstats import ChanStatsSpec
+from knowledge.templates.linear_ce import LinearCESpec
 from knowledge.templates.matmul import MatmulSpec
 from knowledge.templates.scan import ScanSpec
 from knowledge.templates.norm import NormSpec
@@ -32,10 +34,10 @@ from knowledge.templates.pool import PoolSpec
 
 TEMPLATES = {"pointwise": pointwise, "reduction": reduction, "softmax": softmax, "norm": norm,
              "pool": pool, "scan": scan, "chanstats": chanstats, "matmul": matmul,
-             "attention": attention}
+             "attention": attention, "linear_ce": linear_ce}
 MARK = "# ======== EGG generated below this line ========"
 #: functions of these modules are defined in every generated file under their own names
-RUNTIME_MODULES = ("egg_generated", "knowledge.templates._runtime")
+RUNTIME_MODULES = ("egg_generated", "egg_breaks", "knowledge.templates._runtime")
 
 
 @dataclass
@@ -85,7 +87,7 @@ def _stmts(plan: FusionPlan, nodes: list[fx.Node], namer: _Namer, role: str) -> 
     out = []
     for m in nodes:
         op = plan.nops[m]
-        r = "roll" if op.name == "rotate_half" else role  # its operand's rolled slot
+        r = O.ROLLED.get(op.name, role)  # a rotation's operand: its rolled slot
         args = [namer(o, r, op, i) for i, o in enumerate(op.operands)]
         expr = args[0] if op.name == "identity" else O.emit(op, args)
         out.append((f"v_{m.name}", expr))
@@ -104,8 +106,9 @@ def build_spec(plan: FusionPlan, g: Group):
         stmts = _stmts(plan, g.members, namer, "pro")
         outputs = [(f"v_{m.name}", _dt(m)) for m in outs]
         rolls = {i: int(O.node_shape(t)[-1]) for (role, t), i in slots.items() if role == "roll"}
+        pairs = sorted(i for (role, _t), i in slots.items() if role == "pair")
         std = [j for j, m in enumerate(outs) if plan.nops[m].p.get("standard_layout")]
-        return PointwiseSpec(in_dtypes, stmts, outputs, compute, rolls, std), ins, outs
+        return PointwiseSpec(in_dtypes, stmts, outputs, compute, rolls, std, pairs), ins, outs
     red_op = plan.nops[g.red]
     if g.kind == "chanstats":  # outputs in the wrapper's order: (mean, var[, count])
         outs = sorted(g.aliases, key=lambda a: a.args[1])
@@ -129,6 +132,13 @@ def build_spec(plan: FusionPlan, g: Group):
         ins = list(red_op.operands[:3])  # q, k, v in the wrapper's order (a tensor may repeat)
         p = red_op.p
         spec = AttentionSpec(dtype=_dt(ins[0]), causal=p["causal"], scale=p["scale"], gqa=p["gqa"])
+        return spec, ins, outs
+    if g.kind == "linear_ce":
+        x, w, t, b = red_op.operands[:4]
+        ins = [x, w, t] + ([b] if b is not None else [])
+        spec = LinearCESpec(dtype=_dt(x), has_bias=b is not None,
+                            ignore_index=int(red_op.p["ignore_index"]),
+                            reduction=str(red_op.p["reduction"]))
         return spec, ins, outs
     if g.kind == "matmul":
         namer = _Namer(g, slots, "acc")
@@ -322,6 +332,12 @@ class _Core:
     imports: list[str]
     forward: str
     init: list[str]
+    #: graph breaks of the capture (name -> the function's source: harness.capture)
+    breaks: dict[str, str] = field(default_factory=dict)
+    #: plain tensor attributes ModelNew registers as non-persistent buffers
+    attr_buffers: list[str] = field(default_factory=list)
+    #: tables at init (codegen.constants): name -> (module-level code, __init__ lines)
+    folds: dict[str, tuple[str, list[str]]] = field(default_factory=dict)
 
 
 def _emit_core(plan: FusionPlan, configs: dict[str, dict]) -> _Core:
@@ -366,11 +382,21 @@ def _emit_core(plan: FusionPlan, configs: dict[str, dict]) -> _Core:
     for m in sorted(members, key=lambda n: -order[n]):  # 3) the fused nodes go
         if not m.users:
             graph.erase_node(m)
-    graph.eliminate_dead_code()
+    graph.eliminate_dead_code(is_impure_node=has_effect)
     graph.lint()
+    cap = plan.capture
+    folds = {}
+    fold_imports: list[str] = []
+    for f in plan.folds:
+        imp, code, init = fold_source_lines(f, lambda g: _forward_source(g, {}))
+        fold_imports += imp
+        folds[f.name] = (code, init)
     imports, forward = _forward_source(graph, stubs)
-    return _Core(kernels_src, wrappers_src, kernel_names, infos, imports, forward,
-                 layout_init_lines(plan.channels_last_params))
+    return _Core(kernels_src, wrappers_src, kernel_names, infos,
+                 sorted(set(imports) | set(fold_imports)), root_ref_fix(forward),
+                 layout_init_lines(plan.channels_last_params),
+                 breaks=dict(getattr(cap, "break_sources", {}) or {}),
+                 attr_buffers=list(getattr(cap, "attr_buffers", []) or []), folds=folds)
 
 
 def core_text(plan: FusionPlan) -> str:
@@ -378,7 +404,9 @@ def core_text(plan: FusionPlan) -> str:
     plans with the same text run the same code (codegen.dropin compares probes by it)."""
     c = _emit_core(plan, {})
     return "\n".join(c.kernels + c.wrappers + c.imports + [c.forward] + c.init
-                     + _traced_constants(plan.gm))
+                     + _traced_constants(plan.gm) + c.attr_buffers
+                     + [code for code, _ in c.folds.values()]
+                     + [src for name, src in sorted(c.breaks.items()) if name in c.forward])
 
 
 def _renamed(code: str, name: str) -> str:
@@ -523,7 +551,17 @@ def emit_model(problem_source: str, plan: FusionPlan, configs: dict[str, dict] |
     consts: dict[str, torch.Tensor] = {}
     for gm in [plan.gm] + ([ev_plan.gm] if ev_plan is not None else []) + list(refs.values()):
         consts.update(_constants(gm))
-    init = list(init_lines or []) + _constant_lines(consts) + core_t.init
+    # regions (docs/capture.md): the plain tensor attributes registered as buffers first (tables
+    # and kernels read them), then the tables at init; one definition per break and table
+    attrs = list(dict.fromkeys(q for c in cores for q in c.attr_buffers))
+    folds: dict[str, tuple[str, list[str]]] = {}
+    for c in cores:
+        for name, f in c.folds.items():
+            if name in folds and folds[name] != f:
+                raise EmitError(f"table {name} differs between the train() and eval() plans")
+            folds[name] = f
+    init = (list(init_lines or []) + attr_buffer_lines(attrs) + _constant_lines(consts)
+            + [ln for _, f_init in folds.values() for ln in f_init] + core_t.init)
     imports = set(core_t.imports) | (set(core_e.imports) if core_e else set())
     methods: list[str] = []
     if dr is None:  # a plan made without pipeline.analyze: its forward alone
@@ -540,7 +578,7 @@ def emit_model(problem_source: str, plan: FusionPlan, configs: dict[str, dict] |
         for mode, gm in refs.items():
             r_imports, r_src = _forward_source(gm.graph, {})
             imports |= set(r_imports)
-            methods.append(_renamed(r_src, ref[mode == "train"]))
+            methods.append(_renamed(root_ref_fix(r_src), ref[mode == "train"]))
         if dr.mode_modules:
             init.append("self._egg_mode_modules = ("
                         + "".join(f"self.get_submodule({m!r}), " for m in dr.mode_modules) + ")")
@@ -560,7 +598,20 @@ def emit_model(problem_source: str, plan: FusionPlan, configs: dict[str, dict] |
                 "        return out", ""]
     for m in [fwd] + methods:
         cls += ["    " + ln.rstrip() if ln.strip() else "" for ln in m.strip().splitlines()] + [""]
+    sources: dict[str, str] = {}
+    for c in cores:
+        sources.update(c.breaks)
+    for gm in refs.values():
+        for name, src in gm.meta.get("egg_break_sources", {}).items():
+            if name in sources and sources[name] != src:
+                raise EmitError(f"graph break {name} differs between the train() and eval() traces")
+            sources[name] = src
+    graphs = [c_gm.graph for c_gm in [plan.gm] + ([ev_plan.gm] if ev_plan is not None else [])
+              + list(refs.values())]
+    prelude = break_definitions(graphs, sources) + [code for code, _ in folds.values()]
     body_code = "\n\n".join(x.rstrip() + "\n" for c in cores for x in c.kernels + c.wrappers)
+    if prelude:  # graph breaks (PyTorch statements) and tables, before the kernels
+        body_code = "\n\n".join(x.rstrip() + "\n" for x in prelude) + "\n\n" + body_code
     state = []
     if dr is not None:
         guards = {True: _guard_value(dr.train), False: _guard_value(dr.train if dr.same else dr.eval)}
@@ -574,7 +625,8 @@ def emit_model(problem_source: str, plan: FusionPlan, configs: dict[str, dict] |
                  f"_EGG_STATE = {{'params': {_literal(dr.params)},\n              'constants': "
                  f"{_literal({k: t.dtype for k, t in consts.items()})}}}"]
     code = body_code + "\n\n" + "\n".join(cls).rstrip() + "\n\n\n" + "\n".join(state)
-    fx_code = "\n".join([fwd] + methods)  # the only code the imports of fx's globals serve
+    # the only code the imports of fx's globals serve (forwards, tables)
+    fx_code = "\n".join([fwd] + methods + [code for code, _ in folds.values()])
     fwd_imports = sorted(i for i in imports if _import_used(i, fx_code))
     runtime = runtime_for(code)
     top = ["import math"] if re.search(r"(?<![.\w])math\.", code + runtime) else []  # not tl.math
@@ -637,6 +689,62 @@ def runtime_for(code: str) -> str:
     return "\n\n\n".join(src for name, src in _RUNTIME if name in want)
 
 
+# ---- graph breaks and regions (harness.capture, docs/capture.md) -----------------------------
+#: the get_attr target a graph break in the root's forward reads its module through
+ROOT_REF = "_egg_self"
+
+
+def has_effect(n: fx.Node) -> bool:
+    """Kept though nothing reads its result: fx's own rule, and in-place methods (fx keeps
+    ``copy_`` into a buffer as a call_method it calls pure: ``self.h.copy_(x)`` would vanish)."""
+    if n.is_impure():
+        return True
+    name = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", "")
+    return n.op in ("call_method", "call_function") and name.endswith("_") and not name.endswith("__")
+
+
+def root_ref_fix(forward: str) -> str:
+    """The generated forward reads the module itself where a graph break of the root's forward
+    takes it as ``self`` (fx wrote a read of the stand-in attribute)."""
+    return re.sub(rf"\b(\w+) = self\.{ROOT_REF}\b", r"\1 = self", forward)
+
+
+def break_definitions(graphs: list[fx.Graph], sources: dict[str, str]) -> list[str]:
+    """The functions of the graph breaks the forwards still call, in call order (each one a
+    statement of the original forward that runs as PyTorch; imports of a library's module
+    first)."""
+    used = [n.target.__name__ for graph in graphs for n in graph.nodes
+            if n.op == "call_function" and getattr(n.target, "__module__", None) == ROOT_MODULE_OF_BREAKS]
+    out, imports = [], []
+    for name in dict.fromkeys(used):
+        src = sources.get(name)
+        if src is None:
+            raise EmitError(f"graph break {name} has no source")
+        lines = src.splitlines()
+        while lines and lines[0].startswith("import "):
+            if lines[0] not in imports:
+                imports.append(lines[0])
+            lines.pop(0)
+        out.append("\n".join(lines).strip("\n"))
+    return (["\n".join(imports)] if imports else []) + out
+
+
+#: the module name graph-break functions carry (harness.capture.GENERATED_MODULE)
+ROOT_MODULE_OF_BREAKS = "egg_breaks"
+
+
+def attr_buffer_lines(qualnames: list[str]) -> list[str]:
+    """``__init__`` lines that register plain tensor attributes as non-persistent buffers (the
+    state dict keeps Model's keys; ``.to()`` moves them; the graph reads them as buffers)."""
+    out = []
+    for q in qualnames:
+        owner, _, name = q.rpartition(".")
+        mod = f"self.get_submodule({owner!r})" if owner else "self"
+        out += [f"_egg_t = {mod}.{name}", f"del {mod}.{name}",
+                f"{mod}.register_buffer({name!r}, _egg_t, persistent=False)"]
+    return out
+
+
 _BUILTIN_GLOBALS = {
     "inf": "from math import inf", "nan": "from math import nan",
     "NoneType": "NoneType = type(None)", "device": "from torch import device",
@@ -648,7 +756,10 @@ _BUILTIN_GLOBALS = {
 def _forward_source(graph: fx.Graph, stubs: dict) -> tuple[list[str], str]:
     """The generated forward and the module-level imports its globals need."""
     pc = graph.python_code(root_module="self")
-    src = pc.src.strip("\n")
+    # fx re-registers the functions it autowrapped (math.sqrt, ...) with torch.fx.wrap, which
+    # raises below module level: the generated forward calls them directly (imports below)
+    src = "\n".join(ln for ln in pc.src.strip("\n").splitlines()
+                    if not re.match(r"\s*torch\.fx\._symbolic_trace\.wrap\(", ln))
     imports = []
     for name, obj in pc.globals.items():
         if isinstance(obj, str):  # a type annotation kept as text, e.g. 'torch.Tensor'

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import fx
 
-from codegen.ops import FLOAT_DTYPES, NOp, classify, node_dtype, node_shape
+from codegen.ops import FLOAT_DTYPES, ROLLED, NOp, classify, node_dtype, node_shape
 
 FUSABLE_DTYPES = FLOAT_DTYPES | {torch.bool}
 
@@ -20,7 +20,8 @@ FUSABLE_DTYPES = FLOAT_DTYPES | {torch.bool}
 @dataclass(eq=False)
 class Group:
     id: str
-    kind: str  # pointwise | reduction | softmax
+    # pointwise | reduction | softmax | norm | pool | scan | chanstats | matmul | attention | linear_ce
+    kind: str
     members: list[fx.Node] = field(default_factory=list)
     domain: tuple[int, ...] = ()
     red: fx.Node | None = None  # the reduction / softmax node
@@ -54,6 +55,14 @@ class FusionPlan:
     notes: list[str] = field(default_factory=list)
     #: parameters ModelNew re-lays out channels-last at construction (codegen.layout)
     channels_last_params: list[str] = field(default_factory=list)
+    #: the graph region of each node: graph breaks (harness.capture) cut the program into
+    #: regions, and no kernel spans two (a break's statement may have effects)
+    regions: dict[fx.Node, int] = field(default_factory=dict)
+    #: how the graph was captured (harness.capture.Captured: graph breaks, their sources, plain
+    #: tensor attributes registered as buffers); None when built from a bare graph
+    capture: object | None = None
+    #: tables computed once at init (codegen.constants.Fold)
+    folds: list = field(default_factory=list)
     #: what the generated module guards (codegen.dropin.Dropin; set by pipeline.analyze)
     dropin: object = None
 
@@ -169,6 +178,8 @@ def matmul_form(op: NOp) -> tuple[bool, bool] | str:
 
 #: head dims the attention template holds in registers (BLOCK_D = next power of two)
 MAX_HEAD_DIM = 256
+#: operand dtypes the attention template computes on tensor cores (fp32 as 3xTF32)
+ATTENTION_DTYPES = {torch.float32, torch.float16, torch.bfloat16}
 
 
 def attention_form(op: NOp) -> str | None:
@@ -178,9 +189,9 @@ def attention_form(op: NOp) -> str | None:
     if sq is None or sk is None or sv is None:
         return "attention of unknown shapes"
     dts = {node_dtype(t) for t in (q, k, v)}
-    if dts != {torch.float32}:
-        # 16-bit: eager runs FlashAttention / cuDNN kernels; fp64: no tensor-core path
-        return f"attention over {', '.join(sorted(str(d) for d in dts))}: PyTorch's fused kernels"
+    if len(dts) != 1 or not dts <= ATTENTION_DTYPES:
+        # fp64 (or mixed dtypes): no tensor-core path, PyTorch's math kernel stays
+        return f"attention over {', '.join(sorted(str(d) for d in dts))}: no tensor-core path"
     if not (len(sq) == len(sk) == len(sv) and len(sq) in (3, 4)):
         return "attention operands are not all 3-d or all 4-d"
     if sk != sv or sq[0] != sk[0] or sq[-1] != sk[-1]:
@@ -189,6 +200,24 @@ def attention_form(op: NOp) -> str | None:
         return f"head dim {sq[-1]} above {MAX_HEAD_DIM}: the query block would not fit registers"
     if len(sq) == 4 and sq[1] != sk[1] and not (op.p.get("gqa") and sq[1] % sk[1] == 0):
         return "attention heads differ without grouped-query attention"
+    return None
+
+
+def linear_ce_form(op: NOp) -> str | None:
+    """Why the LM-head + cross-entropy template cannot take this call (None: it can)."""
+    x, w, t, b = op.operands[:4]
+    sx, sw, st = node_shape(x), node_shape(w), node_shape(t)
+    if sx is None or sw is None or st is None:
+        return "linear cross-entropy of unknown shapes"
+    dts = {node_dtype(x), node_dtype(w)} | ({node_dtype(b)} if b is not None else set())
+    if len(dts) != 1 or not dts <= MATMUL_DTYPES:
+        return f"linear cross-entropy over {', '.join(sorted(str(d) for d in dts))}: no tensor-core path"
+    if node_dtype(t) != torch.int64:
+        return "linear cross-entropy with targets that are not int64 class indices"
+    if len(sx) != 2 or len(sw) != 2 or sw[1] != sx[1] or tuple(st) != (sx[0],):
+        return "linear cross-entropy of other than x [T, H], W [V, H], targets [T]"
+    if b is not None and tuple(node_shape(b) or ()) != (sw[0],):
+        return "linear cross-entropy with a bias that is not a vector over the vocabulary"
     return None
 
 
@@ -206,6 +235,25 @@ def vector_like(op: NOp, out_shape) -> bool:
     m = out[-2] if op.p.get("batched") else _numel(out[:-1])
     k = (node_shape(op.operands[0]) or (1,))[-1]
     return min(m, n) < VECTOR_LIKE and max(m, n) * k >= 1 << 20
+
+
+#: a decode GEMV: at most this many rows (tokens being decoded) ...
+DECODE_ROWS = 16
+#: ... against a 16-bit weight of at least this many elements (the weight read dominates)
+DECODE_WEIGHT = 1 << 22
+
+
+def decode_gemv(op: NOp, out_shape) -> bool:
+    """A linear layer applied to a handful of decoding tokens with a large 16-bit weight: the
+    template's split-K tiles of 16 rows stream the weight over every SM, where cuBLAS's GEMV
+    reached 65% of the H200's bandwidth (workloads/llm/09_decode_gemv, 0.042 ms,
+    docs/results/workloads_h200.md); principle alg-decode-gemv."""
+    if op.name != "linear" or op.p.get("batched") or node_dtype(op.node) not in (torch.float16, torch.bfloat16):
+        return False
+    out = tuple(out_shape)
+    m, n = _numel(out[:-1]), out[-1]
+    k = (node_shape(op.operands[0]) or (1,))[-1]
+    return m <= DECODE_ROWS and n * k >= DECODE_WEIGHT and n >= 1024 and k >= 256
 
 
 def _all_float(nodes) -> bool:
@@ -249,10 +297,30 @@ def rolls_internal(members, nops) -> bool:
     """Would a rotate-half read a value computed in the same kernel? It is a load of its operand
     at another column, so the operand must come from memory (a kernel input)."""
     inside = set(members)
-    return any(nops[m].name == "rotate_half" and nops[m].operands[0] in inside for m in members)
+    return any(nops[m].name in ROLLED and nops[m].operands[0] in inside for m in members)
 
 
-def _merge_pointwise(groups: list, where: dict, order: dict, nops: dict) -> None:
+def is_break(n: fx.Node) -> bool:
+    """Is the node a graph break (a statement harness.capture left to PyTorch)?"""
+    return n.op == "call_function" and getattr(n.target, "__module__", None) == BREAK_MODULE
+
+
+#: the module of the functions graph breaks call (harness.capture.GENERATED_MODULE)
+BREAK_MODULE = "egg_breaks"
+
+
+def break_regions(nodes) -> dict[fx.Node, int]:
+    """Region of each node in program order: a graph break ends its region."""
+    out, k = {}, 0
+    for n in nodes:
+        out[n] = k
+        if is_break(n):
+            k += 1
+    return out
+
+
+def _merge_pointwise(groups: list, where: dict, order: dict, nops: dict,
+                     region: dict | None = None) -> None:
     """Merge a pointwise group into a pointwise consumer group over the same domain when every
     other user of its values runs after the consumer's kernel (so nothing needs them earlier)."""
     changed = True
@@ -270,6 +338,8 @@ def _merge_pointwise(groups: list, where: dict, order: dict, nops: dict) -> None
                         feeders.append(a)
             for a in feeders:
                 if a is None or a is b or a.kind != "pointwise" or a.domain != b.domain:
+                    continue
+                if region and region.get(a.members[0]) != region.get(b.members[0]):
                     continue
                 ok = all(u in a.members or u in b.members or order[u] > last_b
                          for m in a.members for u in m.users)
@@ -290,12 +360,16 @@ def plan_fusion(gm: fx.GraphModule, disabled: set[str] | None = None) -> FusionP
     (their nodes stay torch code), which is how a failing or slow group is backed out."""
     nodes = list(gm.graph.nodes)
     order = {n: i for i, n in enumerate(nodes)}
+    region = break_regions(nodes)
     nops = {n: classify(n, gm) for n in nodes}
     where: dict[fx.Node, Group] = {}
     groups: list[Group] = []
 
     def users_ok(g: Group, n: fx.Node, strict: bool) -> bool:
-        """Every user of every member is in the group, n, or (unless strict) runs after n."""
+        """Every user of every member is in the group, n, or (unless strict) runs after n; and
+        n is in the group's region (no kernel spans a graph break)."""
+        if g.members and region.get(g.members[0]) != region.get(n):
+            return False
         for m in list(g.members) + list(g.aliases):
             for u in m.users:
                 if u in g.members or u in g.aliases or u is n:
@@ -338,7 +412,8 @@ def plan_fusion(gm: fx.GraphModule, disabled: set[str] | None = None) -> FusionP
         ``outputs``: g's template also stores prologue values that are used after g (the norm
         template does), so the whole chain moves when its other users run after g."""
         pg = where.get(src)
-        if pg is None or pg.kind != "pointwise" or pg.domain != g.domain:
+        if pg is None or pg.kind != "pointwise" or pg.domain != g.domain \
+                or region.get(pg.members[0]) != region.get(g.red):
             return
         if users_ok(pg, g.red, strict=True) or (outputs and users_ok(pg, g.red, strict=False)):
             move = list(pg.members)
@@ -348,7 +423,7 @@ def plan_fusion(gm: fx.GraphModule, disabled: set[str] | None = None) -> FusionP
                 if m.users and all(u in moving or u is g.red for u in m.users):
                     moving.add(m)
             move = [m for m in pg.members if m in moving]
-        if (not move or any(nops[m].name == "rotate_half" for m in move)
+        if (not move or any(nops[m].name in ROLLED for m in move)
                 or not ok(Group(id="", kind="pointwise", members=move, domain=pg.domain))):
             return  # (a rotate-half is a rolled load only the pointwise template makes)
         if len(move) == len(pg.members):
@@ -368,7 +443,8 @@ def plan_fusion(gm: fx.GraphModule, disabled: set[str] | None = None) -> FusionP
         MAX_RECOMPUTE_READS full-size tensors (reading them again costs no more than writing
         and re-reading the value) besides per-channel vectors and scalars."""
         pg = where.get(src)
-        if pg is None or pg.kind != "pointwise" or pg.domain != g.domain:
+        if pg is None or pg.kind != "pointwise" or pg.domain != g.domain \
+                or region.get(pg.members[0]) != region.get(g.red):
             return
         need, todo = [], [src]
         while todo:
@@ -381,7 +457,7 @@ def plan_fusion(gm: fx.GraphModule, disabled: set[str] | None = None) -> FusionP
         ext = {t for m in need for t in nops[m].tensor_inputs if t not in need}
         pats = [chanstats_aux_pattern(g.domain, node_shape(t)) for t in ext]
         if (None in pats or pats.count("full") > MAX_RECOMPUTE_READS or len(need) > MAX_RECOMPUTE_OPS
-                or any(nops[m].name == "rotate_half" for m in need)):
+                or any(nops[m].name in ROLLED for m in need)):
             return
         if all(u in need or u is g.red for m in need for u in m.users):
             absorb_prologue(g, src)  # nothing else reads the chain: it moves
@@ -395,6 +471,7 @@ def plan_fusion(gm: fx.GraphModule, disabled: set[str] | None = None) -> FusionP
                 copy[m] = c
                 nops[c] = classify(c, gm)
                 order[c] = order[g.red] - 1 + (k + 1) / (len(need) + 1)
+                region[c] = region[g.red]
                 where[c] = g
         g.red.replace_input_with(src, copy[src])
         nops[g.red].operands = [copy[src] if o is src else o for o in nops[g.red].operands]
@@ -434,7 +511,7 @@ def plan_fusion(gm: fx.GraphModule, disabled: set[str] | None = None) -> FusionP
                 op.kind, op.why = "library", "dtype not handled by the pointwise template"
                 continue
             cands = [where[t] for t in op.tensor_inputs if t in where]
-            if op.name == "rotate_half":  # its operand must stay a kernel input
+            if op.name in ROLLED:  # its operand must stay a kernel input
                 cands = []
             cands.sort(key=lambda g: max(order[m] for m in g.members + list(g.aliases)))
             joined = False
@@ -495,6 +572,15 @@ def plan_fusion(gm: fx.GraphModule, disabled: set[str] | None = None) -> FusionP
                 continue
             op.p["batched"], op.p["b_nk"] = form
             g = new_group("matmul", members=[n], domain=shape, red=n, out_shape=shape)
+            where[n] = g
+            continue
+        if op.kind == "linear_ce":
+            why = linear_ce_form(op)
+            if why:
+                op.kind, op.why = "library", why
+                continue
+            g = new_group("linear_ce", members=[n], domain=node_shape(op.operands[0]), red=n,
+                          out_shape=shape)
             where[n] = g
             continue
         if op.kind == "attention":
@@ -588,14 +674,16 @@ def plan_fusion(gm: fx.GraphModule, disabled: set[str] | None = None) -> FusionP
             absorb_prologue(g, src)
             where[n] = g
             continue
-    _merge_pointwise(groups, where, order, nops)
+    _merge_pointwise(groups, where, order, nops, region)
     # a 16-bit product with nothing to fuse stays cuBLAS's: the template only wins by the
     # epilogue pass it saves (principle alg-matmul-epilogue); fp32 products run as 3xTF32
     for g in list(groups):
         if g.kind != "matmul":
             continue
         why = None
-        if len(g.members) == 1 and node_dtype(g.red) != torch.float32:
+        if decode_gemv(nops[g.red], g.out_shape):
+            pass  # a few rows against a large 16-bit weight: split-K tiles (alg-decode-gemv)
+        elif len(g.members) == 1 and node_dtype(g.red) != torch.float32:
             why = "16-bit matrix product with no epilogue to fuse: cuBLAS as fast"
         elif vector_like(nops[g.red], g.out_shape):
             why = (f"matrix-vector product (fewer than {VECTOR_LIKE} rows or columns): "
@@ -625,7 +713,7 @@ def plan_fusion(gm: fx.GraphModule, disabled: set[str] | None = None) -> FusionP
             nops[g.red].kind = "library"
             nops[g.red].why = f"matrix product backed out ({g.id}): cuBLAS, epilogue fused after it"
             kept.append(Group(id=tail_id(g.id), kind="pointwise", members=tail, domain=g.out_shape))
-    return FusionPlan(gm, nops, kept, order)
+    return FusionPlan(gm, nops, kept, order, regions=region)
 
 
 def tail_id(group_id: str) -> str:
@@ -645,8 +733,8 @@ def group_slots(plan: FusionPlan, g: Group) -> tuple[list[fx.Node], dict[tuple[s
     bcast = set(broadcast_epilogue(g))  # full-domain members read the tile's loads
     for m in g.members:
         role = "epi" if g.red is not None and m not in pro_nodes and m not in bcast else "pro"
-        if plan.nops[m].name == "rotate_half":
-            role = "roll"
+        if plan.nops[m].name in ROLLED:
+            role = ROLLED[plan.nops[m].name]
         for t in plan.nops[m].tensor_inputs:
             if t in inside or (role, t) in slots:
                 continue
@@ -657,7 +745,7 @@ def group_slots(plan: FusionPlan, g: Group) -> tuple[list[fx.Node], dict[tuple[s
 
 def slot_roles(slots: dict[tuple[str, fx.Node], int]) -> tuple[list[int], list[int]]:
     """The slots the prologue reads (full domain, rolled ones included) and the epilogue's."""
-    pro = sorted(i for (role, _t), i in slots.items() if role in ("pro", "roll"))
+    pro = sorted(i for (role, _t), i in slots.items() if role in ("pro", "roll", "pair"))
     epi = sorted(i for (role, _t), i in slots.items() if role == "epi")
     return pro, epi
 

@@ -31,6 +31,7 @@ class OpDef:
 @dataclass
 class NOp:
     kind: str  # pointwise | reduction | softmax | view | library | identity | io | getitem | relayout
+    # | matmul | attention | linear_ce | norm | pool | scan | chanstats
     name: str
     node: fx.Node
     operands: list[Any] = field(default_factory=list)  # fx.Node or python scalars
@@ -161,10 +162,16 @@ reverse_cumprod = RT._egg_reverse_cumprod
 exclusive_cumsum = RT._egg_exclusive_cumsum
 exclusive_cumprod = RT._egg_exclusive_cumprod
 rotate_half = RT._egg_rotate_half
+rotate_pairs = RT._egg_rotate_pairs
+#: ops that are a load of their operand at another column (only a pointwise kernel input can be)
+ROLLED = {"rotate_half": "roll", "rotate_pairs": "pair"}
+linear_cross_entropy = RT._egg_linear_cross_entropy
+FUNCTIONS.update({linear_cross_entropy: "linear_ce"})
 FUNCTIONS.update({torch.cumsum: "cumsum", torch.cumprod: "cumprod", torch.flip: "flip",
                   reverse_cumsum: "reverse_cumsum", reverse_cumprod: "reverse_cumprod",
                   exclusive_cumsum: "exclusive_cumsum", exclusive_cumprod: "exclusive_cumprod",
-                  chanstats: "chanstats", rotate_half: "rotate_half"})
+                  chanstats: "chanstats", rotate_half: "rotate_half",
+                  rotate_pairs: "rotate_pairs"})
 
 POOLS: dict[str, OpDef] = {}
 for _nd in (1, 2, 3):
@@ -244,7 +251,7 @@ METHODS: dict[str, str] = {
     "logical_not": "logical_not",
 }
 METHODS.update({v: v for v in VIEWS})
-METHODS.update({"cumsum": "cumsum", "cumprod": "cumprod", "flip": "flip"})
+METHODS.update({"cumsum": "cumsum", "cumprod": "cumprod", "flip": "flip", "type": "to"})
 
 #: matrix products (the matmul template); operands: input, the second matrix, a linear's bias
 MATMULS: dict[str, OpDef] = {
@@ -255,6 +262,8 @@ MATMULS: dict[str, OpDef] = {
 }
 FUNCTIONS.update({F.linear: "linear", torch.matmul: "matmul", operator.matmul: "matmul",
                   torch.mm: "mm", torch.bmm: "bmm", F.scaled_dot_product_attention: "sdpa"})
+LINEAR_CE = _d("linear_ce", "linear_ce", ["input", "weight", "target", ("bias", None),
+                                           ("ignore_index", -100), ("reduction", "mean")])
 SDPA = _d("sdpa", "attention", ["query", "key", "value", ("attn_mask", None), ("dropout_p", 0.0),
                                 ("is_causal", False), ("scale", None), ("enable_gqa", False)])
 METHODS.update({"matmul": "matmul", "mm": "mm", "bmm": "bmm"})
@@ -430,12 +439,21 @@ def _from_name(name: str, node: fx.Node, args: tuple, kwargs: dict, extra: dict 
         return NOp("pointwise", "fill", node, [b["input"]], {"value": value})
     if name == "flip":
         return NOp("view", "flip", node, list(args) + list(kwargs.values()))
-    if name == "rotate_half":
+    if name in ROLLED:
         shape = node_shape(args[0]) if isinstance(args[0], fx.Node) else None
         if shape is None or not shape or shape[-1] % 2:
-            raise TypeError("rotate-half of an odd or unknown last dim")
+            raise TypeError(f"{name} of an odd or unknown last dim")
         # a rolled load of its operand: pointwise, but only where the operand is a kernel input
-        return NOp("pointwise", "rotate_half", node, [args[0]], {"size": int(shape[-1])})
+        return NOp("pointwise", name, node, [args[0]], {"size": int(shape[-1])})
+    if name == "linear_ce":
+        b = _bind(LINEAR_CE, args, kwargs)
+        if not all(isinstance(b[k], fx.Node) for k in ("input", "weight", "target")) or not (
+                b["bias"] is None or isinstance(b["bias"], fx.Node)):
+            raise TypeError("linear cross-entropy of a non-tensor")
+        if not isinstance(b["ignore_index"], int) or b["reduction"] not in ("mean", "sum", "none"):
+            raise TypeError("linear cross-entropy with traced arguments")
+        return NOp("linear_ce", "linear_ce", node, [b["input"], b["weight"], b["target"], b["bias"]],
+                   {"ignore_index": b["ignore_index"], "reduction": b["reduction"]})
     if name == "chanstats":
         if node_dtype(args[0]) not in FLOAT_DTYPES:
             raise TypeError("channel statistics of a non-floating tensor")
@@ -622,6 +640,8 @@ def emit(op: NOp, a: list[str | None]) -> str:
     if n == "rotate_half":  # x is the operand loaded at column (j + D/2) % D (pointwise template)
         d = int(p["size"])
         return f"tl.where((offs % {d}) < {d // 2}, -({x}), {x})"
+    if n == "rotate_pairs":  # x is the operand loaded at column j ^ 1 (pointwise template)
+        return f"tl.where((offs % 2) == 0, -({x}), {x})"
     if n == "fill":
         return f"(tl.zeros_like({x}) + {lit(p['value'])})"
     if n == "pow":

@@ -5,10 +5,11 @@ from dataclasses import dataclass, field
 
 from codegen.emit import Emitted, emit_model
 from codegen.fusion import FusionPlan, Group, group_inputs, plan_fusion
-from codegen.ops import node_shape
+from codegen.ops import node_dtype, node_shape
 from codegen import dropin as D
 from codegen import layout as L
 from codegen import rewrites as RW
+from codegen.constants import fold_constants, non_persistent
 from harness.capture import capture
 from harness.problem import LoadedProblem, one_line
 
@@ -44,9 +45,18 @@ def group_geometry(plan: FusionPlan, g: Group, n_inputs: int) -> dict:
         return {"numel": numel, "n_inputs": n_inputs, "nrows": c, "r": numel // max(1, c),
                 "batch": g.domain[0], "inner": 1, "rows_variant": True}
     if g.kind == "attention":
-        sq, sk = (node_shape(t) for t in plan.nops[g.red].operands[:2])
+        q, k = plan.nops[g.red].operands[:2]
+        sq, sk = node_shape(q), node_shape(k)
+        heads = sq[1] if len(sq) == 4 else 1
+        kv_heads = sk[1] if len(sk) == 4 else 1
         return {"numel": numel, "n_inputs": n_inputs, "M": sq[-2], "N": sk[-2],
-                "head_dim": sq[-1], "batch_heads": numel // max(1, sq[-2] * sq[-1])}
+                "head_dim": sq[-1], "batch_heads": numel // max(1, sq[-2] * sq[-1]),
+                "group": max(1, heads // max(1, kv_heads)), "itemsize": node_dtype(q).itemsize}
+    if g.kind == "linear_ce":
+        x, w = plan.nops[g.red].operands[:2]
+        (m_, k_), n_ = node_shape(x), node_shape(w)[0]
+        return {"numel": numel, "n_inputs": n_inputs, "M": m_, "N": n_, "K": k_, "batch": 1,
+                "itemsize": node_dtype(x).itemsize}
     if g.kind == "matmul":
         op = plan.nops[g.red]
         sa = node_shape(op.operands[0])
@@ -88,14 +98,18 @@ def group_geometry(plan: FusionPlan, g: Group, n_inputs: int) -> dict:
 
 
 def _plan(cap, disabled: set[str] | None, use_rewrites: bool, channels_last: bool):
-    """Canonical forms, rules, layout and fusion on a capture (its graph changes in place)."""
+    """Canonical forms, rules, tables at init (codegen.constants), layout and fusion on a capture
+    (its graph changes in place)."""
     RW.canonicalize(cap.gm, cap.inputs)
     applied = RW.apply_all(cap.gm, cap.inputs) if use_rewrites else []
     if applied:  # a rule's output may hold forms the canonical pass rewrites (shape queries)
         RW.canonicalize(cap.gm, cap.inputs)
+    folds = fold_constants(cap.gm, non_persistent(cap.root) if cap.root is not None else set())
     params = L.channels_last(cap.gm) if channels_last else []
     plan = plan_fusion(cap.gm, disabled)
     plan.channels_last_params = params
+    plan.capture = cap
+    plan.folds = folds
     return plan, applied
 
 
@@ -110,14 +124,17 @@ def split_disabled(disabled: set[str] | None) -> tuple[set[str], set[str]]:
     return dis - {EVAL_PREFIX + d for d in ev}, ev
 
 
-def _reference(gm):
+def _reference(cap):
     """The traced graph as it is before any pass (Model's own ops, for calls the kernels do not
-    serve): a GraphModule over the same module, with a graph of its own."""
+    serve): a GraphModule over the same module, with a graph of its own; its meta keeps the
+    sources of the graph breaks it calls (harness.capture)."""
     import copy
 
     from torch import fx
 
-    return fx.GraphModule(gm, copy.deepcopy(gm.graph))
+    ref = fx.GraphModule(cap.gm, copy.deepcopy(cap.gm.graph))
+    ref.meta["egg_break_sources"] = dict(cap.break_sources)
+    return ref
 
 
 def _probe(prob: LoadedProblem, inputs: list, training: bool, disabled: set[str],
@@ -156,7 +173,7 @@ def _dropin(prob: LoadedProblem, cap, ref, disabled, use_rewrites: bool, channel
     cap_e = capture(prob, training=False)
     if cap_e.gm is None:
         raise RuntimeError(f"eval() cannot be traced: {cap_e.error}")
-    ref_e = _reference(cap_e.gm)
+    ref_e = _reference(cap_e)
     same_ref = ref_e.code == ref.code
     cached = _GUARDS.get(key)
     if cached is None:
@@ -206,7 +223,7 @@ def analyze(prob: LoadedProblem, disabled: set[str] | None = None, use_rewrites:
     if cap.gm is None:
         return None, [], cap.error
     try:
-        ref = _reference(cap.gm)
+        ref = _reference(cap)
         plan, applied = _plan(cap, split_disabled(disabled)[0], use_rewrites, channels_last)
     except Exception as e:  # noqa: BLE001 - a graph the passes cannot handle keeps the reference
         return None, [], f"the captured graph could not be planned: {one_line(e)}"

@@ -15,8 +15,9 @@ def drop_dead_code(gm: fx.GraphModule) -> bool:
     graph = gm.graph
     changed = False
     for n in reversed(list(graph.nodes)):
-        if n.op in ("placeholder", "output") or n.users:
-            continue
+        if n.op in ("placeholder", "output") or n.users or n.is_impure() or \
+                str(n.target).endswith("_") and not str(n.target).endswith("__"):
+            continue  # (an in-place op, a graph break: its effect is its point)
         op = classify(n, gm)
         if op.kind in ("pointwise", "reduction", "softmax", "view", "identity", "getitem", "param"):
             graph.erase_node(n)
@@ -546,16 +547,93 @@ def rotate_half_pattern(gm: fx.GraphModule) -> bool:
         if (shape is None or not isinstance(parts, (list, tuple)) or len(parts) != 2
                 or dim not in (-1, len(shape) - 1) or not isinstance(parts[0], fx.Node)):
             continue
-        neg = classify(parts[0], gm)
-        if neg.kind != "pointwise" or neg.name != "neg":
-            continue
-        second, first = _half_of(neg.operands[0]), _half_of(parts[1])
+        second, first = _half_of(_negated(gm, parts[0])), _half_of(parts[1])
         if (second is None or first is None or second[0] is not first[0]
                 or (second[1], first[1]) != ("second", "first") or not _float(first[0])):
             continue
         with graph.inserting_before(n):
             new = graph.call_function(O.rotate_half, (first[0],))
         _replace(n, new)
+        changed = True
+    return changed
+
+
+def _pair_half(v):
+    """(x, "even" | "odd") when v is x[..., ::2] or x[..., 1::2] (also with explicit full
+    slices before the last dim, start 0 written out) over an even last dim; else None."""
+    import operator
+
+    if not isinstance(v, fx.Node) or v.op != "call_function" or v.target is not operator.getitem:
+        return None
+    src, idx = v.args
+    shape = node_shape(src) if isinstance(src, fx.Node) else None
+    if shape is None or not shape or shape[-1] % 2 or not isinstance(idx, tuple):
+        return None
+    if len(idx) == 2 and idx[0] is Ellipsis:
+        sl = idx[1]
+    elif len(idx) == len(shape) and all(i == slice(None) for i in idx[:-1]):
+        sl = idx[-1]
+    else:
+        return None
+    if not isinstance(sl, slice) or sl.step != 2 or sl.stop not in (None, shape[-1]):
+        return None
+    if sl.start in (None, 0):
+        return src, "even"
+    return (src, "odd") if sl.start == 1 else None
+
+
+def _negated(gm: fx.GraphModule, n):
+    """x when n is -x, x.neg(), torch.neg(x) or x * -1 (-1 * x)."""
+    if not isinstance(n, fx.Node) or n.op not in ("call_function", "call_method"):
+        return None
+    op = classify(n, gm)
+    if op.kind != "pointwise":
+        return None
+    if op.name == "neg":
+        return op.operands[0]
+    if op.name == "mul" and len(op.operands) == 2:
+        a, b = op.operands
+        if isinstance(b, (int, float)) and b == -1 and isinstance(a, fx.Node):
+            return a
+        if isinstance(a, (int, float)) and a == -1 and isinstance(b, fx.Node):
+            return b
+    return None
+
+
+def rotate_pairs_pattern(gm: fx.GraphModule) -> bool:
+    """rw-rotate-half, interleaved form (GPT-J's rotate_every_two): stack((-x[..., 1::2],
+    x[..., ::2]), dim=-1) flattened back to x's shape -> rotate_pairs(x), which a pointwise
+    kernel computes as one load of x at the other column of each (even, odd) pair."""
+    import torch
+
+    from codegen import ops as O
+
+    graph = gm.graph
+    changed = False
+    for n in _live(graph):
+        if n.op != "call_function" or n.target is not torch.stack or len(n.users) != 1:
+            continue
+        parts = n.args[0] if n.args else n.kwargs.get("tensors")
+        dim = n.args[1] if len(n.args) > 1 else n.kwargs.get("dim", 0)
+        shape = node_shape(n)
+        if shape is None or not isinstance(parts, (list, tuple)) or len(parts) != 2 \
+                or dim not in (-1, len(shape) - 1):
+            continue
+        odd, even = _pair_half(_negated(gm, parts[0])), _pair_half(parts[1])
+        if (odd is None or even is None or odd[0] is not even[0] or (odd[1], even[1]) != ("odd", "even")
+                or not _float(even[0])):
+            continue
+        flat = next(iter(n.users))
+        fop = classify(flat, gm) if flat.op in ("call_function", "call_method") else None
+        if fop is None or fop.kind != "view" or fop.name not in ("flatten", "reshape", "view") \
+                or node_shape(flat) != node_shape(even[0]):
+            continue
+        with graph.inserting_before(flat):
+            new = graph.call_function(O.rotate_pairs, (even[0],))
+        new.meta = dict(flat.meta)
+        flat.replace_all_uses_with(new)
+        graph.erase_node(flat)
+        _erase_unused_above([n], stop=even[0])
         changed = True
     return changed
 
@@ -611,7 +689,449 @@ def _trace_loss(fn, kw: dict, n_tensors: int) -> fx.GraphModule:
     return fx.symbolic_trace(Three())
 
 
-RULES = [("rw-loss-decompose", loss_decompose), ("rw-rotate-half", rotate_half_pattern),
+# ---------------------------------------------------------------------------------------------
+# Attention written out (rw-attention): q @ k^T * scale, an optional causal mask, softmax, @ v.
+#: a finite mask fill at or below this is -inf for a softmax: exp(fill - row max) is exactly 0
+#: in fp32 for any row max above fill + 104 (a causal row always keeps its finite diagonal)
+MASK_FILL_MAX = -1e9
+
+
+def _through(gm: fx.GraphModule, n):
+    """Follow single-user casts (and identities) from n: (the first other node, casts passed)."""
+    casts = []
+    while isinstance(n, fx.Node):
+        op = classify(n, gm)
+        if not ((op.kind == "pointwise" and op.name == "cast") or op.kind == "identity") or len(n.users) > 1:
+            break
+        if op.kind == "pointwise":
+            casts.append(op.p["dtype"])
+        n = op.operands[0]
+    return n, casts
+
+
+def _transposed_last(n) -> fx.Node | None:
+    """x when n is x with its last two dims swapped (transpose(-2, -1), .mT, permute, .t())."""
+    if not isinstance(n, fx.Node) or n.op not in ("call_method", "call_function"):
+        return None
+    x = n.args[0] if n.args else None
+    shape = node_shape(x) if isinstance(x, fx.Node) else None
+    if shape is None or len(shape) < 2:
+        return None
+    nd = len(shape)
+    name = _op_name(n)
+    if name in ("transpose", "swapaxes", "swapdims") and len(n.args) == 3 and not n.kwargs:
+        return x if {n.args[1] % nd, n.args[2] % nd} == {nd - 2, nd - 1} else None
+    if name == "permute":
+        dims = list(n.args[1:]) if len(n.args) > 2 else list(n.args[1]) if len(n.args) == 2 else []
+        want = list(range(nd - 2)) + [nd - 1, nd - 2]
+        return x if [d % nd for d in dims if isinstance(d, int)] == want and len(dims) == nd else None
+    if name == "t" and nd == 2:
+        return x
+    if n.op == "call_function" and n.target is getattr and n.args[1] == "mT":
+        return x
+    return None
+
+
+#: tensor methods that make a new tensor from their receiver's dtype and device alone
+NEW_FACTORIES = ("new_ones", "new_zeros", "new_full", "new_empty", "new_tensor")
+#: torch functions that make a new tensor from their first argument's shape, dtype and device
+LIKE_FACTORIES = ("ones_like", "zeros_like", "full_like", "empty_like")
+
+
+def _constant_value(gm: fx.GraphModule, n: fx.Node, bump: int = 0):
+    """The value of n when it depends on no tensor's values, only on traced constants and on
+    shape or device queries of the graph's inputs: evaluated on the CPU with every input dim
+    grown by ``bump`` (inputs as meta tensors, their device read as the CPU's). None when n reads
+    a value it cannot know (an input's or a parameter's data, a buffer), or evaluating fails.
+    Returns (value, whether it read an input's shape)."""
+    import re
+
+    import torch
+
+    order, seen, todo = [], set(), [n]
+    while todo:
+        m = todo.pop()
+        if m in seen:
+            continue
+        seen.add(m)
+        order.append(m)
+        todo.extend(m.all_input_nodes)
+    pos = {m: i for i, m in enumerate(gm.graph.nodes)}
+    env, shaped = {}, False
+    try:
+        for m in sorted(order, key=pos.__getitem__):
+            if m.op == "placeholder":
+                sh = node_shape(m)
+                if sh is None:
+                    return None
+                env[m] = torch.empty([d + bump for d in sh], dtype=node_dtype(m), device="meta")
+                continue
+            if m.op == "get_attr":
+                if not re.fullmatch(r"_tensor_constant\d+", str(m.target)):
+                    return None  # a parameter or buffer: its values may change (load_state_dict)
+                env[m] = getattr(gm, m.target)
+                continue
+            args = fx.node.map_arg(m.args, env.__getitem__)
+            kwargs = fx.node.map_arg(m.kwargs, env.__getitem__)
+            if m.op == "call_function" and m.target is getattr and args[1] == "device":
+                env[m] = torch.device("cpu")
+                continue
+            if m.op == "call_function" and m.target is getattr and args[1] in ("shape", "ndim"):
+                shaped = True
+            if m.op == "call_method" and m.target in ("size", "dim"):
+                shaped = True
+            if m.op == "call_function" and getattr(m.target, "__name__", "") in LIKE_FACTORIES \
+                    and isinstance(args[0], torch.Tensor) and args[0].device.type == "meta":
+                # torch.ones_like(x) reads only x's shape, dtype and device
+                args = (torch.empty(args[0].shape, dtype=args[0].dtype),) + tuple(args[1:])
+                val = m.target(*args, **kwargs)
+            elif m.op == "call_function":
+                val = m.target(*args, **kwargs)
+            elif m.op == "call_method" and m.target in NEW_FACTORIES:
+                # x.new_ones(...) reads only x's dtype and device: made from a CPU stand-in
+                val = getattr(torch.empty(0, dtype=args[0].dtype), m.target)(*args[1:], **kwargs)
+            elif m.op == "call_method":
+                val = getattr(args[0], m.target)(*args[1:], **kwargs)
+            else:
+                return None
+            env[m] = val  # meta tensors only for shape queries: a value read stays meta
+    except Exception:  # noqa: BLE001 - a form the evaluation cannot run: not a known constant
+        return None
+    out = env[n]
+    if isinstance(out, torch.Tensor) and out.device.type == "meta":
+        return None  # it depends on an input's or a parameter's values
+    return out, shaped
+
+
+def _causal_2d(rows: int, cols: int):
+    """Keep-mask of torch's is_causal (top-left aligned): key j visible to query i when j <= i."""
+    import torch
+
+    return torch.ones(rows, cols, dtype=torch.bool).tril()
+
+
+def _is_causal_mask(val, kind: str) -> bool:
+    """Is val (broadcast over leading dims) the causal mask of its own last two dims, as the
+    ``kind`` of use reads it: 'drop' (True where masked: masked_fill), 'keep' (True where kept:
+    where), 'add' (0 where kept, -inf or <= MASK_FILL_MAX where masked: an additive mask)."""
+    import torch
+
+    if not isinstance(val, torch.Tensor) or val.dim() < 2 or val.numel() != val.shape[-2] * val.shape[-1]:
+        return False
+    m = val.reshape(val.shape[-2], val.shape[-1])
+    keep = _causal_2d(*m.shape)
+    if kind == "add":
+        if not m.is_floating_point():
+            return False
+        return bool((m[keep] == 0).all()) and bool((m[~keep] <= MASK_FILL_MAX).all())
+    if m.dtype != torch.bool:
+        if m.is_floating_point() or not bool(((m == 0) | (m == 1)).all()):
+            return False
+        m = m.bool()
+    return bool((m == (keep if kind == "keep" else ~keep)).all())
+
+
+def _mask_step(gm: fx.GraphModule, n: fx.Node):
+    """(scores, mask node, kind) when n masks scores: masked_fill(s, mask, fill), where(mask, s,
+    fill), where(mask, fill, s) or s + mask, with a fill at or below MASK_FILL_MAX; else None."""
+    import operator
+
+    import torch
+
+    name = _op_name(n)
+    args = list(n.args)
+    if name == "masked_fill" and len(args) + len(n.kwargs) == 3:
+        s, mask = args[0], args[1] if len(args) > 1 else n.kwargs.get("mask")
+        fill = args[2] if len(args) > 2 else n.kwargs.get("value")
+        if isinstance(fill, (int, float)) and fill <= MASK_FILL_MAX:
+            return s, mask, "drop"
+        return None
+    if n.op == "call_function" and n.target is torch.where and len(args) == 3 and not n.kwargs:
+        cond, a, b = args
+        if isinstance(b, (int, float)) and b <= MASK_FILL_MAX:
+            return a, cond, "keep"
+        if isinstance(a, (int, float)) and a <= MASK_FILL_MAX:
+            return b, cond, "drop"
+        return None
+    if n.op == "call_function" and n.target in (operator.add, torch.add) and len(args) == 2 and not n.kwargs:
+        a, b = args
+        for s, mask in ((a, b), (b, a)):
+            if isinstance(mask, fx.Node) and isinstance(s, fx.Node) and node_shape(s) is not None \
+                    and node_shape(mask) is not None and len(node_shape(mask)) <= len(node_shape(s)):
+                return s, mask, "add"
+    return None
+
+
+def _mask_is_causal(gm: fx.GraphModule, mask, kind: str, scores_shape) -> bool:
+    """The mask is causal at the traced size (and of the scores' size there) and, when it is
+    built from the inputs' shapes, also at another size (every input dim grown by one)."""
+    if not isinstance(mask, fx.Node):
+        return False
+    got = _constant_value(gm, mask)
+    if got is None:
+        return False
+    val, shaped = got
+    if tuple(val.shape[-2:]) != tuple(scores_shape[-2:]) or not _is_causal_mask(val, kind):
+        return False
+    if not shaped:
+        return True
+    again = _constant_value(gm, mask, bump=1)
+    return again is not None and _is_causal_mask(again[0], kind)
+
+
+def _number(gm: fx.GraphModule, v):
+    """A Python number v, or an fx value computed from constants and input shapes (math.sqrt of
+    a head dim): (value at the traced size, value at the grown size or None if it does not
+    depend on shapes); None for anything else."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return float(v), None
+    if not isinstance(v, fx.Node) or node_shape(v) is not None:
+        return None
+    got = _constant_value(gm, v)
+    if got is None or not isinstance(got[0], (int, float)) or isinstance(got[0], bool):
+        return None
+    if not got[1]:
+        return float(got[0]), None
+    again = _constant_value(gm, v, bump=1)
+    if again is None or not isinstance(again[0], (int, float)):
+        return None
+    return float(got[0]), float(again[0])
+
+
+def _scale_step(gm: fx.GraphModule, n, head_dim: int | None = None):
+    """(x, factor) when n is x * c, c * x or x / c for a number c; factor "head" when c is
+    1/sqrt(head dim) (a divide: sqrt(head dim)) computed from the inputs' shapes, as sdpa's
+    default scale is, at the traced and at the grown size; else None."""
+    import math
+
+    if not isinstance(n, fx.Node) or n.op not in ("call_function", "call_method"):
+        return None
+    op = classify(n, gm)
+    if op.kind not in ("pointwise", "library") or _op_name(n) not in ("mul", "truediv", "div") \
+            or len(n.args) != 2 or n.kwargs:
+        return None
+    a, b = n.args
+    pairs = [(a, b), (b, a)] if _op_name(n) == "mul" else [(a, b)]
+    for x, c in pairs:
+        if not _float(x):
+            continue
+        num = _number(gm, c)
+        if num is None or num[0] == 0:
+            return None
+        inv = _op_name(n) != "mul"
+        if num[1] is None:
+            return x, (1.0 / num[0] if inv else num[0])
+        if head_dim is None:
+            return None
+        want = [math.sqrt(d) if inv else 1.0 / math.sqrt(d) for d in (head_dim, head_dim + 1)]
+        if all(abs(g - w) <= 1e-9 * w for g, w in zip(num, want)):
+            return x, "head"
+        return None
+    return None
+
+
+def _plain_product(op) -> bool:
+    """Is op a matmul / bmm of two tensors (no bias)?"""
+    return (op is not None and op.kind == "matmul" and op.name in ("matmul", "bmm")
+            and op.operands[2] is None)
+
+
+def _qk_head_dim(gm: fx.GraphModule, s: fx.Node) -> int | None:
+    """The head dim of the q @ k^T below s (through scale steps), for a shape-derived scale."""
+    while isinstance(s, fx.Node):
+        op = classify(s, gm) if s.op in ("call_function", "call_method") else None
+        if op is not None and op.kind == "matmul" and node_shape(op.operands[0]):
+            return int(node_shape(op.operands[0])[-1])
+        if op is None or not s.args or not isinstance(s.args[0], fx.Node):
+            return None
+        s = s.args[0] if _float(s.args[0]) else (s.args[1] if len(s.args) > 1 else None)
+    return None
+
+
+def attention_pattern(gm: fx.GraphModule) -> bool:
+    """rw-attention: softmax(q @ k^T * scale [masked causally], -1) @ v, written out, is
+    scaled_dot_product_attention(q, k, v, is_causal=..., scale=scale): one flash kernel that
+    never writes the scores. The scale may be a multiply or a divide by a number (none: 1.0);
+    the softmax may run in fp32 between casts; the mask may be a masked_fill, a where or an
+    additive mask, and is only taken when it depends on no tensor values and equals torch's
+    top-left causal mask (evaluated at the traced size and, if built from the inputs' shapes,
+    at a second size). The kernel's scores are fp32 where eager rounds them to the operands'
+    dtype: the rewritten program is verified like any candidate."""
+    import torch
+    import torch.nn.functional as F
+
+    graph = gm.graph
+    changed = False
+    for n in _live(graph):
+        op = classify(n, gm) if n.op in ("call_function", "call_method") else None
+        if not _plain_product(op):
+            continue
+        p, v = op.operands[:2]
+        shape = node_shape(n)
+        if not _float(v) or shape is None or node_shape(v) is None or len(shape) not in (3, 4):
+            continue
+        sm, _casts = _through(gm, p)
+        sop = classify(sm, gm) if isinstance(sm, fx.Node) else None
+        if sop is None or sop.kind not in ("softmax", "library") or _op_name(sm) not in ("softmax",) \
+                or len(sm.users) != 1:
+            continue
+        x = sm.args[0]
+        dim = sm.args[1] if len(sm.args) > 1 else sm.kwargs.get("dim")
+        if not isinstance(x, fx.Node) or node_shape(x) is None or not isinstance(dim, int) \
+                or dim % len(node_shape(x)) != len(node_shape(x)) - 1 \
+                or set(sm.kwargs) - {"dim", "dtype", "_stacklevel"}:
+            continue
+        if sm.kwargs.get("dtype") not in (None, torch.float32):
+            continue
+        # scores -> [scale and one causal mask, in either order] -> casts -> softmax
+        s, _ = _through(gm, x)
+        causal, scale, head, ok = False, 1.0, 0, True
+        while ok and isinstance(s, fx.Node) and len(s.users) == 1:
+            up, _ = _through(gm, s)
+            if up is not s:  # casts between the steps (scores.float() / c)
+                s = up
+                continue
+            sc = _scale_step(gm, s, head_dim=_qk_head_dim(gm, s))
+            if sc is not None:
+                s, c = sc
+                if c == "head":
+                    head += 1
+                else:
+                    scale *= c
+                continue
+            step = _mask_step(gm, s) if not causal else None
+            if step is None:
+                break
+            inner, mask, kind = step
+            # the factors seen so far scale the masked scores: -inf times a negative is +inf
+            ok = (isinstance(inner, fx.Node) and scale > 0
+                  and _mask_is_causal(gm, mask, kind, node_shape(inner)))
+            s, causal = inner, True
+        if not ok or head > 1 or (head and scale != 1.0):
+            continue  # sdpa's default scale, or a number: not 1/sqrt(D) times another number
+        if not isinstance(s, fx.Node) or len(s.users) != 1:
+            continue
+        qk = classify(s, gm) if s.op in ("call_function", "call_method") else None
+        if not _plain_product(qk):
+            continue
+        q, kt = qk.operands[:2]
+        k = _transposed_last(kt)
+        if k is None or not all(_float(t) for t in (q, k)):
+            continue
+        sq, sk, sv = node_shape(q), node_shape(k), node_shape(v)
+        if (len({node_dtype(q), node_dtype(k), node_dtype(v), node_dtype(n)}) != 1
+                or not (len(sq) == len(sk) == len(sv) == len(shape)) or sq[:-2] != sk[:-2]
+                or sk[:-2] != sv[:-2] or sq[-1] != sk[-1] or sk[-2] != sv[-2]):
+            continue
+        with graph.inserting_before(n):
+            new = graph.call_function(F.scaled_dot_product_attention, (q, k, v),
+                                      {"is_causal": causal, "scale": None if head else float(scale)})
+        new.meta = dict(n.meta)
+        n.replace_all_uses_with(new)
+        dead = [n, p, kt]
+        graph.erase_node(n)
+        _erase_unused_above(dead[1:], stop=None)
+        changed = True
+    return changed
+
+
+# ---------------------------------------------------------------------------------------------
+# LM head + cross-entropy (rw-linear-cross-entropy)
+def _feeds_only(n: fx.Node, inside: set) -> bool:
+    """Do all of n's (transitive) uses end in nodes of ``inside``?"""
+    todo, seen = list(n.users), set()
+    while todo:
+        u = todo.pop()
+        if u in inside or u in seen:
+            continue
+        seen.add(u)
+        if u.op == "output" or not u.users:
+            return False
+        todo.extend(u.users)
+    return True
+
+
+def _chain_to_linear(gm: fx.GraphModule, n, consumer: fx.Node):
+    """Follow n (read by consumer) up through casts and reshapes (``logits.view(-1,
+    logits.shape[-1]).float()``), each used only by the next and by shape queries that feed the
+    chain: (the node reached or None, the chain's nodes)."""
+    chain = []
+    while isinstance(n, fx.Node) and n.op in ("call_function", "call_method"):
+        op = classify(n, gm)
+        if not ((op.kind == "pointwise" and op.name == "cast") or op.kind == "identity"
+                or (op.kind == "view" and op.name in ("view", "reshape", "flatten"))):
+            break
+        chain.append(n)
+        n = n.args[0]
+    inside = set(chain) | {consumer}
+    for m in chain + ([n] if isinstance(n, fx.Node) else []):
+        for u in m.users:
+            if u not in inside and not (_is_shape_query(u) and _feeds_only(u, inside)):
+                return None, chain
+    return n, chain
+
+
+def linear_cross_entropy_pattern(gm: fx.GraphModule) -> bool:
+    """rw-linear-cross-entropy: cross_entropy(linear(x, W, b).float(), t) (class indices, mean,
+    sum or none, an ignore_index; the logits maybe flattened from [B, S, V] and the targets from
+    [B, S]) is one LM-head-and-loss op (codegen.ops linear_cross_entropy) whose template reduces
+    each tile of logits where it is made: the [T, V] logits and their fp32 copy are never
+    written. The logits used anywhere else, fp32 logits of a 16-bit product kept 16-bit for the
+    loss (no upcast) or a weight / label smoothing keep the library calls."""
+    import torch
+
+    from codegen import losses as LS
+    from codegen import ops as O
+
+    graph = gm.graph
+    changed = False
+    for n in _live(graph):
+        call = LS.call_of(n, gm)
+        if call is None or call[0] != "cross_entropy":
+            continue
+        (logits, target), kw = call[1], LS.normalized(call[2])
+        if kw is None or set(kw) - {"reduction", "ignore_index"} or not isinstance(logits, fx.Node):
+            continue
+        if kw.get("reduction", "mean") not in ("mean", "sum", "none") or node_dtype(logits) != torch.float32:
+            continue
+        ls = node_shape(logits)
+        if len(logits.users) != 1:
+            continue
+        lin, _chain = _chain_to_linear(gm, logits, n)
+        lop = classify(lin, gm) if isinstance(lin, fx.Node) and lin.op == "call_function" else None
+        if lop is None or lop.kind != "matmul" or lop.name != "linear":
+            continue
+        x, w, b = lop.operands[:3]
+        xs, ws = node_shape(x), node_shape(w)
+        if (ls is None or len(ls) != 2 or xs is None or ws is None or len(ws) != 2
+                or ls != (_prod(xs[:-1]), ws[0]) or node_dtype(target) != torch.int64
+                or node_shape(target) != (ls[0],)):
+            continue
+        with graph.inserting_before(n):
+            xf = x if len(xs) == 2 else graph.call_method("reshape", (x, -1, xs[-1]))
+            new = graph.call_function(O.linear_cross_entropy, (xf, w, target, b),
+                                      {"ignore_index": int(kw.get("ignore_index", -100)),
+                                       "reduction": kw.get("reduction", "mean")})
+        new.meta = dict(n.meta)
+        n.replace_all_uses_with(new)
+        graph.erase_node(n)
+        _erase_unused_above([logits], stop=x)
+        changed = True
+    return changed
+
+
+def _prod(xs) -> int:
+    """The product of a shape's sizes."""
+    out = 1
+    for v in xs:
+        out *= int(v)
+    return out
+
+
+RULES = [("rw-attention", attention_pattern),
+         ("rw-linear-cross-entropy", linear_cross_entropy_pattern),
+         ("rw-loss-decompose", loss_decompose), ("rw-rotate-half", rotate_half_pattern),
+         ("rw-rotate-half", rotate_pairs_pattern),
          ("rw-conv-bias-epilogue", conv_bias_epilogue), ("rw-rms-norm", rms_norm_pattern),
          ("rw-linear-reduce", linear_reduce), ("rw-size1-reduction", size1_reductions),
          ("rw-nest-reduction", nest_uneven_reductions),
@@ -640,12 +1160,10 @@ def apply_all(gm: fx.GraphModule, inputs: list | None = None) -> list[str]:
 def _propagate(gm: fx.GraphModule, inputs: list | None) -> None:
     if inputs is None:
         return
-    import torch
-    from torch.fx.passes.shape_prop import ShapeProp
+    from harness.capture import propagate  # meta shapes; graph breaks, recurrent layers
 
     gm.recompile()
-    with torch.no_grad():
-        ShapeProp(gm).propagate(*inputs)
+    propagate(gm, inputs)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1161,10 +1679,325 @@ def drop_value_copies(gm: fx.GraphModule) -> bool:
     return changed
 
 
+# ---- the same math written differently: one form for the planner ---------------------------
+#: reductions whose keepdim form the canonical pass writes
+KEEPDIM_REDUCTIONS = ("sum", "mean", "amax", "amin", "prod", "logsumexp")
+
+
+def _reduced_dims(op, nd: int) -> list[int] | None:
+    return norm_dims(op.p.get("dim"), nd) if op.p.get("dim") is not None else None
+
+
+def _unsqueezed_at(n: fx.Node) -> int | None:
+    """The (non-negative) position where n inserts one size-1 dim into its operand:
+    x.unsqueeze(d), torch.unsqueeze(x, d), x[..., None] (index None at one position)."""
+    import operator
+
+    import torch
+
+    x = n.args[0] if n.args else None
+    xs = node_shape(x) if isinstance(x, fx.Node) else None
+    if xs is None:
+        return None
+    nd = len(xs) + 1
+    if (n.op == "call_method" and n.target == "unsqueeze") or (
+            n.op == "call_function" and n.target is torch.unsqueeze):
+        d = n.args[1] if len(n.args) > 1 else n.kwargs.get("dim")
+        return d % nd if isinstance(d, int) and -nd <= d < nd else None
+    if n.op == "call_function" and n.target is operator.getitem:
+        idx = n.args[1] if isinstance(n.args[1], tuple) else (n.args[1],)
+        if sum(i is None for i in idx) != 1 or not all(
+                i is None or i is Ellipsis or i == slice(None) for i in idx):
+            return None
+        pos = idx.index(None)
+        if Ellipsis in idx:
+            e = idx.index(Ellipsis)
+            if pos > e:  # counted from the end
+                return nd - (len(idx) - pos)
+        return pos
+    return None
+
+
+def keepdim_reductions(gm: fx.GraphModule) -> bool:
+    """``x.mean(d).unsqueeze(d)`` (or ``[..., None]`` at the reduced position) is
+    ``x.mean(d, keepdim=True)``: the same values, and the one form the broadcast-reduction and
+    RMS-norm patterns match."""
+    import torch
+
+    graph = gm.graph
+    changed = False
+    for n, op in _ops(gm, "reduction", KEEPDIM_REDUCTIONS):
+        x = op.operands[0]
+        shape = node_shape(x)
+        if not _float(x) or not shape or op.p.get("keepdim") or len(n.users) != 1 \
+                or set(op.p) - {"dim", "keepdim"}:
+            continue
+        dims = _reduced_dims(op, len(shape))
+        u = next(iter(n.users))
+        if dims is None or len(dims) != 1 or u.op not in ("call_function", "call_method") \
+                or _unsqueezed_at(u) != dims[0]:
+            continue
+        with graph.inserting_before(u):
+            new = graph.call_function(getattr(torch, op.name), (x,), {"dim": dims[0], "keepdim": True})
+        new.meta = dict(u.meta)
+        u.replace_all_uses_with(new)
+        graph.erase_node(u)
+        graph.erase_node(n)
+        changed = True
+    return changed
+
+
+def _size_query(n, x_shape, d: int) -> bool:
+    """Is n the size of dim d of a tensor of x's shape (t.shape[d], t.size(d), t.size()[d])?"""
+    import operator
+
+    if not isinstance(n, fx.Node):
+        return False
+    nd = len(x_shape)
+
+    def same(t):
+        return isinstance(t, fx.Node) and node_shape(t) == tuple(x_shape)
+
+    if n.op == "call_method" and n.target == "size" and len(n.args) == 2 and isinstance(n.args[1], int):
+        return same(n.args[0]) and n.args[1] % nd == d
+    if n.op == "call_function" and n.target is operator.getitem and isinstance(n.args[1], int):
+        src = n.args[0]
+        if isinstance(src, fx.Node) and ((src.op == "call_function" and src.target is getattr
+                                          and src.args[1] == "shape")
+                                         or (src.op == "call_method" and src.target == "size"
+                                             and len(src.args) == 1)):
+            return same(src.args[0]) and n.args[1] % nd == d
+    return False
+
+
+def mean_from_sum(gm: fx.GraphModule) -> bool:
+    """``x.sum(d) / n`` and ``x.sum(d) * (1 / n)``, n the number of elements summed (a number,
+    or ``x.shape[d]`` / ``x.size(d)`` of a tensor of x's shape), are ``x.mean(d)``: one
+    reduction for the planner (mean divides the fp32 sum by n as the written form does)."""
+    import torch
+
+    graph = gm.graph
+    changed = False
+    for n, op in _ops(gm, "reduction", ("sum",)):
+        x = op.operands[0]
+        shape = node_shape(x)
+        if not _float(x) or not shape or len(n.users) != 1 or set(op.p) - {"dim", "keepdim"}:
+            continue
+        dims = norm_dims(op.p.get("dim"), len(shape))
+        if dims is None:
+            continue
+        count = 1
+        for d in dims:
+            count *= shape[d]
+        u = next(iter(n.users))
+        if u.op not in ("call_function", "call_method") or len(u.args) != 2 or u.kwargs or u.args[0] is not n:
+            continue
+        name, c = _op_name(u), u.args[1]
+        if name in ("truediv", "div"):
+            ok = (isinstance(c, (int, float)) and not isinstance(c, bool) and c == count) or (
+                len(dims) == 1 and _size_query(c, shape, dims[0]))
+        elif name == "mul":
+            ok = isinstance(c, float) and count > 0 and abs(c * count - 1.0) <= 1e-12
+        else:
+            ok = False
+        if not ok:
+            continue
+        with graph.inserting_before(u):
+            new = graph.call_function(torch.mean, (x,), {"dim": dims if len(dims) > 1 else dims[0],
+                                                         "keepdim": bool(op.p.get("keepdim", False))})
+        new.meta = dict(u.meta)
+        u.replace_all_uses_with(new)
+        graph.erase_node(u)
+        _erase_unused_above([n], stop=x)
+        changed = True
+    return changed
+
+
+def rsqrt_forms(gm: fx.GraphModule) -> bool:
+    """``1 / sqrt(v)``, ``sqrt(v).reciprocal()``, ``v ** -0.5`` and ``torch.pow(v, -0.5)`` are
+    ``rsqrt(v)``: the form the RMS-norm pattern matches (the values differ by one rounding)."""
+    import torch
+
+    graph = gm.graph
+    changed = False
+    for n in _live(graph):
+        if n.op not in ("call_function", "call_method"):
+            continue
+        op = classify(n, gm)
+        if op.kind != "pointwise":
+            continue
+        v = None
+        if op.name == "div" and isinstance(op.operands[0], (int, float)) and op.operands[0] == 1 \
+                and isinstance(op.operands[1], fx.Node) and op.p.get("rounding_mode") is None:
+            inner = op.operands[1]
+            iop = classify(inner, gm)
+            if iop.kind == "pointwise" and iop.name == "sqrt" and len(inner.users) == 1:
+                v = iop.operands[0]
+        elif op.name == "reciprocal" and isinstance(op.operands[0], fx.Node):
+            inner = op.operands[0]
+            iop = classify(inner, gm)
+            if iop.kind == "pointwise" and iop.name == "sqrt" and len(inner.users) == 1:
+                v = iop.operands[0]
+        elif op.name == "pow" and isinstance(op.operands[1], (int, float)) and op.operands[1] == -0.5:
+            v, inner = op.operands[0], None
+        if not _float(v):
+            continue
+        with graph.inserting_before(n):
+            new = graph.call_function(torch.rsqrt, (v,))
+        new.meta = dict(n.meta)
+        n.replace_all_uses_with(new)
+        graph.erase_node(n)
+        if inner is not None and not inner.users:
+            graph.erase_node(inner)
+        changed = True
+    return changed
+
+
+#: elementwise ops whose result is fp32 for an fp32 operand and an upcast 16-bit one
+UPCAST_NEUTRAL = ("add", "sub", "mul", "div", "maximum", "minimum")
+
+
+def redundant_upcasts(gm: fx.GraphModule) -> bool:
+    """``h * w.float()`` with h an fp32 tensor and w a 16-bit one is ``h * w``: type promotion
+    upcasts w exactly (both have dims, so the fp32 operand decides the result type), so the cast
+    is no op of its own. Written that way (RMSNorm multiplying its weight in fp32 before the
+    downcast) the cast of the weight was a kernel of its own that cut the norm's epilogue off."""
+    import torch
+
+    graph = gm.graph
+    changed = False
+    for n in _live(graph):
+        if n.op not in ("call_function", "call_method"):
+            continue
+        op = classify(n, gm)
+        x = op.operands[0] if op.operands else None
+        if (op.kind != "pointwise" or op.name != "cast" or op.p.get("dtype") != torch.float32
+                or not _float(x) or node_dtype(x) not in (torch.float16, torch.bfloat16)
+                or not node_shape(x) or not n.users):
+            continue
+        ok = True
+        for u in n.users:
+            uop = classify(u, gm) if u.op in ("call_function", "call_method") else None
+            others = [o for o in (uop.operands if uop else []) if o is not n]
+            if (uop is None or uop.kind != "pointwise" or uop.name not in UPCAST_NEUTRAL
+                    or len(uop.operands) != 2 or len(others) != 1 or uop.p.get("alpha", 1) != 1
+                    or uop.p.get("rounding_mode") is not None
+                    or not (isinstance(others[0], fx.Node) and node_dtype(others[0]) == torch.float32
+                            and node_shape(others[0]))
+                    or node_dtype(u) != torch.float32):
+                ok = False
+                break
+        if not ok:
+            continue
+        n.replace_all_uses_with(x)
+        graph.erase_node(n)
+        changed = True
+    return changed
+
+
+def _getitem_unsqueeze2(n: fx.Node) -> fx.Node | None:
+    """x when n is x with a size-1 dim inserted at position 2: x.unsqueeze(2), torch.unsqueeze(x,
+    2) or x[:, :, None] (any trailing full slices or an Ellipsis)."""
+    import operator
+
+    import torch
+
+    if not isinstance(n, fx.Node):
+        return None
+    x = n.args[0] if n.args else None
+    xs, ns = (node_shape(x) if isinstance(x, fx.Node) else None), node_shape(n)
+    if xs is None or ns is None or len(ns) != len(xs) + 1 or ns[2] != 1 or ns[:2] + ns[3:] != xs:
+        return None
+    if (n.op == "call_method" and n.target == "unsqueeze") or (
+            n.op == "call_function" and n.target is torch.unsqueeze):
+        d = n.args[1] if len(n.args) > 1 else n.kwargs.get("dim")
+        return x if isinstance(d, int) and d % (len(xs) + 1) == 2 else None
+    if n.op == "call_function" and n.target is operator.getitem and isinstance(n.args[1], tuple):
+        idx = n.args[1]
+        full = slice(None, None, None)
+        if len(idx) >= 3 and idx[0] == full and idx[1] == full and idx[2] is None and all(
+                i == full or i is Ellipsis for i in idx[3:]):
+            return x
+    return None
+
+
+def _repeated_heads(gm: fx.GraphModule, n) -> tuple[fx.Node, int] | None:
+    """(x, g) when n repeats each head of x (B, H_kv, S, D) g times in place (head h of n is head
+    h // g of x), as grouped-query attention reads it: x.repeat_interleave(g, dim=1) or
+    x[:, :, None].expand(B, H_kv, g, S, D).reshape(B, H_kv * g, S, D) (Hugging Face's
+    repeat_kv); None otherwise (x.repeat(1, g, 1, 1) tiles the heads: another mapping)."""
+    import torch
+
+    if not isinstance(n, fx.Node) or n.op not in ("call_function", "call_method"):
+        return None
+    ns = node_shape(n)
+    if ns is None or len(ns) != 4:
+        return None
+    name = _op_name(n)
+    if name == "repeat_interleave":
+        x = n.args[0] if n.args else n.kwargs.get("input")
+        names = ("repeats", "dim", "output_size")
+        b = dict(zip(names, n.args[1:]))
+        b.update({k: v for k, v in n.kwargs.items() if k in names})
+        xs = node_shape(x) if isinstance(x, fx.Node) else None
+        g, dim = _static_int(b.get("repeats")), b.get("dim")
+        if (xs is None or len(xs) != 4 or g is None or g < 1
+                or not isinstance(dim, int) or dim % 4 != 1 or set(n.kwargs) - set(names) - {"input"}):
+            return None
+        return (x, g) if tuple(ns) == (xs[0], xs[1] * g, xs[2], xs[3]) else None
+    if name in ("reshape", "view") or (n.op == "call_function" and n.target is torch.reshape):
+        e = n.args[0] if n.args else None
+        if not isinstance(e, fx.Node) or _op_name(e) != "expand" or len(e.users) != 1:
+            return None
+        es = node_shape(e)
+        u = e.args[0] if e.args else None
+        x = _getitem_unsqueeze2(u) if isinstance(u, fx.Node) and len(u.users) == 1 else None
+        xs = node_shape(x) if x is not None else None
+        if xs is None or es is None or len(xs) != 4 or len(es) != 5:
+            return None
+        g = es[2]
+        if (es[:2], es[3:]) != (tuple(xs[:2]), tuple(xs[2:])) \
+                or tuple(ns) != (xs[0], xs[1] * g, xs[2], xs[3]):
+            return None
+        return x, int(g)
+    return None
+
+
+def gqa_repeats(gm: fx.GraphModule) -> bool:
+    """scaled_dot_product_attention(q, R(k), R(v)) with R repeating each key/value head g times
+    in place (repeat_interleave along the heads, or expand + reshape as Hugging Face's repeat_kv)
+    is scaled_dot_product_attention(q, k, v, enable_gqa=True): the same values, and the kernel
+    reads the shared head through its index instead of a copy of the cache per query head."""
+    import torch.nn.functional as F
+
+    graph = gm.graph
+    changed = False
+    for n in _live(graph):
+        if not (n.op == "call_function" and n.target is F.scaled_dot_product_attention):
+            continue
+        names = ["query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa"]
+        b = dict(zip(names, n.args))
+        b.update(n.kwargs)
+        rk, rv = _repeated_heads(gm, b.get("key")), _repeated_heads(gm, b.get("value"))
+        qs = node_shape(b["query"]) if isinstance(b.get("query"), fx.Node) else None
+        if rk is None or rv is None or rk[1] != rv[1] or qs is None or len(qs) != 4:
+            continue
+        if qs[1] != node_shape(rk[0])[1] * rk[1]:
+            continue
+        old_k, old_v = b["key"], b["value"]
+        b["key"], b["value"], b["enable_gqa"] = rk[0], rv[0], True
+        n.args = (b.pop("query"), b.pop("key"), b.pop("value"))
+        n.kwargs = b
+        _erase_unused_above([old_k, old_v], stop=None)
+        changed = True
+    return changed
+
+
 CANONICAL = [modules_to_functionals, flipped_scans, exclusive_scans, batchnorm_decompose,
              vector_norms, fold_dtype_queries, device_queries_from_inputs, scalar_constants,
              shape_queries_from_sources,
-             drop_value_copies]
+             drop_value_copies, mean_from_sum, keepdim_reductions, rsqrt_forms, redundant_upcasts,
+             gqa_repeats]
 
 
 def canonicalize(gm: fx.GraphModule, inputs: list | None = None) -> None:
@@ -1174,9 +2007,7 @@ def canonicalize(gm: fx.GraphModule, inputs: list | None = None) -> None:
         changed |= bool(fn(gm))
     gm.graph.lint()
     if changed and inputs is not None:
-        import torch
-        from torch.fx.passes.shape_prop import ShapeProp
+        from harness.capture import propagate  # meta shapes; graph breaks, recurrent layers
 
         gm.recompile()
-        with torch.no_grad():
-            ShapeProp(gm).propagate(*inputs)
+        propagate(gm, inputs)

@@ -1,19 +1,85 @@
-"""Capture a problem's ``Model`` as an fx op graph with shapes and dtypes (meta tensors).
+"""Capture a problem's ``Model`` as one fx op graph with shapes and dtypes (meta tensors).
 
-torch.fx symbolic tracing with shape propagation on meta tensors: no data is allocated, so a
-KernelBench-size problem captures in well under a second on a CPU. Modules fx cannot trace
-(data-dependent control flow) are reported with the reason, and the planner falls back to the
-reference for them.
+Two tracers, tried in order (docs/capture.md says why these and not torch.export or dynamo):
+
+1. ``fx.symbolic_trace``: the whole forward as one graph, shapes symbolic. Most problems of
+   KernelBench levels 1-3 capture this way in well under a second.
+2. When that fails, a tracer that survives whole models (``method="fx-breaks"``):
+   - tensors kept as plain attributes of a module (RoPE tables, a recurrent net's hidden state)
+     are registered as non-persistent buffers first, and every buffer is traced as a graph value,
+     so slicing one to a traced length (``self.bias[:, :, :T, :T]``) is a graph op;
+   - a statement fx cannot trace (control flow on a traced value, a traced value iterated or used
+     as a Python int, a tensor constant too large to embed) is a **graph break**: the statement
+     moves into a function of its own that the graph calls as one opaque node and that runs as
+     plain PyTorch (its source is written into the generated file). The statement is found from
+     the traceback of the failed trace, in the innermost module ``forward`` being traced; one that
+     cannot move (it returns, breaks or continues out of a block) takes its enclosing block, or
+     the rest of the function. Tracing is retried until it succeeds (at most MAX_BREAKS breaks).
+   The graph breaks cut the graph into **regions** (the nodes between two breaks); fusion keeps
+   every kernel inside one region (codegen.fusion), so nothing moves across a statement that may
+   have effects.
+
+Shapes are propagated on meta tensors; a graph break whose statement needs real values (a branch
+on data) runs once on random CPU tensors of the same shapes to learn its outputs' shapes, when its
+inputs and its module are small enough (REAL_RUN_MAX_ELEMENTS).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import ast
+import builtins
+import copy
+import inspect
+import textwrap
+import time
+import types
+from dataclasses import dataclass, field
 
 import torch
 from torch import fx
-from torch.fx.passes.shape_prop import ShapeProp
+from torch.fx.node import has_side_effect, map_aggregate
+from torch.fx.passes.shape_prop import _extract_tensor_metadata
 
-from harness.problem import LoadedProblem, meta_inputs, meta_model
+from harness.metarun import FastMeta
+from harness.problem import LoadedProblem, meta_inputs, meta_model, one_line
+
+#: graph breaks one capture may insert before it gives up
+MAX_BREAKS = 48
+#: a graph break whose statement does not run on meta tensors runs on random CPU tensors when
+#: its tensor inputs and its module hold at most this many elements together
+REAL_RUN_MAX_ELEMENTS = 1 << 25
+#: tensor constants up to this many elements are embedded in the generated file
+#: (codegen.emit.MAX_EMBEDDED_CONSTANT); a statement that creates a larger one is a graph break
+MAX_CONSTANT = 4096
+#: the get_attr target that stands for the traced root module itself (a graph break in the
+#: root's forward receives the module as its ``self``)
+ROOT_REF = "_egg_self"
+
+
+class RootRef:
+    """The value of the stand-in attribute ROOT_REF (propagation reads the module itself)."""
+
+    def __repr__(self) -> str:
+        return "RootRef()"
+
+
+ROOT_VALUE = RootRef()
+#: the module name of every function a capture creates (codegen.emit defines them in the file)
+GENERATED_MODULE = "egg_breaks"
+
+
+@dataclass
+class Break:
+    """One graph break: the statement that runs as PyTorch, where and why."""
+
+    name: str  # the function the statement became, e.g. _egg_break_0
+    where: str  # the function it came from, e.g. CausalSelfAttention.forward
+    line: int  # its first line in that function's file
+    stmt: str  # its first line of code
+    reason: str  # why fx could not trace it
+    module: str = ""  # the module (path) whose forward holds it; "" for the root
+
+    def describe(self) -> str:
+        return f"{self.where} line {self.line} ({self.stmt.strip()[:60]}): {self.reason[:120]}"
 
 
 @dataclass
@@ -21,25 +87,788 @@ class Captured:
     gm: fx.GraphModule | None
     inputs: list
     error: str | None = None
+    #: how the graph was captured: fx (one graph, symbolic) | fx-breaks (buffers traced,
+    #: graph breaks) | none
+    method: str = "fx"
+    breaks: list[Break] = field(default_factory=list)
+    #: source of the function of every graph break, as the generated file defines it
+    break_sources: dict[str, str] = field(default_factory=dict)
+    #: plain tensor attributes registered as non-persistent buffers ("attn.cos_cached")
+    attr_buffers: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    #: the (meta) module the graph was traced from: which buffers are persistent
+    root: torch.nn.Module | None = None
+
+    @property
+    def regions(self) -> int:
+        """Graph regions: the segments between graph breaks (0 when nothing was captured)."""
+        return 0 if self.gm is None else 1 + len(self.breaks)
 
 
 def capture(prob: LoadedProblem, inputs: list | None = None, training: bool = True) -> Captured:
-    """``inputs``: meta inputs to trace with (default: the problem's own); ``training``: the
-    mode the model is traced in (fx bakes ``self.training`` into the graph): True traces it as
-    built (submodules a constructor froze in eval() stay so) unless it was built in eval(),
-    False traces it in eval()."""
+    """The problem's op graph on meta tensors. ``inputs``: meta inputs to trace with (default:
+    the problem's own); ``training``: the mode the model is traced in (fx bakes
+    ``self.training`` into the graph): True traces it as built (submodules a constructor froze
+    in eval() stay so) unless it was built in eval(), False traces it in eval()."""
     init = prob.init_inputs()
     inputs = meta_inputs(prob) if inputs is None else inputs
-    model = meta_model(prob, init)
-    if not training or not model.training:
-        model.train(training)
+
+    def make():
+        m = meta_model(prob, init)
+        if not training or not m.training:
+            m.train(training)
+        return m
+
+    return capture_model(make, inputs)
+
+
+def capture_model(make, inputs: list) -> Captured:
+    """Capture the module ``make()`` builds (called again for a fresh copy when the first trace
+    fails: a failed trace may leave traced values in its attributes) on ``inputs`` (meta or
+    real tensors)."""
+    t0 = time.time()
+    model = make()
+    first = None
+    concrete = unsupplied_defaults(model, inputs)
     try:
-        gm = fx.symbolic_trace(model)
+        gm = fx.symbolic_trace(model, concrete_args=concrete or None)
+        assigned = _proxy_attrs(model)
+        if assigned:  # fx would drop the update of module state the forward makes
+            first = f"forward assigns {', '.join(assigned[:3])}: a trace would drop the update"
+        baked = _state_constants(gm)
+        if baked and first is None:  # fx computed them from a buffer at trace time
+            first = (f"forward computes {baked[0]} from module state at trace time (a "
+                     "load_state_dict would not reach it): buffers are traced as graph values")
     except Exception as e:  # noqa: BLE001
-        return Captured(None, inputs, f"fx could not trace Model: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+        first = f"fx could not trace Model: {one_line(e)}"
+    if first is None:
+        try:
+            propagate(gm, inputs)
+        except Exception as e:  # noqa: BLE001
+            return Captured(None, inputs, f"shape propagation failed: {one_line(e)}", "none",
+                            seconds=time.time() - t0)
+        return Captured(gm, inputs, seconds=time.time() - t0, root=model)
+    cap = capture_with_breaks(make(), inputs, concrete)
+    cap.seconds = time.time() - t0
+    if cap.gm is None:
+        cap.error = f"{first}; with graph breaks: {cap.error}"
+    return cap
+
+
+def _state_constants(gm: fx.GraphModule) -> list[str]:
+    """Tensor constants of a plain fx trace on the meta model: fx reads a buffer as a tensor, so
+    ``self.mask == 0`` becomes a meta ``_tensor_constantN`` computed at trace time (a literal
+    ``torch.tensor(v)`` of forward is a real tensor and stays a constant)."""
+    out = []
+    for n in gm.graph.nodes:
+        if n.op == "get_attr" and str(n.target).startswith("_tensor_constant"):
+            t = getattr(gm, str(n.target), None)
+            if isinstance(t, torch.Tensor) and t.device.type == "meta":
+                out.append(str(n.target))
+    return out
+
+
+def unsupplied_defaults(model: torch.nn.Module, inputs: list) -> dict:
+    """forward's parameters that the problem's inputs leave out, at their defaults (traced as
+    constants: ``forward(self, x, h0=None)`` called with x alone takes its ``h0 is None`` way)."""
     try:
-        with torch.no_grad():
-            ShapeProp(gm).propagate(*inputs)
-    except Exception as e:  # noqa: BLE001
-        return Captured(None, inputs, f"shape propagation failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
-    return Captured(gm, inputs)
+        params = list(inspect.signature(type(model).forward).parameters.values())[1:]
+    except (TypeError, ValueError):
+        return {}
+    out = {}
+    for p in params[len(inputs):]:
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            continue
+        if p.default is inspect.Parameter.empty:
+            return {}
+        out[p.name] = p.default
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# shape propagation (meta tensors; graph breaks fall back to a real run)
+
+
+def propagate(gm: fx.GraphModule, inputs: list) -> None:
+    """Record ``tensor_meta`` (shape, dtype, ...) on every node, as fx's ShapeProp does."""
+    with torch.no_grad(), FastMeta():
+        _Prop(gm).run(*inputs)
+
+
+class _Prop(fx.Interpreter):
+    #: hooks (harness.roofline.node_costs): before(node), after(node, args, result)
+    before = after = None
+
+    def run_node(self, n: fx.Node):
+        if self.before is not None:
+            self.before(n)
+        self._node = n
+        result = super().run_node(n)
+        if self.after is not None:
+            args, kwargs = self.fetch_args_kwargs_from_env(n)
+            self.after(n, (args, kwargs), result)
+        found = []
+
+        def meta(obj):
+            if isinstance(obj, torch.Tensor):
+                found.append(obj)
+                return _extract_tensor_metadata(obj)
+            return obj
+
+        m = map_aggregate(result, meta)
+        if found:
+            n.meta["tensor_meta"] = m
+        elif _plain(result):  # a size, dtype or device: codegen.constants keys tables on them
+            n.meta["value"] = result
+        n.meta["type"] = type(result)
+        return result
+
+    def current_meta(self):
+        """An empty meta tensor of the node being run's recorded shape and dtype, if any."""
+        tm = getattr(self, "_node", None) is not None and self._node.meta.get("tensor_meta")
+        if not tm or not hasattr(tm, "shape"):
+            return None
+        return torch.empty(tuple(tm.shape), dtype=tm.dtype, device="meta")
+
+    def get_attr(self, target, args, kwargs):
+        if target == ROOT_REF:
+            return getattr(self.module, "_egg_root", self.module)
+        return super().get_attr(target, args, kwargs)
+
+    def call_function(self, target, args, kwargs):
+        if getattr(target, "__module__", None) == "egg_generated":  # a table (codegen.constants)
+            tm = self.current_meta()
+            if tm is not None:
+                return tm
+        if getattr(target, "__module__", None) != GENERATED_MODULE:
+            return super().call_function(target, args, kwargs)
+        args, kwargs = _mutable(args), _mutable(kwargs)  # a break may append to a list it gets
+        try:
+            return target(*args, **kwargs)
+        except Exception as meta_error:  # noqa: BLE001 - e.g. a branch on a meta tensor's value
+            return _run_real(target, args, kwargs, meta_error)
+
+
+def propagation_interpreter(gm: fx.GraphModule, before=None, after=None) -> fx.Interpreter:
+    """The interpreter ``propagate`` runs (graph breaks, the root module reference, tables
+    standing in by their recorded shapes), with hooks around every node."""
+    p = _Prop(gm)
+    p.before, p.after = before, after
+    return p
+
+
+def _plain(v) -> bool:
+    if isinstance(v, (bool, int, float, torch.dtype, torch.device)):
+        return True
+    return isinstance(v, (tuple, list, torch.Size)) and all(_plain(x) for x in v)
+
+
+def _mutable(obj):
+    """fx's immutable lists and dicts in a node's arguments as plain (mutable) ones."""
+    if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
+        return tuple(_mutable(o) for o in obj)
+    if isinstance(obj, list):
+        return [_mutable(o) for o in obj]
+    if isinstance(obj, dict):
+        return {k: _mutable(v) for k, v in obj.items()}
+    return obj
+
+
+def _elements(obj) -> int:
+    n = 0
+    for x in _flat(obj):
+        if isinstance(x, torch.Tensor):
+            n += x.numel()
+        elif isinstance(x, torch.nn.Module):
+            n += sum(t.numel() for t in list(x.parameters()) + list(x.buffers()))
+    return n
+
+
+def _flat(obj):
+    if isinstance(obj, (list, tuple)):
+        for o in obj:
+            yield from _flat(o)
+    elif isinstance(obj, dict):
+        for o in obj.values():
+            yield from _flat(o)
+    else:
+        yield obj
+
+
+def _random_like(t: torch.Tensor) -> torch.Tensor:
+    g = torch.Generator().manual_seed(0)
+    if t.dtype.is_floating_point or t.dtype.is_complex:
+        return torch.randn(t.shape, dtype=t.dtype, generator=g)
+    if t.dtype == torch.bool:
+        return torch.rand(t.shape, generator=g) > 0.5
+    return torch.zeros(t.shape, dtype=t.dtype)
+
+
+def _real_module(m: torch.nn.Module) -> torch.nn.Module:
+    r = copy.deepcopy(m).to_empty(device="cpu")
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for t in list(r.parameters()) + list(r.buffers()):
+            if t.dtype.is_floating_point:
+                t.copy_(torch.randn(t.shape, dtype=t.dtype, generator=g) * 0.1)
+            else:
+                t.zero_()
+    return r
+
+
+def _run_real(fn, args, kwargs, meta_error):
+    """Run a graph break's function on random CPU values of the meta arguments' shapes, to learn
+    its outputs' shapes (a branch on data takes either way with the same shapes)."""
+    size = _elements(args) + _elements(kwargs)
+    if size > REAL_RUN_MAX_ELEMENTS:
+        raise RuntimeError(f"{fn.__name__} does not run on meta tensors ({one_line(meta_error)}) "
+                           f"and is too large ({size} elements) to run on the CPU") from meta_error
+    cache: dict[int, object] = {}
+
+    def real(x):
+        if id(x) in cache:  # (x, its real value): x is held so its id is not reused
+            return cache[id(x)][1]
+        if isinstance(x, torch.Tensor) and x.device.type == "meta":
+            r = _random_like(x)
+        elif isinstance(x, torch.nn.Module):
+            r = _real_module(x)
+        elif isinstance(x, (list, tuple)):
+            r = type(x)(real(o) for o in x) if not hasattr(x, "_fields") else type(x)(*(real(o) for o in x))
+        elif isinstance(x, dict):
+            r = {k: real(v) for k, v in x.items()}
+        else:
+            r = x
+        cache[id(x)] = (x, r)
+        return r
+
+    out = fn(*real(list(args)), **real(dict(kwargs)))
+    return map_aggregate(out, lambda o: o.to("meta") if isinstance(o, torch.Tensor) else o)
+
+
+# ------------------------------------------------------------------------------------------------
+# the tracer with graph breaks
+
+
+class CaptureFailed(Exception):
+    """Raised inside a trace when a value must not enter the graph (a large tensor constant)."""
+
+
+def tensor_attrs_to_buffers(model: torch.nn.Module) -> list[str]:
+    """Register every plain tensor attribute of every module as a non-persistent buffer (state
+    dict keys unchanged; ``.to()`` moves it). Returns their qualified names."""
+    out = []
+    for path, m in model.named_modules():
+        for k, v in list(vars(m).items()):
+            if isinstance(v, torch.Tensor) and not isinstance(v, torch.nn.Parameter) \
+                    and not k.startswith("__"):
+                delattr(m, k)
+                m.register_buffer(k, v, persistent=False)
+                out.append(f"{path}.{k}" if path else k)
+    return out
+
+
+def _has_proxy(value) -> bool:
+    return any(isinstance(v, fx.Proxy) for v in _flat(value))
+
+
+def _proxy_attrs(model: torch.nn.Module) -> list[str]:
+    """Module attributes (plain or buffers) that hold a traced value after a trace: the forward
+    assigned them (``self.hidden = ...``)."""
+    out = []
+    for path, m in model.named_modules():
+        for k, v in list(vars(m).items()) + list(m._buffers.items()):
+            if _has_proxy(v):
+                out.append(f"{path}.{k}" if path else k)
+    return out
+
+
+class _Assigns:
+    """While a trace runs: a forward that assigns a traced value to a module attribute raises
+    (the statement becomes a graph break that runs as PyTorch and updates the module)."""
+
+    def __enter__(self):
+        self.orig = orig = torch.nn.Module.__setattr__
+
+        def guarded(mod, name, value):
+            if _has_proxy(value):
+                raise CaptureFailed(f"forward assigns {type(mod).__name__}.{name} (module state)")
+            orig(mod, name, value)
+
+        torch.nn.Module.__setattr__ = guarded
+        return self
+
+    def __exit__(self, *exc):
+        torch.nn.Module.__setattr__ = self.orig
+        return False
+
+
+class _BreakTracer(fx.Tracer):
+    proxy_buffer_attributes = True
+
+    def __init__(self, rewrites: dict, owner: dict):
+        super().__init__()
+        self.rewrites = rewrites  # original function -> _Rewritable
+        self.owner = owner  # original function's code -> (qualname, module path)
+        self.breaks_made = 0  # graph-break nodes created so far in this trace
+        self._buffer_proxies: dict[int, dict] = {}
+
+    def getattr(self, attr, attr_val, parameter_proxy_cache):
+        """A buffer read after a graph break is a new graph read (the break may have replaced
+        it: ``self.h = ...``); fx would reuse the read from before."""
+        if isinstance(attr_val, torch.Tensor) and not isinstance(attr_val, torch.nn.Parameter):
+            return super().getattr(attr, attr_val, self._buffer_proxies.setdefault(self.breaks_made, {}))
+        return super().getattr(attr, attr_val, parameter_proxy_cache)
+
+    def call_module(self, m, forward, args, kwargs):
+        fn = _unwrapped_forward(m)
+        rw = self.rewrites.get(fn)
+        if rw is not None and rw.breaks and not self.is_leaf_module(m, self.path_of_module(m)):
+            built = rw.build(self)
+            forward = types.MethodType(built, m)
+        return super().call_module(m, forward, args, kwargs)
+
+    def create_arg(self, a):
+        if isinstance(a, torch.nn.Module) and a is self.root:
+            return self.create_node("get_attr", ROOT_REF, (), {})
+        if isinstance(a, torch.Tensor) and not isinstance(a, torch.nn.Parameter) \
+                and a.numel() > MAX_CONSTANT and not any(a is b for b in self.root.buffers()):
+            raise CaptureFailed(f"forward creates a tensor constant of {a.numel()} elements")
+        return super().create_arg(a)
+
+
+def _unwrapped_forward(m: torch.nn.Module):
+    return inspect.unwrap(type(m).forward)
+
+
+def _qualname(fn) -> str:
+    return getattr(fn, "__qualname__", getattr(fn, "__name__", "forward"))
+
+
+def capture_with_breaks(model: torch.nn.Module, inputs: list, concrete: dict | None = None) -> Captured:
+    """Trace ``model`` (on meta tensors) with buffers as graph values and graph breaks."""
+    attrs = tensor_attrs_to_buffers(model)
+    rewrites: dict = {}
+    owner: dict = {}
+    for path, m in model.named_modules():
+        fn = _unwrapped_forward(m)
+        if not isinstance(fn, types.FunctionType) or fn.__module__.startswith("torch."):
+            continue
+        owner.setdefault(fn.__code__, (fn, path))
+    breaks: list[Break] = []
+    sources: dict[str, str] = {}
+    counter = [0]
+    last = ""
+    for _attempt in range(MAX_BREAKS + 1):
+        tracer = _BreakTracer(rewrites, owner)
+        root_fn = _unwrapped_forward(model)
+        rw = rewrites.get(root_fn)
+        try:
+            if rw is not None and rw.breaks:
+                built = rw.build(tracer)
+                shim = type(type(model).__name__, (type(model),), {"_egg_traced_forward": built})
+                orig_cls = model.__class__
+                model.__class__ = shim
+                tracer.traced_func_name = "_egg_traced_forward"
+                try:
+                    with _Assigns():
+                        graph = tracer.trace(model, concrete_args=concrete or None)
+                finally:
+                    model.__class__ = orig_cls
+            else:
+                with _Assigns():
+                    graph = tracer.trace(model, concrete_args=concrete or None)
+            object.__setattr__(model, ROOT_REF, ROOT_VALUE)  # the stand-in get_attr target
+            gm = fx.GraphModule(model, graph, type(model).__name__)
+            object.__setattr__(gm, "_egg_root", model)
+            propagate(gm, inputs)
+        except Exception as e:  # noqa: BLE001 - a statement to break at, or the end of the road
+            reason = one_line(e)
+            site = _break_site(e, owner)
+            if site is None:
+                return Captured(None, inputs, f"no statement to break at: {reason}", "none",
+                                breaks, sources, attrs)
+            fn, path, lineno = site
+            rw = rewrites.get(fn)
+            if rw is None:
+                try:
+                    rw = rewrites[fn] = _Rewritable(fn)
+                except (OSError, TypeError, SyntaxError) as err:
+                    return Captured(None, inputs, f"{reason} in {_qualname(fn)}, whose source "
+                                    f"cannot be read ({one_line(err)})", "none", breaks, sources, attrs)
+            key = (fn, lineno)
+            if key == last:
+                return Captured(None, inputs, f"{reason} (again after a graph break at "
+                                f"{_qualname(fn)} line {lineno})", "none", breaks, sources, attrs)
+            last = key
+            try:
+                b = rw.add_break(lineno, f"_egg_break_{counter[0]}", reason, path)
+            except _NoBreak as err:
+                return Captured(None, inputs, f"{reason}; {err}", "none", breaks, sources, attrs)
+            counter[0] += 1
+            breaks.append(b)
+            continue
+        for rw in rewrites.values():
+            sources.update(rw.sources())
+        used = {n.target.__name__ for n in gm.graph.nodes
+                if n.op == "call_function" and getattr(n.target, "__module__", None) == GENERATED_MODULE}
+        kept = [b for b in breaks if b.name in used]
+        return Captured(gm, inputs, None, "fx-breaks", kept,
+                        {k: v for k, v in sources.items() if k in used}, attrs, root=model)
+    return Captured(None, inputs, f"more than {MAX_BREAKS} graph breaks", "none", breaks, sources, attrs)
+
+
+def _break_site(e: BaseException, owner: dict):
+    """(original function, module path, line) of the innermost frame of a traced forward in the
+    traceback of a failed trace; None when no such frame is there."""
+    site = None
+    tb = e.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        hit = owner.get(code) or _Rewritable.built_codes.get(code)
+        if hit is not None:
+            fn, path = hit
+            site = (fn, path, tb.tb_lineno)
+        tb = tb.tb_next
+    return site
+
+
+# ------------------------------------------------------------------------------------------------
+# rewriting a forward's source: statements that become graph breaks
+
+
+class _NoBreak(Exception):
+    pass
+
+
+_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef, ast.ListComp,
+           ast.SetComp, ast.DictComp, ast.GeneratorExp)
+_JUMPS = (ast.Return, ast.Break, ast.Continue, ast.Yield, ast.YieldFrom, ast.Await, ast.Global,
+          ast.Nonlocal)
+
+
+def _walk_scope(node):
+    """Nodes of ``node`` without descending into nested scopes."""
+    todo = list(ast.iter_child_nodes(node))
+    while todo:
+        n = todo.pop()
+        yield n
+        if not isinstance(n, _SCOPES):
+            todo.extend(ast.iter_child_nodes(n))
+
+
+def _stores(node) -> set[str]:
+    out = set()
+    nodes = [node] + list(_walk_scope(node))
+    for n in nodes:
+        if isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del)):
+            out.add(n.id)
+        elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n is not node:
+            out.add(n.name)
+        elif isinstance(n, (ast.Import, ast.ImportFrom)):
+            out.update((a.asname or a.name).split(".")[0] for a in n.names)
+        elif isinstance(n, ast.ExceptHandler) and n.name:
+            out.add(n.name)
+    return out
+
+
+def _loads(node) -> list[str]:
+    seen: list[str] = []
+    for n in ast.walk(node):
+        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id not in seen:
+            seen.append(n.id)
+    return seen
+
+
+def _jumps_out(stmt) -> bool:
+    """Does the statement return, break or continue out of itself (so it cannot move into a
+    function of its own)? Loops inside it may break and continue."""
+    def visit(n, in_loop):
+        for c in ast.iter_child_nodes(n):
+            if isinstance(c, _SCOPES):
+                continue
+            if isinstance(c, (ast.Return, ast.Yield, ast.YieldFrom, ast.Await, ast.Global, ast.Nonlocal)):
+                return True
+            if isinstance(c, (ast.Break, ast.Continue)) and not in_loop:
+                return True
+            if visit(c, in_loop or isinstance(c, (ast.For, ast.While, ast.AsyncFor))):
+                return True
+        return False
+    if isinstance(stmt, _JUMPS):
+        return True
+    return visit(stmt, isinstance(stmt, (ast.For, ast.While, ast.AsyncFor)))
+
+
+class _Rewritable:
+    """A forward whose statements can become graph breaks; ``build`` compiles the rewritten
+    function for one tracer."""
+
+    built_codes: dict = {}  # code of a built (rewritten) function -> (original function, path)
+
+    def __init__(self, fn: types.FunctionType):
+        self.fn = fn
+        lines, start = inspect.getsourcelines(fn)
+        src = textwrap.dedent("".join(lines))
+        tree = ast.parse(src)
+        fdef = tree.body[0]
+        if not isinstance(fdef, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            raise TypeError("not a function definition")
+        ast.increment_lineno(tree, start - 1)
+        fdef.decorator_list = []
+        self.fdef = fdef
+        self.filename = fn.__code__.co_filename
+        a = fdef.args
+        self.params = [x.arg for x in a.posonlyargs + a.args + a.kwonlyargs]
+        self.params += [x.arg for x in (a.vararg, a.kwarg) if x is not None]
+        self.locals = set(self.params) | _stores(fdef)
+        self.breaks: list[tuple[ast.stmt, bool, Break, list]] = []  # (stmt, tail, record, block)
+        self.path = ""
+        self._source: dict[str, str] = {}
+
+    # -- where to break
+    def _find(self, body: list, lineno: int, top: bool):
+        """(block, index) of the statement to break at for a failure at ``lineno``."""
+        for i, s in enumerate(body):
+            if not (s.lineno <= lineno <= (s.end_lineno or s.lineno)):
+                continue
+            for name in ("body", "orelse", "finalbody"):
+                sub = getattr(s, name, None)
+                if isinstance(sub, list) and sub and not isinstance(s, _SCOPES) and \
+                        sub[0].lineno <= lineno and not self._header(s, lineno):
+                    found = self._find(sub, lineno, False)
+                    if found is not None:
+                        return found
+            for h in getattr(s, "handlers", []) or []:
+                if h.body and h.body[0].lineno <= lineno <= (h.end_lineno or h.lineno):
+                    found = self._find(h.body, lineno, False)
+                    if found is not None:
+                        return found
+            return body, i, top
+        return None
+
+    @staticmethod
+    def _header(s, lineno) -> bool:
+        """Is ``lineno`` in the header of compound statement s (its test, iterable, items)?"""
+        first = min((b[0].lineno for b in (getattr(s, n, None) for n in ("body",)) if b), default=None)
+        return first is not None and lineno < first
+
+    def add_break(self, lineno: int, name: str, reason: str, path: str) -> Break:
+        found = self._find(self.fdef.body, lineno, True)
+        if found is None:
+            raise _NoBreak(f"line {lineno} is not a statement of {_qualname(self.fn)}")
+        block, i, top = found
+        stmt = block[i]
+        tail = False
+        # a statement that jumps out of itself takes its enclosing statement; at the top level,
+        # the rest of the function (which then returns through the break's function)
+        while _jumps_out(stmt):
+            if top:
+                tail = True
+                break
+            parent = self._parent_of(stmt)
+            if parent is None:
+                raise _NoBreak(f"cannot move the statement at line {stmt.lineno} out of "
+                               f"{_qualname(self.fn)}")
+            block, i, top = parent
+            stmt = block[i]
+        if any(s is stmt or (t and s in block[:i]) for s, t, _b, _bl in self.breaks):
+            raise _NoBreak(f"line {stmt.lineno} of {_qualname(self.fn)} is a graph break already")
+        # one that contains earlier breaks replaces them (a tail covers the statements after it)
+        self.breaks = [(s, t, b, bl) for s, t, b, bl in self.breaks
+                       if not self._inside(s, stmt) and not (tail and bl is block and s in block[i:])]
+        line = ast.unparse(stmt).splitlines()[0]
+        b = Break(name, _qualname(self.fn), stmt.lineno, line, reason, path)
+        self.breaks.append((stmt, tail, b, block))
+        self.path = path
+        return b
+
+    @staticmethod
+    def _inside(inner, outer) -> bool:
+        return any(n is inner for n in ast.walk(outer))
+
+    def _parent_of(self, target):
+        def visit(body, top):
+            for i, s in enumerate(body):
+                for name in ("body", "orelse", "finalbody"):
+                    sub = getattr(s, name, None)
+                    if isinstance(sub, list) and not isinstance(s, _SCOPES):
+                        if any(x is target for x in sub):
+                            return body, i, top
+                        r = visit(sub, False)
+                        if r is not None:
+                            return r
+                for h in getattr(s, "handlers", []) or []:
+                    if any(x is target for x in h.body):
+                        return body, i, top
+                    r = visit(h.body, False)
+                    if r is not None:
+                        return r
+            return None
+        return visit(self.fdef.body, True)
+
+    # -- building
+    def _break_parts(self, stmt, tail: bool, block: list):
+        """(moved statements, parameters, outputs) of a break at ``stmt``."""
+        if tail:
+            i = next(k for k, s in enumerate(block) if s is stmt)
+            moved = block[i:]
+        else:
+            moved = [stmt]
+        box = ast.Module(body=moved, type_ignores=[])
+        loads = _loads(box)
+        stores = set()
+        for s in moved:
+            stores |= _stores(s)
+        first, last = moved[0].lineno, max(s.end_lineno or s.lineno for s in moved)
+        lo = first  # loads after the statement, or anywhere in a loop around it, read its outputs
+        p = self._parent_of(stmt)
+        while p is not None:
+            pstmt = p[0][p[1]]
+            if isinstance(pstmt, (ast.For, ast.While, ast.AsyncFor)):
+                lo = min(lo, pstmt.lineno)
+            p = self._parent_of(pstmt)
+        later = set()
+        for n in ast.walk(self.fdef):
+            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and \
+                    (n.lineno > last or lo <= n.lineno < first):
+                later.add(n.id)
+        # outputs: what the statement binds and the code after it reads, and what it reads that
+        # the code after it reads too (a list it appends to is that list, as the break left it)
+        outs = [] if tail else sorted(((stores | set(loads)) & later & self.locals)
+                                      - set(self.params[:1]))
+        before = set(self.params)
+        for n in ast.walk(self.fdef):
+            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store) and n.lineno < first:
+                before.add(n.id)
+        order = loads + [o for o in outs if o not in loads]
+        params = [v for v in order if v in self.locals and v in before]
+        if self.params and self.params[0] in params:  # self first
+            params.remove(self.params[0])
+            params.insert(0, self.params[0])
+        return moved, params, outs
+
+    def _rewrite(self, mapping: dict):
+        """A copy of the function with each break's statement(s) replaced by a call of its
+        function (``mapping``: id of an original statement -> its break's plan)."""
+        fcopy = copy.deepcopy(self.fdef)
+        corr = {id(c): mapping[id(o)] for o, c in zip(ast.walk(self.fdef), ast.walk(fcopy))
+                if id(o) in mapping}
+
+        def fix(body: list) -> list:
+            out = []
+            for s in body:
+                hit = corr.get(id(s))
+                if hit is not None:
+                    name, params, outs, tail = hit
+                    call = ast.Call(func=ast.Name(name, ast.Load()),
+                                    args=[ast.Name(p, ast.Load()) for p in params], keywords=[])
+                    if tail:
+                        new = ast.Return(value=call)
+                    elif not outs:
+                        new = ast.Expr(value=call)
+                    elif len(outs) == 1:
+                        new = ast.Assign(targets=[ast.Name(outs[0], ast.Store())], value=call)
+                    else:
+                        new = ast.Assign(targets=[ast.Tuple([ast.Name(o, ast.Store()) for o in outs],
+                                                            ast.Store())], value=call)
+                    out.append(ast.copy_location(new, s))
+                    if tail:
+                        break  # the rest of the block moved into the break's function
+                    continue
+                for name in ("body", "orelse", "finalbody"):
+                    sub = getattr(s, name, None)
+                    if isinstance(sub, list) and sub and not isinstance(s, _SCOPES):
+                        setattr(s, name, fix(sub) or [ast.Pass()])
+                for h in getattr(s, "handlers", []) or []:
+                    h.body = fix(h.body) or [ast.Pass()]
+                out.append(s)
+            return out
+
+        fcopy.body = fix(fcopy.body)
+        return fcopy
+
+    def _plan(self):
+        """Per break: (record, moved statements, params, outputs, tail), and the id mapping."""
+        plans, mapping = [], {}
+        for stmt, tail, b, block in self.breaks:
+            moved, params, outs = self._break_parts(stmt, tail, block)
+            plans.append((b, moved, params, outs, tail))
+            mapping[id(stmt)] = (b.name, params, outs, tail)
+        return plans, mapping
+
+    def break_module(self, b: Break, moved, params, outs, tail, qualify=None) -> ast.Module:
+        """The function a break's statement(s) become, as a module of one definition."""
+        body = [copy.deepcopy(s) for s in moved]
+        if qualify is not None:
+            body = [qualify.visit(s) for s in body]
+        if not tail:
+            if len(outs) == 1:
+                body.append(ast.Return(ast.Name(outs[0], ast.Load())))
+            elif outs:
+                body.append(ast.Return(ast.Tuple([ast.Name(o, ast.Load()) for o in outs], ast.Load())))
+        fn = ast.FunctionDef(name=b.name, args=ast.arguments(
+            posonlyargs=[], args=[ast.arg(p) for p in params], vararg=None, kwonlyargs=[],
+            kw_defaults=[], kwarg=None, defaults=[]), body=body, decorator_list=[], returns=None,
+            type_params=[])
+        ast.copy_location(fn, moved[0])
+        return ast.fix_missing_locations(ast.Module(body=[fn], type_ignores=[]))
+
+    def build(self, tracer: fx.Tracer):
+        """The rewritten function, with each break's function wrapped to be one graph node."""
+        plans, mapping = self._plan()
+        g = dict(self.fn.__globals__)
+        for b, moved, params, outs, tail in plans:
+            ns: dict = {}
+            exec(compile(self.break_module(b, moved, params, outs, tail), self.filename, "exec"), g, ns)
+            real = ns[b.name]
+            real.__module__ = GENERATED_MODULE
+            has_side_effect(real)
+
+            def node(*args, _real=real):
+                out = tracer.create_proxy("call_function", _real, args, {}, name=f"{_real.__name__}_out")
+                tracer.breaks_made += 1
+                return out
+
+            node.__name__ = b.name
+            g[b.name] = node
+            self._source[b.name] = self._emitted_source(b, moved, params, outs, tail)
+        fdef = self._rewrite(mapping)
+        fdef.name = "_egg_traced"
+        mod = ast.fix_missing_locations(ast.Module(body=[fdef], type_ignores=[]))
+        ns = {}
+        exec(compile(mod, self.filename, "exec"), g, ns)
+        built = ns["_egg_traced"]
+        _Rewritable.built_codes[built.__code__] = (self.fn, self.path)
+        return built
+
+    def _emitted_source(self, b, moved, params, outs, tail) -> str:
+        """The break's function as the generated file defines it: the problem file's own
+        functions use its globals; another module's (a library's model code) read theirs
+        through an import of that module."""
+        mod = self.fn.__module__
+        if _from_problem(self.fn):
+            return ast.unparse(self.break_module(b, moved, params, outs, tail))
+        alias = "_egg_mod_" + mod.replace(".", "_")
+        q = _Qualify(self.fn.__globals__, self.locals | set(params), alias)
+        body = ast.unparse(self.break_module(b, moved, params, outs, tail, qualify=q))
+        return f"import {mod} as {alias}\n\n\n{body}"
+
+    def sources(self) -> dict[str, str]:
+        return dict(self._source)
+
+
+def _from_problem(fn) -> bool:
+    """Is the function defined in the problem file itself (whose source the generated file holds)?"""
+    return str(getattr(fn, "__module__", "")).startswith("egg_problem_")
+
+
+class _Qualify(ast.NodeTransformer):
+    """Global names of a library's function read through an import of its module."""
+
+    def __init__(self, globs: dict, local: set, alias: str):
+        self.globs, self.local, self.alias = globs, local, alias
+
+    def visit_Name(self, node):
+        if isinstance(node.ctx, ast.Load) and node.id not in self.local and node.id in self.globs \
+                and not (hasattr(builtins, node.id) and self.globs[node.id] is getattr(builtins, node.id)):
+            return ast.copy_location(ast.Attribute(ast.Name(self.alias, ast.Load()), node.id, ast.Load()), node)
+        return node

@@ -183,8 +183,10 @@ def describe_problem(path: str | pathlib.Path):
     inputs = meta_inputs(prob)
     model = meta_model(prob, init)
     outputs = []
+    from harness.metarun import FastMeta  # recurrent layers by their shapes on meta tensors
+
     try:
-        with torch.no_grad():
+        with torch.no_grad(), FastMeta():
             out = model(*inputs)
         flat = out if isinstance(out, (list, tuple)) else [out]
         outputs = [tensor_spec(o) for o in flat if isinstance(o, torch.Tensor)]

@@ -28,6 +28,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
+from harness.metarun import GATES, FastMeta
 from harness.problem import LoadedProblem, meta_inputs, meta_model
 
 PEAK_KEY = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float64": "fp64"}
@@ -147,9 +148,9 @@ def _peak_key(name: str, args: tuple) -> str:
     dt = str(dts[0]).replace("torch.", "") if dts else "float32"
     key = PEAK_KEY.get(dt, "fp32")
     if key == "fp32":
-        if name in CONV_OPS and torch.backends.cudnn.allow_tf32:
+        if (name in CONV_OPS or name in GATES) and torch.backends.cudnn.allow_tf32:
             return "tf32"
-        if name not in CONV_OPS:
+        if name not in CONV_OPS and name not in GATES:
             return "tf32" if torch.backends.cuda.matmul.allow_tf32 else "tf32x3"
     return key
 
@@ -239,7 +240,12 @@ class _Attention(TorchFunctionMode):
 def _run_counted(model, inputs, cnt: Count):
     with FlopCounterMode(display=False) as fc, torch.no_grad():
         census = _Census(fc, cnt)
-        with census, _Attention(census):
+
+        def recurrent(name, flops, args):  # harness.metarun: a recurrent layer by its shapes
+            cnt.counted_flops += flops
+            census.charge(_peak_key(name, args), flops, name)
+
+        with census, _Attention(census), FastMeta(recurrent):
             out = model(*inputs)
     return out
 
@@ -322,3 +328,71 @@ def percent(floor_ms_: float | None, ms: float | None) -> float | None:
     if not floor_ms_ or not ms:
         return None
     return 100.0 * floor_ms_ / ms
+
+
+# ---- where the time goes: per node of a captured graph (the planner's regions and groups) -----
+@dataclass
+class NodeCost:
+    """FLOPs (per peak key) and bytes one node of a captured graph costs when eager runs it as
+    an op of its own: the inputs it reads and the output it writes (views cost nothing)."""
+
+    flops_by_peak: dict[str, float] = field(default_factory=dict)
+    nbytes: float = 0.0
+
+    def ms(self, peak_tflops: dict, bw_gbs: float) -> float | None:
+        """max(compute at the peaks, bytes at the bandwidth): the op's own roofline time."""
+        if not bw_gbs or not peak_tflops:
+            return None
+        t = 0.0
+        for key, f in self.flops_by_peak.items():
+            peak = peak_of(peak_tflops, key)
+            if not peak:
+                return None
+            t += f / (peak * 1e12) * 1e3
+        return max(t, self.nbytes / (bw_gbs * 1e9) * 1e3)
+
+
+def _is_view(out, ins) -> bool:
+    base = getattr(out, "_base", None)
+    return base is not None and any(base is t or base is getattr(t, "_base", None) for t in ins)
+
+
+def node_costs(gm, inputs: list) -> dict:
+    """NodeCost of every computing node of ``gm`` (fx node -> NodeCost), from one run on the
+    meta inputs under the same counters as ``count`` (graph breaks run as capture runs them;
+    functions the generated file defines stand in by their outputs' shapes)."""
+    from harness.capture import propagation_interpreter
+
+    costs: dict = {}
+    cnt = Count()
+    with FlopCounterMode(display=False) as fc, torch.no_grad():
+        census = _Census(fc, cnt)
+
+        def recurrent(name, flops, args):
+            census.charge(_peak_key(name, args), flops, name)
+
+        def on_node(n, args, result):
+            if n.op not in ("call_function", "call_method", "call_module"):
+                return
+            before = on_node.before
+            delta = {k: v - before.get(k, 0.0) for k, v in cnt.flops_by_peak.items()
+                     if v - before.get(k, 0.0) > 0}
+            ins = [t for t in _tensors(args)]
+            if n.op == "call_module":  # a library module reads its weights too
+                ins += list(gm.get_submodule(n.target).parameters())
+            in_ids = {id(t) for t in ins}
+            new = [t for t in _tensors(result) if id(t) not in in_ids and not _is_view(t, ins)]
+            seen, nbytes = set(), 0
+            for t in (ins + new) if new else []:  # a view or a query moves nothing
+                if id(t) not in seen:
+                    seen.add(id(t))
+                    nbytes += _nbytes(t)
+            costs[n] = NodeCost(delta, float(nbytes))
+
+        def before_node(n):
+            on_node.before = dict(cnt.flops_by_peak)
+
+        on_node.before = {}
+        with census, _Attention(census), FastMeta(recurrent):
+            propagation_interpreter(gm, before_node, on_node).run(*inputs)
+    return costs

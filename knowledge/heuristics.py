@@ -127,6 +127,15 @@ def matmul_config(m: int, n: int, k: int, batch: int, sm_count: int = 132) -> di
     def tiles() -> int:
         return math.ceil(m / bm) * math.ceil(n / bn) * batch
 
+    if m <= 16 and batch == 1 and n * k >= 1 << 20:
+        # a decode GEMV (principle alg-decode-gemv): 16-row tiles (tl.dot's least M), 64 output
+        # columns and 128-deep K steps per program, K split so that ~4 programs per SM stream
+        # the weight, each over at least 4 K steps; 4 warps, 4 stages in flight
+        bm, bn, bk = 16, 64, min(128, next_pow2(k))
+        split = max(1, min(64, math.ceil(4 * sm_count / tiles()), k // (4 * bk)))
+        split = 1 << (split.bit_length() - 1)
+        return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 1, "num_warps": 4,
+                "num_stages": 4, "SPLIT_K": split}
     bm = 128 if m > 64 else 64
     bn = 128 if n > 64 else 64
     while bm > 64 or bn > 64:
@@ -150,13 +159,59 @@ def matmul_config(m: int, n: int, k: int, batch: int, sm_count: int = 132) -> di
             "num_stages": 3 if k > 2 * bk else 2, "SPLIT_K": split}
 
 
-def attention_config(m: int, n: int, head_dim: int, batch_heads: int, sm_count: int = 132) -> dict:
-    """Flash-attention tiles after Triton's 06-fused-attention tutorial: 64 query rows x 64 keys
-    (fp32 operands: half the tutorial's 128-row bf16 block, same shared memory), 4 warps; 32 keys
-    per step for head dims above 128 (registers), and fewer query rows when the grid would leave
-    SMs idle (decode: a handful of query rows per head)."""
-    bm = 64
+def attention_config(m: int, n: int, head_dim: int, batch_heads: int, sm_count: int = 132,
+                     itemsize: int = 4) -> dict:
+    """Flash-attention tiles after Triton's 06-fused-attention tutorial: 128 query rows x 64 keys,
+    8 warps, 3 stages for 16-bit operands up to head dim 128 (the tutorial's Hopper forward
+    configuration); 64 x 64 and 4 warps for fp32 operands (3xTF32: the same shared memory for
+    half the rows) or wider heads; 32 keys per step above head dim 128 (registers); fewer query
+    rows when the grid would leave SMs idle. Decode (at most DECODE_ROWS packed query rows per
+    key/value head, principle alg-split-kv-decode) splits the keys so that about
+    SPLIT_PROGRAMS = 4 programs per SM run (the flash-decoding rule: enough splits to fill the
+    GPU, each split long enough to amortize its partial)."""
+    bm = 128 if itemsize <= 2 and head_dim <= 128 else 64
     while bm > 16 and math.ceil(m / bm) * batch_heads < sm_count:
         bm //= 2
     bn = 32 if head_dim > 128 else 64
-    return {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": 4, "num_stages": 2}
+    return {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": 8 if bm >= 128 else 4,
+            "num_stages": 3 if itemsize <= 2 else 2, "DECODE_ROWS": 64,
+            "SPLIT_PROGRAMS": 4 * sm_count}
+
+
+#: bytes of one logits chunk of the chunked LM-head cross-entropy: half the L2 of an H100/H200
+#: (50-60 MB), so cuBLAS's write of a chunk is still in L2 when the reducing kernel reads it
+LOGITS_CHUNK_BYTES = 24 * 1024 * 1024
+
+
+def linear_ce_config(m: int, n: int, k: int, itemsize: int = 2, sm_count: int = 132) -> dict:
+    """LM head + cross-entropy (principle alg-linear-cross-entropy). Stage 1 takes the chunked
+    mapping (MODE 0): cuBLAS's product in chunks of CHUNK_N vocabulary columns (LOGITS_CHUNK_BYTES
+    of logits, a multiple of BLOCK_N), reduced by a Triton kernel, because the matmul template's
+    default tiles lost to cuBLAS on the LM head's bf16 product on the H200 (its candidate with the
+    logits cast fused took 4.97 ms against eager's 4.48 ms, docs/results/workloads_h200.md); the
+    tiler also times the fused mapping (MODE 1) with tensor-core tiles of 128 x 128 x 64, 8 warps,
+    3 stages."""
+    chunk = LOGITS_CHUNK_BYTES // max(1, m * itemsize)
+    chunk = max(2048, min(16384, 1 << max(0, chunk.bit_length() - 1)))
+    cfg = matmul_config(m, n, k, 1, sm_count)
+    return {"MODE": 0, "CHUNK_N": chunk, "BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": 128,
+            "BLOCK_K": cfg["BLOCK_K"], "GROUP_M": 8, "num_warps": 8, "num_stages": 3}
+
+
+# ---- run budget (policies.expert: which groups stage 1 spends a time-limited run on) ----------
+#: seconds one kernel adds to a verification: Triton compiles each kernel in the candidate
+#: process and every trial runs it. Not measured yet: an estimate to calibrate on the GPU from the
+#: level-3 bench's per-problem wall times (docs/capture.md); the interpreter runs kernels program
+#: by program in Python.
+KERNEL_VERIFY_S = {"cuda": 3.0, "cpu": 4.0}
+#: share of the time left that the first stage-1 candidate's kernels may take to verify: the
+#: rest is for its timing, the backing-out of a failed group, and stage 2
+STAGE1_BUDGET_SHARE = 0.3
+#: a time-limited run still tries at least this many groups
+MIN_BUDGET_GROUPS = 4
+
+
+def stage1_group_budget(seconds_left: float, device: str) -> int:
+    """How many fused groups the first stage-1 candidate of a run with ``seconds_left`` may hold."""
+    per = KERNEL_VERIFY_S.get(device, KERNEL_VERIFY_S["cuda"])
+    return max(MIN_BUDGET_GROUPS, int(STAGE1_BUDGET_SHARE * max(0.0, seconds_left) / per))

@@ -76,6 +76,8 @@ def _kind(kind: str, geo: dict) -> str:
         return "rows" if geo.get("rows_variant", True) else "cols"
     if kind in ("matmul", "attention"):
         return kind
+    if kind == "linear_ce":  # its fused mapping is a tensor-core product's tiles
+        return "matmul"
     return "generic"
 
 
@@ -83,6 +85,10 @@ def relevant_params(kind: str, geo: dict, names) -> list[str]:
     """Parameters of a space that change the kernel for this mapping (others are left at the
     incumbent's value: varying them would time identical kernels)."""
     drop = {"pointwise": {"num_stages"}, "rows": {"BLOCK_I"}, "cols": {"BLOCK_O"}}.get(_kind(kind, geo), set())
+    if kind == "attention":
+        # split-KV decode sizes its query tile from the packed rows; prefill never splits
+        decode = int(geo.get("group", 1)) * int(geo.get("M", 1)) <= int(geo.get("decode_rows", 64))
+        drop = {"BLOCK_M"} if decode else {"SPLIT_PROGRAMS"}
     return [n for n in names if n not in drop]
 
 

@@ -49,6 +49,23 @@ def candidate_path(settings: Settings, state: EggState, cand: Candidate) -> path
     return p
 
 
+#: a verification or timing does not start with less than this many seconds of the run's budget
+#: left (it would end past the budget); a started one is cut at the budget's end
+MIN_CALL_S = 10.0
+
+
+def call_budget(settings: Settings, state: EggState, limit: float) -> float | None:
+    """The time limit of a verification or timing call: ``limit``, cut to what is left of the
+    run's time budget; None when too little is left to start one (the run ends inside its
+    budget with its best verified candidate)."""
+    left = settings.time_left(state.started_at)
+    if left is None:
+        return limit
+    if left < MIN_CALL_S:
+        return None
+    return min(limit, left)
+
+
 def author_step(state: EggState, runtime: Runtime, stage: str, ask) -> dict:
     """What the three authoring roles share: ask the policy, file its draft or end the stage."""
     settings = settings_of(runtime)

@@ -8,7 +8,7 @@ from harness import peaks as PK
 from harness import profile as P
 from harness import roofline
 from harness.timing import noise_verdict, relative_spread
-from nodes.common import candidate_path, mark_attempt, run_dir, settings_of
+from nodes.common import call_budget, candidate_path, mark_attempt, run_dir, settings_of
 from state import EggState, Settings, TimingRecord
 
 
@@ -89,13 +89,20 @@ def profiler(state: EggState, runtime: Runtime[Settings]) -> dict:
     interp = state.hardware.interpreter
     key = P.session_key(settings.run_dir, state.problem.sha256, dev)
     out: dict = {"timings": []}
+    budget = call_budget(settings, state, settings.profile_timeout_s)
+    if budget is None:
+        rec = TimingRecord(candidate_id=cand.id, device=dev, interpreter=interp, verdict="failed",
+                           note=f"not timed: the run's time budget ({settings.time_limit_s:g} s) "
+                                "is spent; the best verified candidate so far is kept")
+        return {"timings": [rec], "stage_context": mark_attempt(state, cand.id, "failed", rec.note)}
     ver = state.verification(cand.id)
     tol = {"atol_fp32": settings.atol_fp32, "rtol_fp32": settings.rtol_fp32,
            "atol_lowp": settings.atol_lowp, "rtol_lowp": settings.rtol_lowp}
     try:
         sess = P.session(key, state.problem.path, dev, settings.timing_rep_ms,
-                         settings.profile_timeout_s, str(run_dir(settings, state) / "logs"),
+                         budget, str(run_dir(settings, state) / "logs"),
                          tol, settings.memory_limit_gb)
+        sess.timeout_s = budget  # each call ends inside the run's budget
         base = sess.baselines()
         floor = _floor(state, sess)
         t, eager_now = _steady(sess, str(candidate_path(settings, state, cand)),

@@ -7,7 +7,7 @@ from langgraph.runtime import Runtime
 from harness import gpulock
 from harness.compare import Tolerance
 from harness.verify import verify
-from nodes.common import candidate_path, mark_attempt, run_dir, settings_of
+from nodes.common import call_budget, candidate_path, mark_attempt, run_dir, settings_of
 from state import EggState, OutputError, Settings, TrialRecord, VerificationRecord
 
 
@@ -17,11 +17,19 @@ def verifier(state: EggState, runtime: Runtime[Settings]) -> dict:
     if cand is None:
         return {}
     path = candidate_path(settings, state, cand)
+    budget = call_budget(settings, state, settings.verify_timeout_s)
+    if budget is None:
+        rec = VerificationRecord(
+            candidate_id=cand.id, passed=False, category="timeout", device=state.hardware.device,
+            reason=f"not verified: the run's time budget ({settings.time_limit_s:g} s) is spent; "
+                   "the best verified candidate so far is kept")
+        return {"verifications": [rec],
+                "stage_context": mark_attempt(state, cand.id, "failed", rec.reason)}
     tol = Tolerance(settings.atol_fp32, settings.rtol_fp32, settings.atol_lowp, settings.rtol_lowp)
     # opt-in (egg bench --verify-lock): parallel problems' timings wait for this verification
     with gpulock.hold("shared", state.hardware.device == "cuda" and gpulock.verify_lock_enabled()):
         res = verify(state.problem.path, str(path), device=state.hardware.device, trials=settings.trials,
-                     tol=tol, timeout_s=settings.verify_timeout_s, memory_limit_gb=settings.memory_limit_gb,
+                     tol=tol, timeout_s=budget, memory_limit_gb=settings.memory_limit_gb,
                      problem_source=state.problem.source, log_dir=str(run_dir(settings, state) / "logs"))
     flags = list(res.get("flags", []))
     if res.get("passed") and cand.kernels and res.get("launches", 0) == 0:

@@ -24,7 +24,8 @@ from harness.runner import says_out_of_memory
 from knowledge import heuristics as H
 from knowledge.templates import all_templates
 from policies.base import Decline, Draft
-from state import Analysis, EggState, FusionGroup, KernelConfig, OpRecord, Plan, Settings
+from state import (Analysis, EggState, FusionGroup, KernelConfig, OpRecord, Plan, RegionRecord,
+                   Settings)
 
 PIPELINE_PRINCIPLE = "mem-pipelining"
 #: a verified stage-1 kernel candidate at most this much slower than the best is still tuned
@@ -39,7 +40,9 @@ KIND_PRINCIPLES = {
     "pool": ["alg-pool-direct", "alg-reduction-prologue", "alg-reduction-epilogue"],
     "norm": ["alg-norm-fusion", "alg-reduction-prologue", "alg-reduction-epilogue", "tile-split-rows"],
     "matmul": ["alg-matmul-epilogue", "alg-no-lower-precision", "tile-grid-mapping"],
-    "attention": ["alg-flash-attention", "alg-online-softmax", "alg-no-lower-precision"],
+    "linear_ce": ["alg-linear-cross-entropy", "alg-online-softmax", "alg-no-lower-precision"],
+    "attention": ["alg-flash-attention", "alg-split-kv-decode", "alg-online-softmax",
+                  "alg-no-lower-precision"],
 }
 
 
@@ -47,6 +50,9 @@ def group_principles(g: Group) -> list[str]:
     """The principles behind a fused group: its kind's, and alg-reduce-broadcast for a reduction
     whose result its epilogue reads back over the reduced dims."""
     extra = ["alg-reduce-broadcast"] if broadcast_epilogue(g) else []
+    if g.kind == "matmul" and g.red is not None and g.red.meta.get("tensor_meta") is not None \
+            and len(g.members) == 1 and node_dtype(g.red) in (torch.float16, torch.bfloat16):
+        extra.append("alg-decode-gemv")  # a 16-bit product alone is kept only as a decode GEMV
     return KIND_PRINCIPLES[g.kind] + extra
 
 
@@ -94,6 +100,114 @@ def us_saved(plan: FusionPlan, g: Group, hw) -> float | None:
     return us
 
 
+#: where a machine has no peak rates (the CPU interpreter), regions and groups are weighed with
+#: this profile's: the shares say where a GPU's time would go (the interpreter's is not modeled)
+ESTIMATE_PROFILE = "h200"
+
+
+def op_times(fplan: FusionPlan, hw) -> dict:
+    """Estimated eager time (ms) of each computing node of the planned graph: its FLOPs at the
+    peaks and its bytes at the bandwidth (harness.roofline.node_costs); empty when the graph does
+    not run on meta tensors here."""
+    cap = fplan.capture
+    if cap is None:
+        return {}
+    try:
+        costs = roofline.node_costs(fplan.gm, cap.inputs)
+    except Exception:  # noqa: BLE001 - an estimate, never a reason to fail the plan
+        return {}
+    peaks, bw = dict(getattr(hw, "peak_tflops", None) or {}), getattr(hw, "mem_bandwidth_gbs", 0.0)
+    if not peaks or not bw:  # the CPU interpreter: weigh by the GPU the project targets
+        import knowledge
+
+        hp = knowledge.hardware_profiles()[ESTIMATE_PROFILE]
+        peaks, bw = dict(hp.peak_tflops), hp.mem_bandwidth_gbs
+    return {n: c.ms(peaks, bw) for n, c in costs.items()}
+
+
+def region_records(fplan: FusionPlan, node_ms: dict, cap) -> list[RegionRecord]:
+    """Per graph region (codegen.fusion.break_regions): its nodes, groups and estimated time."""
+    count = 1 + max(fplan.regions.values(), default=0)
+    recs = [RegionRecord(index=i) for i in range(count)]
+    costs = {}
+    for n, r in fplan.regions.items():
+        if n.op in ("call_function", "call_method", "call_module"):
+            recs[r].nodes += 1
+            ms = node_ms.get(n)
+            if ms is not None:
+                costs[r] = costs.get(r, 0.0) + ms
+    for g in fplan.groups:
+        recs[fplan.regions.get(g.members[0], 0)].groups.append(g.id)
+    total = sum(costs.values())
+    for r in recs:
+        r.est_ms = costs.get(r.index)
+        r.share = (r.est_ms / total) if total and r.est_ms is not None else None
+    breaks = list(getattr(cap, "breaks", []) or [])
+    for r, b in zip(recs, breaks):
+        r.ends_with = b.describe()[:200]
+    return recs
+
+
+def benefit(g) -> tuple:
+    """How much a planned group (state FusionGroup) is expected to save, for ranking: the time
+    saved where the hardware profile gives a bandwidth, else the bytes saved; eager's time on its
+    ops breaks ties (where the time goes)."""
+    saved = g.est_us_saved if g.est_us_saved is not None else g.est_bytes_saved
+    return (saved or 0.0, g.est_ms or 0.0)
+
+
+def budget_deferred(state: EggState, settings: Settings, off: set[str]) -> tuple[set[str], str]:
+    """Groups the first stage-1 candidate leaves out so that its verification fits the run's
+    time budget (knowledge.heuristics.stage1_group_budget): the groups with the largest expected
+    saving are kept. Nothing is deferred in a run without a time limit."""
+    left = settings.time_left(state.started_at)
+    groups = [g for g in state.plan.groups if g.kind != "library" and g.id not in off]
+    if left is None:
+        return set(), ""
+    n = H.stage1_group_budget(left, state.hardware.device)
+    if len(groups) <= n:
+        return set(), ""
+    ranked = sorted(groups, key=benefit, reverse=True)
+    keep, rest = ranked[:n], ranked[n:]
+    total = sum(benefit(g)[0] for g in groups) or 1.0
+    kept = sum(benefit(g)[0] for g in keep)
+    note = (f"time budget ({left:.0f} s left): the {n} of {len(groups)} groups with the largest "
+            f"expected saving ({100 * kept / total:.0f}% of it) are fused; "
+            f"{len(rest)} deferred ({', '.join(g.id for g in rest[:8])}{'...' if len(rest) > 8 else ''})")
+    return {g.id for g in rest}, note
+
+
+#: seconds the planner's measurement of the regions may take on a GPU (harness.regionprof), and
+#: the share of a time-limited run's budget it may use at most
+REGION_PROFILE_S = 120.0
+REGION_PROFILE_SHARE = 0.1
+
+
+def measure_regions(state: EggState, settings: Settings, regions: list[RegionRecord]) -> str:
+    """On a GPU: eager's time per region measured on a real run (harness.regionprof); the shares
+    then come from the measurement. Returns a note ("" when nothing was measured)."""
+    hw = state.hardware
+    if hw is None or hw.device != "cuda" or hw.interpreter or not regions:
+        return ""
+    limit = REGION_PROFILE_S
+    left = settings.time_left(state.started_at)
+    if left is not None:
+        limit = min(limit, REGION_PROFILE_SHARE * left)
+    if limit < 5:
+        return ""
+    from harness import regionprof
+
+    got = regionprof.measure_in_child(state.problem.path, "cuda", limit)
+    if not got or len(got.get("regions", [])) != len(regions):
+        return "regions not measured on the GPU (the estimate is used)"
+    total = sum(got["regions"]) or 0.0
+    for r, ms in zip(regions, got["regions"]):
+        r.measured_ms = ms
+        r.share = ms / total if total else r.share
+    return (f"eager's time per region measured on the GPU ({got.get('timer')}): "
+            + ", ".join(f"region {r.index} {r.measured_ms:.3f} ms" for r in regions[:8]))
+
+
 def group_config(plan: FusionPlan, g: Group, sm_count: int) -> dict:
     ins, _, _ = group_inputs(plan, g)
     geo = pipeline.group_geometry(plan, g, len(ins))
@@ -110,9 +224,12 @@ def group_config(plan: FusionPlan, g: Group, sm_count: int) -> dict:
     if g.kind == "chanstats":
         return H.chanstats_config(geo["nrows"], geo["batch"], sm_count)
     if g.kind == "attention":
-        return H.attention_config(geo["M"], geo["N"], geo["head_dim"], geo["batch_heads"], sm_count)
+        return H.attention_config(geo["M"], geo["N"], geo["head_dim"], geo["batch_heads"], sm_count,
+                                  geo["itemsize"])
     if g.kind == "matmul":
         return H.matmul_config(geo["M"], geo["N"], geo["K"], geo["batch"], sm_count)
+    if g.kind == "linear_ce":
+        return H.linear_ce_config(geo["M"], geo["N"], geo["K"], geo["itemsize"], sm_count)
     return H.softmax_config(geo["nrows"], geo["r"], geo["inner"], geo["rows_variant"])
 
 
@@ -134,10 +251,17 @@ class ExpertPolicy:
         cnt = roofline.count(prob, fplan.gm if fplan else None)
         fl = roofline.floor(cnt, hw.peak_tflops, hw.mem_bandwidth_gbs)
         floor, bound = fl.ms, fl.bound
-        analysis = Analysis(capture="fx" if fplan else "none", capture_error=err, flops=cnt.flops,
+        cap = fplan.capture if fplan else None
+        analysis = Analysis(capture=getattr(cap, "method", "fx") if fplan else "none",
+                            capture_error=err, flops=cnt.flops,
                             bytes=cnt.nbytes, floor_ms=floor, bound=bound, compute_ms=fl.compute_ms,
                             memory_ms=fl.memory_ms, flops_by_peak=cnt.flops_by_peak,
-                            flops_estimated=cnt.estimated_flops)
+                            flops_estimated=cnt.estimated_flops,
+                            capture_s=round(getattr(cap, "seconds", 0.0), 3),
+                            breaks=[b.describe() for b in getattr(cap, "breaks", [])],
+                            attr_buffers=list(getattr(cap, "attr_buffers", [])),
+                            folds=[f"{f.buffer} {list(f.shape)} from {', '.join(f.nodes[:6])}"
+                                   for f in fplan.folds] if fplan else [])
         plan = Plan(rewrites=rewrites)
         if fplan is None:
             plan.notes.append(f"no op graph ({err}): the reference is kept")
@@ -149,13 +273,28 @@ class ExpertPolicy:
                 name=n.name, op=n.op, target=op.name, kind=op.kind,
                 shape=list(node_shape(n) or []), dtype=str(node_dtype(n) or "").replace("torch.", ""),
                 args=[a.name for a in op.tensor_inputs]))
+        node_ms = op_times(fplan, hw)
         for g in fplan.groups:
+            ms = [node_ms.get(m) for m in g.members]
             plan.groups.append(FusionGroup(
                 id=g.id, kind=g.kind, template=g.template,
                 nodes=[m.name for m in g.members] + [a.name for a in g.aliases],
                 reason=f"{len(g.members)} op(s) over {tuple(g.domain)} in one pass",
                 principle_ids=group_principles(g), est_bytes_saved=bytes_saved(fplan, g),
-                est_us_saved=us_saved(fplan, g, hw)))
+                est_us_saved=us_saved(fplan, g, hw),
+                est_ms=sum(m for m in ms if m) if any(m is not None for m in ms) else None,
+                region=fplan.regions.get(g.members[0], 0)))
+        analysis.regions = region_records(fplan, node_ms, cap)
+        measured = measure_regions(state, settings, analysis.regions)
+        if measured:
+            plan.notes.append(measured)
+        if len(analysis.regions) > 1:
+            how = "measured" if any(r.measured_ms is not None for r in analysis.regions) else "estimated"
+            plan.notes.append(
+                f"{len(analysis.regions)} regions ({len(analysis.breaks)} graph break(s)); "
+                + "; ".join(f"region {r.index}: {len(r.groups)} group(s)"
+                            + (f", {100 * r.share:.0f}% of the {how} time" if r.share is not None else "")
+                            for r in analysis.regions))
         for n, op in fplan.nops.items():
             if op.kind == "library":
                 plan.groups.append(FusionGroup(
@@ -187,6 +326,11 @@ class ExpertPolicy:
             return Decline("every fused group was backed out")
         first = ["fuse every planned group"] if not off else [
             f"fuse the planned groups except {', '.join(sorted(off))} (turned off at review)"]
+        if why is None:  # the first candidate: as many groups as the run's time budget allows
+            deferred, note = budget_deferred(state, settings, off)
+            if deferred:
+                off = off | deferred
+                first = [note]
         return self._build(state, set(disabled or []) | off, stage="algorithm",
                            decisions=[why] if why else first)
 

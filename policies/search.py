@@ -161,6 +161,10 @@ def tile_search(policy, state, settings, base, session=None, checker=None,
         else:
             pending.append(f)
     base_cfgs = {c.group_id: dict(c.params) for c in base.configs}
+    # where the time goes first: kernels over the ops eager spends most time on are tuned first,
+    # so a run that reaches its time limit has searched those (the planner's estimate)
+    weight = {g.id: g.est_ms or 0.0 for g in (state.plan.groups if state.plan else [])}
+    pending.sort(key=lambda f: -weight.get(f["g"].id, 0.0))
 
     if not pending:
         return _finish(prob, disabled, current, base_cfgs, tried, decisions, stats, state,

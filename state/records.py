@@ -73,9 +73,31 @@ class OpRecord(BaseModel):
     bytes: float = 0.0
 
 
+class RegionRecord(BaseModel):
+    """One region of the captured graph: the ops between two graph breaks (docs/capture.md),
+    with the planner's estimate of where eager's time goes."""
+
+    index: int
+    nodes: int = 0
+    groups: list[str] = Field(default_factory=list, description="fused groups inside it")
+    flops: float = 0.0
+    bytes: float = 0.0
+    est_ms: float | None = Field(None, description="each op at max(FLOPs/peak, bytes/bandwidth), summed")
+    measured_ms: float | None = Field(
+        None, description="eager's time on it, measured node by node on the device (harness.regionprof)")
+    share: float | None = Field(None, description="of the whole forward's time: measured, else estimated")
+    ends_with: str = Field("", description="the graph break after it (empty for the last)")
+
+
 class Analysis(BaseModel):
-    capture: Literal["fx", "none"] = "none"
+    capture: Literal["fx", "fx-breaks", "none"] = "none"
     capture_error: str | None = None
+    capture_s: float = Field(0.0, description="seconds the capture took")
+    breaks: list[str] = Field(default_factory=list, description="graph breaks: where and why")
+    attr_buffers: list[str] = Field(
+        default_factory=list, description="plain tensor attributes registered as buffers")
+    folds: list[str] = Field(default_factory=list, description="tables computed once at init")
+    regions: list[RegionRecord] = Field(default_factory=list)
     ops: list[OpRecord] = Field(default_factory=list)
     flops: float = 0.0
     bytes: float = 0.0
@@ -101,6 +123,9 @@ class FusionGroup(BaseModel):
     est_us_saved: float | None = Field(
         None, description="expected time saved (bytes at the bandwidth, plus product FLOPs moved "
                           "from the CUDA cores to 3xTF32); None without a hardware profile")
+    est_ms: float | None = Field(
+        None, description="eager's time on the group's ops (each at its own roofline)")
+    region: int = Field(0, description="the graph region it is in")
     enabled: bool = Field(
         True, description="False: turned off at plan review; its ops stay in PyTorch")
 

@@ -96,7 +96,7 @@ class EggState(BaseModel):
 #: every pydantic type that can appear inside a checkpoint, for the serializer's allow-list
 RECORD_TYPES: list[type] = [
     EggState, r.TensorSpec, r.ProblemSpec, r.HardwareInfo, r.OpRecord, r.Analysis,
-    r.FusionGroup, r.Plan, r.KernelConfig, r.Candidate, r.OutputError, r.TrialRecord,
+    r.FusionGroup, r.RegionRecord, r.Plan, r.KernelConfig, r.Candidate, r.OutputError, r.TrialRecord,
     r.VerificationRecord,
     r.TimingRecord, r.Attempt, r.StageContext, r.LLMUsage,
 ]

@@ -1,5 +1,6 @@
-"""Which scaled_dot_product_attention calls the flash-attention template takes, and why not the
-others. Its numerics (causal, GQA, 3-d, irregular lengths) are in tests/test_templates.py."""
+"""Which scaled_dot_product_attention calls the attention template takes, and why not the
+others. Its numerics (causal, GQA, 3-d, irregular lengths, bf16 flash and split-KV decode) are in
+tests/test_templates.py and tests/test_llm_kernels.py."""
 import pytest
 
 from codegen.pipeline import analyze, group_geometry
@@ -27,9 +28,22 @@ def test_fp32_attention_is_one_flash_kernel(write_problem):
     assert (geo["M"], geo["N"], geo["head_dim"], geo["batch_heads"]) == (50, 50, 32, 6)
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_sixteen_bit_attention_is_one_kernel_too(dtype, write_problem):
+    """bf16/fp16 attention runs on tensor cores with fp32 accumulation (flash or split-KV)."""
+    plan = _plan(write_problem, "F.scaled_dot_product_attention(q, k, v, enable_gqa=True)",
+                 f"[torch.randn(2, 4, 50, 32, dtype=torch.{dtype}), "
+                 f"torch.randn(2, 2, 50, 32, dtype=torch.{dtype}), "
+                 f"torch.randn(2, 2, 50, 32, dtype=torch.{dtype})]", dtype)
+    (g,) = plan.groups
+    assert g.kind == "attention"
+    geo = group_geometry(plan, g, 3)
+    assert (geo["group"], geo["itemsize"]) == (2, 2)
+
+
 @pytest.mark.parametrize("call,inputs,why", [
     ("F.scaled_dot_product_attention(q, k, v)",
-     "[torch.randn(2, 3, 50, 32, dtype=torch.bfloat16)] * 3", "PyTorch's fused kernels"),
+     "[torch.randn(2, 3, 50, 32, dtype=torch.float64)] * 3", "no tensor-core path"),
     ("F.scaled_dot_product_attention(q, k, v, attn_mask=q[..., :1] > 0)",
      "[torch.randn(2, 3, 50, 50)] * 3", "mask"),
     ("F.scaled_dot_product_attention(q, k, v)", "[torch.randn(1, 2, 8, 512)] * 3", "head dim 512"),
@@ -45,7 +59,10 @@ def test_attention_the_template_does_not_take_says_why(call, inputs, why, write_
 
 
 def test_attention_heuristic_keeps_the_gpu_busy():
-    assert H.attention_config(4096, 4096, 128, 64)["BLOCK_M"] == 64
+    assert H.attention_config(4096, 4096, 128, 64)["BLOCK_M"] == 64  # fp32: 3xTF32 tiles
+    bf16 = H.attention_config(2048, 2048, 128, 64, 132, itemsize=2)  # the tutorial's Hopper tile
+    assert (bf16["BLOCK_M"], bf16["BLOCK_N"], bf16["num_warps"], bf16["num_stages"]) == (128, 64, 8, 3)
     decode = H.attention_config(16, 8192, 128, 32)  # few query rows: smaller query blocks
     assert decode["BLOCK_M"] == 16
     assert H.attention_config(1024, 1024, 256, 64)["BLOCK_N"] == 32
+    assert H.attention_config(1, 8192, 128, 256, sm_count=132)["SPLIT_PROGRAMS"] == 4 * 132

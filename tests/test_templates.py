@@ -113,8 +113,9 @@ CASES = {
         "x):\n        return self.bn(torch.tanh(x) * self.s)\n", "[torch.randn(183, 97) * 3 + 1]",
         members="        self.bn = nn.BatchNorm1d(97)\n        self.s = nn.Parameter(torch.tensor(1.7))\n"),
         {"g1": {"SPLITS": 4, "BLOCK": 512}}),
-    # fp32 flash attention: irregular sequence lengths (blocks cut at both edges), causal with
-    # more queries than keys, grouped-query heads, 3-d operands and a head dim of 40
+    # fp32 flash attention (the flash mapping forced: DECODE_ROWS 16): irregular sequence
+    # lengths (blocks cut at both edges), causal with more queries than keys, grouped-query
+    # heads, 3-d operands and a head dim of 40
     "attention": ("attention", problem(
         "q, k, v, q3, k3):\n        return (F.scaled_dot_product_attention(q, k, v),\n"
         "                F.scaled_dot_product_attention(q, k[:, :, :29], v[:, :, :29], is_causal=True, scale=0.3),\n"
@@ -122,7 +123,13 @@ CASES = {
         "                F.scaled_dot_product_attention(q3, k3, k3))\n",
         "[torch.randn(2, 4, 37, 40), torch.randn(2, 4, 45, 40), torch.randn(2, 4, 45, 40), "
         "torch.randn(3, 19, 16), torch.randn(3, 23, 16)]"),
-        {g: {"BLOCK_M": 16, "BLOCK_N": 16} for g in ("g0", "g1", "g2", "g3")}),
+        {g: {"BLOCK_M": 16, "BLOCK_N": 16, "DECODE_ROWS": 16} for g in ("g0", "g1", "g2", "g3")}),
+    # LM head + cross-entropy, the fused product (the chunked cuBLAS mapping is stage 1's)
+    "linear_ce": ("linear_ce", problem(
+        "h, t):\n        return F.cross_entropy(self.fc(h).float(), t, ignore_index=3)\n",
+        "[torch.randn(45, 37), torch.randint(0, 301, (45,))]",
+        members="        self.fc = nn.Linear(37, 301)\n"),
+        {"g0": {"MODE": 1, "BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 16}}),
     "scan": ("scan", problem(
         "x):\n        return torch.cumsum(x.flip(1), 1).flip(1), torch.cumsum(x, dim=-1)\n",
         "[torch.rand(183, 781)]"), None),
@@ -171,8 +178,8 @@ def test_gpu_templates_script_casts_a_case_and_verifies_it(tmp_path):
     mod = load_script("scripts/gpu_templates.py")
     r = mod.run_case("group_norm", "bfloat16", "cpu", 1, tmp_path)
     assert r["ok"], r["why"]
-    r = mod.run_case("attention", "bfloat16", "cpu", 1, tmp_path)  # fp32-only: runs in fp32
-    assert r["ok"] and r["dtype"] == "float32", r["why"]
+    r = mod.run_case("attention", "bfloat16", "cpu", 1, tmp_path)  # tensor cores in 16-bit too
+    assert r["ok"] and r["dtype"] == "bfloat16", r["why"]
     assert "torch.bfloat16" in (tmp_path / "group_norm.py").read_text()
 
 

@@ -25,6 +25,14 @@ SMALL = {
     "07_causal_prefill_attention": "BATCH, Q_HEADS, KV_HEADS, HEAD_DIM, SEQ = 1, 4, 2, 16, 32",
     "08_lm_head_cross_entropy": "TOKENS, HIDDEN, VOCAB = 16, 64, 500",
     "09_decode_gemv": "BATCH, HIDDEN, INTERMEDIATE = 2, 64, 96",
+    "10_rms_norm_fp32_weight": "BATCH, SEQ, HIDDEN = 2, 8, 64",
+    "11_layer_norm": "TOKENS, HIDDEN = 16, 96",
+    "12_gqa_decode_attention_manual": "BATCH, Q_HEADS, KV_HEADS, HEAD_DIM, CACHE_LEN = 2, 4, 2, 16, 64",
+    "13_causal_prefill_attention_manual": "BATCH, Q_HEADS, KV_HEADS, HEAD_DIM, SEQ = 1, 4, 2, 16, 32",
+    "14_rope_interleaved": "BATCH, SEQ, Q_HEADS, KV_HEADS, HEAD_DIM = 2, 8, 4, 2, 16",
+    "15_rms_norm_sum_div": "BATCH, SEQ, HIDDEN = 2, 8, 64",
+    "16_lm_head_cross_entropy_padded": "BATCH, SEQ, HIDDEN, VOCAB, PAD = 2, 8, 64, 500, 3",
+    "17_sdpa_repeated_kv_decode": "BATCH, Q_HEADS, KV_HEADS, HEAD_DIM, CACHE_LEN = 2, 4, 2, 16, 64",
 }
 
 

@@ -30,6 +30,8 @@ class PointwiseSpec:
     rolls: dict[int, int] = field(default_factory=dict)
     #: outputs returned in the standard layout (a channels-last walk converted back)
     std_outputs: list[int] = field(default_factory=list)
+    #: inputs loaded at the neighbouring column of their (even, odd) pair: interleaved RoPE
+    pairs: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -124,8 +126,8 @@ def stmt_lines(stmts: list[Stmt]) -> list[str]:
 
 
 def all_templates() -> dict[str, TemplateInfo]:
-    from knowledge.templates import (attention, chanstats, matmul, norm, pointwise, pool,
-                                     reduction, scan, softmax)
+    from knowledge.templates import (attention, chanstats, linear_ce, matmul, norm, pointwise,
+                                     pool, reduction, scan, softmax)
 
     return {m.INFO.name: m.INFO for m in (pointwise, reduction, softmax, norm, pool, scan,
-                                          chanstats, matmul, attention)}
+                                          chanstats, matmul, attention, linear_ce)}

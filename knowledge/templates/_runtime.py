@@ -334,6 +334,21 @@ def _egg_rotate_half(x):
     return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
 
 
+def _egg_rotate_pairs(x):
+    """Interleaved RoPE's rotation of each (even, odd) pair: torch.stack((-x[..., 1::2],
+    x[..., ::2]), dim=-1).flatten(-2). Inside a pointwise kernel it is one load of x at the
+    neighbouring column (rw-rotate-half)."""
+    return torch.stack((-x[..., 1::2], x[..., ::2]), dim=-1).flatten(-2)
+
+
+def _egg_linear_cross_entropy(x, weight, target, bias=None, ignore_index=-100, reduction="mean"):
+    """cross_entropy(linear(x, weight, bias).float(), target): the LM head and its loss, as eager
+    computes them (rw-linear-cross-entropy). Its kernel never writes the logits whole."""
+    logits = torch.nn.functional.linear(x, weight, bias).float()
+    return torch.nn.functional.cross_entropy(logits, target, ignore_index=ignore_index,
+                                             reduction=reduction)
+
+
 def _egg_nhwc_operand(t, nd):
     """An operand broadcast against an (N, C, *S) tensor, as seen from its (N, *S, C) view: padded
     to nd dims and permuted the same way (a view, no copy)."""

@@ -1,11 +1,25 @@
-"""Template: flash attention (forward), for F.scaled_dot_product_attention.
+"""Template: attention forward, for F.scaled_dot_product_attention (and hand-written attention
+the canonical forms turn into it: codegen.rewrites attention_pattern).
 
-One program computes BLOCK_M query rows of one (batch, head): it walks the keys in BLOCK_N
-blocks, keeping a running row maximum and sum (online softmax, principle alg-online-softmax) and
-an fp32 accumulator of P V, so the S x S score matrix never reaches memory (principle
-alg-flash-attention). Causal masking (top-left, as torch's ``is_causal``) stops the key walk at
-the block's last row. Grouped-query attention maps query head h to key/value head
-h // (H / H_kv). fp32 operands use 3xTF32 dots as the matmul template does.
+Two mappings, chosen by the wrapper from the shapes (principles alg-flash-attention,
+alg-split-kv-decode):
+- FLASH (prefill): one program computes BLOCK_M query rows of one (batch, head): it walks the
+  keys in BLOCK_N blocks, keeping a running row maximum and sum (online softmax, principle
+  alg-online-softmax) and an fp32 accumulator of P V, so the S x S score matrix never reaches
+  memory. Causal masking (top-left, as torch's ``is_causal``) is computed from the row and key
+  indices: the key blocks wholly below the diagonal run without any mask, the ones the diagonal
+  crosses with it, and the ones above it are never read. Causal programs start with the longest
+  rows (the last query blocks) so the short ones fill the tail.
+- SPLIT (decode: few query rows per key/value head): the query rows of the G = H / H_kv heads
+  that share one key/value head are packed into one tile (GQA read through indexing: each key
+  block is loaded once for all of them, never copied per head), and the key range is cut into
+  SPLITS chunks walked by programs of their own (split-KV, flash-decoding), so that a handful of
+  (batch, head) pairs still spread over every SM. Each chunk writes its unnormalized fp32 partial
+  output with its row maximum and sum; a second kernel merges the chunks.
+
+Grouped-query attention maps query head h to key/value head h // (H / H_kv). Products of 16-bit
+operands run on tensor cores with fp32 accumulation (P cast to the value dtype for P V, as
+FlashAttention does); fp32 operands use 3xTF32 dots as the matmul template does.
 """
 from __future__ import annotations
 
@@ -19,11 +33,20 @@ INFO = TemplateInfo(
     name="attention",
     kind="attention",
     tunables={"BLOCK_M": [16, 32, 64, 128], "BLOCK_N": [16, 32, 64, 128], "num_warps": [4, 8],
-              "num_stages": [1, 2, 3, 4]},
-    defaults={"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
-    principle_ids=["alg-flash-attention", "alg-online-softmax", "alg-no-lower-precision"],
-    description="flash-attention forward: online softmax over key blocks, optional causal, GQA",
+              "num_stages": [1, 2, 3, 4], "DECODE_ROWS": [16, 32, 64, 128],
+              "SPLIT_PROGRAMS": [132, 264, 528, 1056]},
+    defaults={"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "DECODE_ROWS": 64,
+              "SPLIT_PROGRAMS": 528},
+    principle_ids=["alg-flash-attention", "alg-split-kv-decode", "alg-online-softmax",
+                   "alg-no-lower-precision"],
+    description="attention forward: flash (online softmax over key blocks, causal from indices) "
+                "or split-KV decode with GQA heads packed per key/value head",
 )
+
+
+#: warps of a split-KV program: its query tile is 16-64 packed rows (too short for Hopper's
+#: warpgroup products), so it streams keys with 4 warps as flash-decoding kernels do
+DECODE_WARPS = 4
 
 
 @dataclass
@@ -34,55 +57,216 @@ class AttentionSpec:
     gqa: bool  # key/value heads may divide the query heads
 
 
-def render(spec: AttentionSpec, cfg: dict, kname: str, gname: str) -> Rendered:
-    cfg = {**INFO.defaults, **(cfg or {})}
+def _dots(spec: AttentionSpec) -> tuple[str, list[str]]:
+    """The tl.dot options, and the lines that make ``pv``, the P of P V: P rounded to the value
+    dtype for 16-bit operands (as FlashAttention does), back in fp32 where the dots run on fp32
+    copies (the interpreter)."""
     prec = dot_precision(spec.dtype)
     opt = f", input_precision={prec!r}" if prec else ""
-    p_cast = "p" if spec.dtype == "float32" else "p.to(v.dtype)"
+    if spec.dtype == "float32":
+        return opt, ["pv = p"]
+    return opt, ["pv = p.to(V.dtype.element_ty)", "if DOT_F32:", "    pv = pv.to(tl.float32)"]
+
+
+#: the online-softmax step on a score tile ``s`` (log2 units, -inf where masked): a row that
+#: has seen no key yet keeps max -inf, so the exponent is taken against 0 there (no -inf - -inf)
+STEP = [
+    "m_new = tl.maximum(m_i, tl.max(s, 1))",
+    'm_use = tl.where(m_new == float("-inf"), 0.0, m_new)',
+    "p = tl.exp2(s - m_use[:, None])",
+    "alpha = tl.exp2(m_i - m_use)",
+    "l_i = l_i * alpha + tl.sum(p, 1)",
+]
+
+
+def _flash(spec: AttentionSpec, kname: str) -> str:
+    opt, p_cast = _dots(spec)
+
+    def block(masked: bool) -> list[str]:
+        kmask = "mn[None, :] & md[:, None]" if masked else "md[:, None]"
+        vmask = "mn[:, None] & md[None, :]" if masked else "md[None, :]"
+        kp = "K + kb + rn[None, :] * skn + rd[:, None] * skd"
+        vp = "V + vb + rn[:, None] * svn + rd[None, :] * svd"
+        lines = ["rn = n0 + tl.arange(0, BLOCK_N)", "mn = rn < N"]
+        if masked:
+            lines.append(f"kt = tl.load({kp}, mask={kmask}, other=0.0)")
+        else:  # whole key blocks: no mask at all when the head dim fills BLOCK_D
+            lines += ["if EVEN_D:", f"    kt = tl.load({kp})", "else:",
+                      f"    kt = tl.load({kp}, mask={kmask}, other=0.0)"]
+        lines += [
+            "if DOT_F32:",
+            "    kt = kt.to(tl.float32)",
+            f"s = tl.dot(q, kt{opt}) * QK_SCALE",  # scores in log2 units
+        ]
+        if masked:
+            lines += ["keep = mn[None, :]",
+                      "if CAUSAL:",
+                      "    keep = keep & (rn[None, :] <= rm[:, None])",
+                      's = tl.where(keep, s, float("-inf"))']
+        lines += STEP
+        if masked:
+            lines.append(f"v = tl.load({vp}, mask={vmask}, other=0.0)")
+        else:
+            lines += ["if EVEN_D:", f"    v = tl.load({vp})", "else:",
+                      f"    v = tl.load({vp}, mask={vmask}, other=0.0)"]
+        lines += [
+            "if DOT_F32:",
+            "    v = v.to(tl.float32)",
+            *p_cast,
+            f"acc = tl.dot(pv, v, acc * alpha[:, None]{opt})",
+            "m_i = m_new",
+        ]
+        return lines
+
     body = [
         "pid_m = tl.program_id(0)",
+        "if CAUSAL:  # the longest rows first: the short ones fill the tail",
+        "    pid_m = tl.num_programs(0) - 1 - pid_m",
         "bh = tl.program_id(1).to(tl.int64)",
         "b = bh // H",
         "h = bh % H",
         "hk = h // (H // HKV)",
+        "kb = b * skb + hk * skh",
+        "vb = b * svb + hk * svh",
         "rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)",
         "rd = tl.arange(0, BLOCK_D)",
         "md = rd < D",
         "q = tl.load(Q + b * sqb + h * sqh + rm[:, None] * sqm + rd[None, :] * sqd,",
         "            mask=(rm[:, None] < M) & md[None, :], other=0.0)",
+        "if DOT_F32:",
+        "    q = q.to(tl.float32)",
         'm_i = tl.full([BLOCK_M], float("-inf"), tl.float32)',
         "l_i = tl.zeros([BLOCK_M], tl.float32)",
         "acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)",
-        "hi = tl.minimum(N, (pid_m + 1) * BLOCK_M) if CAUSAL else N",
-        "for n0 in range(0, hi, BLOCK_N):",
-        "    rn = n0 + tl.arange(0, BLOCK_N)",
-        "    mn = rn < N",
-        "    kt = tl.load(K + b * skb + hk * skh + rn[None, :] * skn + rd[:, None] * skd,",
-        "                 mask=mn[None, :] & md[:, None], other=0.0)",
-        f"    s = tl.dot(q, kt{opt}) * QK_SCALE",  # scores in log2 units
-        "    keep = mn[None, :]",
-        "    if CAUSAL:",
-        "        keep = keep & (rn[None, :] <= rm[:, None])",
-        '    s = tl.where(keep, s, float("-inf"))',
-        "    m_new = tl.maximum(m_i, tl.max(s, 1))",
-        "    p = tl.exp2(s - m_new[:, None])",
-        "    alpha = tl.exp2(m_i - m_new)",
-        "    l_i = l_i * alpha + tl.sum(p, 1)",
-        "    v = tl.load(V + b * svb + hk * svh + rn[:, None] * svn + rd[None, :] * svd,",
-        "                mask=mn[:, None] & md[None, :], other=0.0)",
-        f"    acc = tl.dot({p_cast}, v, acc * alpha[:, None]{opt})",
-        "    m_i = m_new",
+        # key blocks wholly visible to every row of this block and inside N: no mask
+        "full = (N // BLOCK_N) * BLOCK_N",
+        "if CAUSAL:",
+        "    full = tl.minimum(full, pid_m * BLOCK_M)",
+        "    hi = tl.minimum(N, (pid_m + 1) * BLOCK_M)",
+        "else:",
+        "    hi = N",
+        "for n0 in range(0, full, BLOCK_N):",
+    ]
+    body += ["    " + ln for ln in block(False)]
+    body.append("for n0 in range(full, hi, BLOCK_N):  # the diagonal and the edge: masked")
+    body += ["    " + ln for ln in block(True)]
+    body += [
         "out = acc / l_i[:, None]",
         "tl.store(O + bh * M * D + rm[:, None] * D + rd[None, :], out.to(O.dtype.element_ty),",
         "         mask=(rm[:, None] < M) & md[None, :])",
     ]
     params = ["Q", "K", "V", "O", "sqb", "sqh", "sqm", "sqd", "skb", "skh", "skn", "skd",
               "svb", "svh", "svn", "svd", "H", "HKV", "M", "N", "D", "QK_SCALE",
-              "CAUSAL: tl.constexpr", "BLOCK_M: tl.constexpr", "BLOCK_N: tl.constexpr",
-              "BLOCK_D: tl.constexpr"]
-    kernel = f"@triton.jit\ndef {kname}({', '.join(params)}):\n{indent(body, 4)}\n"
+              "CAUSAL: tl.constexpr", "DOT_F32: tl.constexpr", "EVEN_D: tl.constexpr",
+              "BLOCK_M: tl.constexpr", "BLOCK_N: tl.constexpr", "BLOCK_D: tl.constexpr"]
+    return f"@triton.jit\ndef {kname}({', '.join(params)}):\n{indent(body, 4)}\n"
+
+
+def _split(spec: AttentionSpec, kname: str) -> str:
+    """Split-KV decode: program (b * HKV + hk, s) holds the G * M query rows of key/value head
+    hk packed as tile rows r (head hk * G + r // M, query r % M) and walks keys [s * CHUNK,
+    (s + 1) * CHUNK)."""
+    opt, p_cast = _dots(spec)
+    body = [
+        "bhk = tl.program_id(0).to(tl.int64)",
+        "sp = tl.program_id(1)",
+        "b = bhk // HKV",
+        "hk = bhk % HKV",
+        "G = H // HKV",
+        "r = tl.arange(0, BLOCK_M)",
+        "mr = r < G * M",
+        "hq = hk * G + r // M",
+        "mq = r % M",
+        "rd = tl.arange(0, BLOCK_D)",
+        "md = rd < D",
+        "q = tl.load(Q + b * sqb + hq[:, None] * sqh + mq[:, None] * sqm + rd[None, :] * sqd,",
+        "            mask=mr[:, None] & md[None, :], other=0.0)",
+        "if DOT_F32:",
+        "    q = q.to(tl.float32)",
+        "kb = b * skb + hk * skh",
+        "vb = b * svb + hk * svh",
+        'm_i = tl.full([BLOCK_M], float("-inf"), tl.float32)',
+        "l_i = tl.zeros([BLOCK_M], tl.float32)",
+        "acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)",
+        "lo = sp * CHUNK",
+        "hi = tl.minimum(NE, lo + CHUNK)",
+        "for n0 in range(lo, hi, BLOCK_N):",
+        "    rn = n0 + tl.arange(0, BLOCK_N)",
+        "    mn = rn < hi",
+        "    kt = tl.load(K + kb + rn[None, :] * skn + rd[:, None] * skd,",
+        "                 mask=mn[None, :] & md[:, None], other=0.0)",
+        "    if DOT_F32:",
+        "        kt = kt.to(tl.float32)",
+        f"    s = tl.dot(q, kt{opt}) * QK_SCALE",
+        "    keep = mn[None, :]",
+        "    if CAUSAL:",
+        "        keep = keep & (rn[None, :] <= mq[:, None])",
+        '    s = tl.where(keep, s, float("-inf"))',
+    ]
+    body += ["    " + ln for ln in STEP]
+    body += [
+        "    v = tl.load(V + vb + rn[:, None] * svn + rd[None, :] * svd,",
+        "                mask=mn[:, None] & md[None, :], other=0.0)",
+        "    if DOT_F32:",
+        "        v = v.to(tl.float32)",
+        *["    " + ln for ln in p_cast],
+        f"    acc = tl.dot(pv, v, acc * alpha[:, None]{opt})",
+        "    m_i = m_new",
+        "om = mr[:, None] & md[None, :]",
+        "if SPLITS == 1:  # one chunk: normalize and store the output directly",
+        "    out = acc / l_i[:, None]",
+        "    tl.store(O + ((b * H + hq[:, None]) * M + mq[:, None]) * D + rd[None, :],",
+        "             out.to(O.dtype.element_ty), mask=om)",
+        "else:",
+        "    row = (bhk * SPLITS + sp) * (G * M) + r",
+        "    tl.store(OP + row[:, None] * D + rd[None, :], acc, mask=om)",
+        "    tl.store(MP + row, m_i, mask=mr)",
+        "    tl.store(LP + row, l_i, mask=mr)",
+    ]
+    params = ["Q", "K", "V", "O", "OP", "MP", "LP", "sqb", "sqh", "sqm", "sqd", "skb", "skh",
+              "skn", "skd", "svb", "svh", "svn", "svd", "H", "HKV", "M", "NE", "D", "QK_SCALE",
+              "CHUNK", "SPLITS: tl.constexpr", "CAUSAL: tl.constexpr", "DOT_F32: tl.constexpr",
+              "BLOCK_M: tl.constexpr", "BLOCK_N: tl.constexpr", "BLOCK_D: tl.constexpr"]
+    return f"@triton.jit\ndef {kname}_split({', '.join(params)}):\n{indent(body, 4)}\n"
+
+
+def _merge(kname: str) -> str:
+    """One query row per program: the chunks' partials rescaled to their common maximum."""
+    body = [
+        "pid = tl.program_id(0).to(tl.int64)",
+        "rows = G * M",
+        "bhk = pid // rows",
+        "r = pid % rows",
+        "b = bhk // HKV",
+        "h = (bhk % HKV) * G + r // M",
+        "m = r % M",
+        "s = tl.arange(0, SPLITS_P2)",
+        "ms = s < SPLITS",
+        "row = (bhk * SPLITS + s) * rows + r",
+        'mp = tl.load(MP + row, mask=ms, other=float("-inf"))',
+        "lp = tl.load(LP + row, mask=ms, other=0.0)",
+        "mx = tl.max(mp, 0)",
+        'mx = tl.where(mx == float("-inf"), 0.0, mx)',
+        "w = tl.exp2(mp - mx)",
+        "l = tl.sum(lp * w, 0)",
+        "rd = tl.arange(0, BLOCK_D)",
+        "md = rd < D",
+        "op = tl.load(OP + row[:, None] * D + rd[None, :], mask=ms[:, None] & md[None, :], other=0.0)",
+        "out = tl.sum(op * w[:, None], 0) / l",
+        "tl.store(O + ((b * H + h) * M + m) * D + rd, out.to(O.dtype.element_ty), mask=md)",
+    ]
+    params = ["O", "OP", "MP", "LP", "H", "HKV", "G", "M", "D", "SPLITS",
+              "SPLITS_P2: tl.constexpr", "BLOCK_D: tl.constexpr"]
+    return f"@triton.jit\ndef {kname}_merge({', '.join(params)}):\n{indent(body, 4)}\n"
+
+
+def render(spec: AttentionSpec, cfg: dict, kname: str, gname: str) -> Rendered:
+    cfg = {**INFO.defaults, **(cfg or {})}
+    kernel = "\n\n".join([_flash(spec, kname), _split(spec, kname), _merge(kname)])
     scale = "1.0 / math.sqrt(D)" if spec.scale is None else repr(float(spec.scale))
     bm, bn = int(cfg["BLOCK_M"]), int(cfg["BLOCK_N"])
+    nw, ns = int(cfg["num_warps"]), int(cfg["num_stages"])
+    causal = bool(spec.causal)
     w = [
         "q4, k4, v4 = (t if t.dim() == 4 else t.unsqueeze(1) for t in (q, k, v))",
         "B, H, M, D = q4.shape",
@@ -90,12 +274,40 @@ def render(spec: AttentionSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         "o = torch.empty(q4.shape, device=q.device, dtype=q.dtype)",
         "if o.numel() == 0:",
         "    return o if q.dim() == 4 else o.squeeze(1)",
-        f"qk_scale = ({scale}) * 1.4426950408889634  # log2(e): the kernel uses exp2",
+        f"qk_scale = ({scale}) * 1.4426950408889634  # log2(e): the kernels use exp2",
+        # the interpreter (CPU tensors) emulates 16-bit dots wrongly: they run on fp32 copies of
+        # the loaded tiles there, which a tensor core's fp32-accumulated product equals
+        "f32 = q.device.type == 'cpu'",
+        "BD = max(16, triton.next_power_of_2(D))",
+        "G = H // HKV",
+        f"if G * M <= {int(cfg['DECODE_ROWS'])}:  # decode: GQA rows packed, keys split",
+        f"    ne = min(N, M) if {causal} else N  # top-left causal: row m sees keys <= m",
+        "    BR = max(16, triton.next_power_of_2(G * M))",
+        f"    want = triton.cdiv({int(cfg['SPLIT_PROGRAMS'])}, B * HKV)  # programs per (b, kv head)",
+        f"    splits = max(1, min(triton.cdiv(ne, {bn}), want))",
+        f"    chunk = max(1, triton.cdiv(triton.cdiv(ne, splits), {bn})) * {bn}",
+        "    splits = max(1, triton.cdiv(ne, chunk))",
+        "    if splits > 1:",
+        "        op = torch.empty((B * HKV * splits * G * M, D), device=q.device, dtype=torch.float32)",
+        "        mp = torch.empty((B * HKV * splits * G * M,), device=q.device, dtype=torch.float32)",
+        "        lp = torch.empty_like(mp)",
+        "    else:",
+        "        op = mp = lp = o",
+        f"    {kname}_split[(B * HKV, splits)](q4, k4, v4, o, op, mp, lp, *q4.stride(), *k4.stride(),",
+        "        *v4.stride(), H, HKV, M, ne, D, qk_scale, chunk, SPLITS=splits,",
+        f"        CAUSAL={causal}, DOT_F32=f32, BLOCK_M=BR, BLOCK_N={bn}, BLOCK_D=BD,",
+        f"        num_warps={min(nw, DECODE_WARPS)}, num_stages={ns})",
+        "    if splits > 1:",
+        f"        {kname}_merge[(B * HKV * G * M,)](o, op, mp, lp, H, HKV, G, M, D, splits,",
+        "            SPLITS_P2=triton.next_power_of_2(splits), BLOCK_D=BD, num_warps=4)",
+        "    return o if q.dim() == 4 else o.squeeze(1)",
+        # causal blocks: BLOCK_N divides BLOCK_M, so the unmasked key blocks end on a row block
+        f"BN = min({bn}, {bm}) if {causal} else {bn}",
         f"grid = (triton.cdiv(M, {bm}), B * H)",
         f"{kname}[grid](q4, k4, v4, o, *q4.stride(), *k4.stride(), *v4.stride(), H, HKV, M, N, D,",
-        f"    qk_scale, CAUSAL={spec.causal}, BLOCK_M={bm}, BLOCK_N={bn},",
-        "    BLOCK_D=max(16, triton.next_power_of_2(D)),",
-        f"    num_warps={int(cfg['num_warps'])}, num_stages={int(cfg['num_stages'])})",
+        f"    qk_scale, CAUSAL={causal}, DOT_F32=f32, EVEN_D=D == BD, BLOCK_M={bm}, BLOCK_N=BN,",
+        "    BLOCK_D=BD,",
+        f"    num_warps={nw}, num_stages={ns})",
         "return o if q.dim() == 4 else o.squeeze(1)",
     ]
     wrapper = f"def {gname}(q, k, v):\n{indent(w, 4)}\n"

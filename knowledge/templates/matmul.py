@@ -91,7 +91,8 @@ def render(spec: MatmulSpec, cfg: dict, kname: str, gname: str) -> Rendered:
     for i in epi:
         common += [f"E{i}_b", f"E{i}_m", f"E{i}_n"]
     params = common + ["P", "K", "sab", "sam", "sak", "sbb", "sbk", "sbn", "K_SPLIT",
-                       "I64: tl.constexpr", "EVEN_K: tl.constexpr", "SPLIT_K: tl.constexpr",
+                       "I64: tl.constexpr", "EVEN_K: tl.constexpr", "DOT_F32: tl.constexpr",
+                       "SPLIT_K: tl.constexpr",
                        "BLOCK_M: tl.constexpr", "BLOCK_N: tl.constexpr", "BLOCK_K: tl.constexpr",
                        "GROUP_M: tl.constexpr"]
     prec = dot_precision(spec.in_dtypes[spec.a])
@@ -132,6 +133,9 @@ def render(spec: MatmulSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         "        kr = k_hi - k0",
         "        a = tl.load(a_ptrs, mask=rk[None, :] < kr, other=0.0)",
         "        b = tl.load(b_ptrs, mask=rk[:, None] < kr, other=0.0)",
+        "    if DOT_F32:  # the interpreter emulates 16-bit dots wrongly: fp32 copies of the tiles",
+        "        a = a.to(tl.float32)",
+        "        b = b.to(tl.float32)",
         f"    acc = {dot}",
         "    a_ptrs += BLOCK_K * sak",
         "    b_ptrs += BLOCK_K * sbk",
@@ -207,7 +211,8 @@ def render(spec: MatmulSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         "big = max(A3.numel(), B3.numel(), part.numel()) >= 2**31 - 1",
         f"grid = (triton.cdiv(M, {bm}) * triton.cdiv(N, {bn}), BT * split)",
         f"{kname}[grid]({head}, part, K, sab, sam, sak, sbb, sbk, sbn, k_split, I64=big, "
-        f"EVEN_K=K % {bk} == 0, SPLIT_K=split, BLOCK_M={bm}, BLOCK_N={bn}, BLOCK_K={bk}, "
+        f"EVEN_K=K % {bk} == 0, DOT_F32=A.device.type == 'cpu' and A.dtype != torch.float32, "
+        f"SPLIT_K=split, BLOCK_M={bm}, BLOCK_N={bn}, BLOCK_K={bk}, "
         f"GROUP_M={int(cfg['GROUP_M'])}, num_warps={int(cfg['num_warps'])}, "
         f"num_stages={int(cfg['num_stages'])})",
         "if split > 1:",

@@ -4,7 +4,8 @@ The domain is walked in the memory order of its first dense full-size input (cha
 channels-last out, both coalesced; the standard order otherwise). Inputs laid out like the walk
 are indexed by the flat offset; others (broadcast bias, permuted views) by a 4-d strided index
 after collapsing mergeable dims. A rotate-half operand (RoPE) is loaded at the column rolled by
-half its last dim, with the domain walked in its standard order.
+half its last dim, an interleaved-RoPE operand at the other column of its (even, odd) pair, with
+the domain walked in its standard order.
 
 Outputs asked for in the standard layout (a convolution's channels-last result converted back
 for the caller, codegen.layout) are written in it directly when the walk is channels-last: a
@@ -52,6 +53,9 @@ def render(spec: PointwiseSpec, cfg: dict, kname: str, gname: str) -> Rendered:
             d = spec.rolls[i]
             body.append(f"offs_r{i} = offs - offs % {d} + (offs % {d} + {d // 2}) % {d}")
             at = f"offs_r{i}"
+        if i in spec.pairs:  # interleaved rotation: the other column of the (even, odd) pair
+            body.append(f"offs_r{i} = offs + 1 - 2 * (offs % 2)")
+            at = f"offs_r{i}"
         body += [
             f"if F{i}:",
             f"    i{i} = {at}",
@@ -63,7 +67,8 @@ def render(spec: PointwiseSpec, cfg: dict, kname: str, gname: str) -> Rendered:
     for j, (var, _dt) in enumerate(spec.outputs):
         body.append(f"tl.store(O{j} + offs, ({var}).to(O{j}.dtype.element_ty), mask=mask)")
     kernel = f"@triton.jit\ndef {kname}({sig}):\n{indent(body, 4)}\n"
-    tiled = bool(spec.std_outputs) and len(spec.std_outputs) == len(spec.outputs) and not spec.rolls
+    rolled = bool(spec.rolls or spec.pairs)
+    tiled = bool(spec.std_outputs) and len(spec.std_outputs) == len(spec.outputs) and not rolled
     if tiled:
         kernel += "\n\n" + _tiled_kernel(spec, kname)
 
@@ -85,10 +90,10 @@ def render(spec: PointwiseSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         "shape = torch.broadcast_shapes(*[t.shape for t in ts])",
         "dev = ts[0].device",
         # rolled loads index the domain in its standard order (columns of the last dim)
-        f"lay = _egg_pointwise_layout(shape, ts{', False' if spec.rolls else ''})",
+        f"lay = _egg_pointwise_layout(shape, ts{', False' if rolled else ''})",
         "if lay is None:  # strides that do not collapse to 4 dims (a permuted input): copies do",
         "    ts = tuple(t.contiguous() for t in ts)",
-        f"    lay = _egg_pointwise_layout(shape, ts{', False' if spec.rolls else ''})",
+        f"    lay = _egg_pointwise_layout(shape, ts{', False' if rolled else ''})",
         "if lay is None:",
         "    raise RuntimeError(f'EGG: pointwise domain {tuple(shape)} needs more than 4 dimensions')",
         "dims, sts, flat, order = lay",

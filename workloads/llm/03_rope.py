@@ -6,6 +6,8 @@ import torch.nn as nn
 # --- shapes (workloads/small_shapes.py writes this file with tiny shapes)
 BATCH, SEQ, Q_HEADS, KV_HEADS, HEAD_DIM = 4, 2048, 32, 8, 128  # Llama-3-8B
 # --- end shapes
+# roofline (harness.roofline; H200: 4.8 TB/s, 989 bf16 TFLOP/s): 169 MB and 0.147 GFLOP,
+#   floor 0.035 ms, memory-bound
 THETA = 500000.0  # Llama-3 rope_theta
 
 

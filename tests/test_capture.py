@@ -1,0 +1,391 @@
+"""Capture that survives whole models (docs/capture.md): graph breaks, regions, plain tensor
+attributes as buffers, tables computed once at init, recurrent layers on meta tensors, budgets.
+
+The problems under tests/capture_cases are the project's own (a GPT block with a sliced mask
+buffer, RoPE with tables built in forward and kept as attributes, transformers' LlamaDecoderLayer
+at a tiny config, a data-dependent branch)."""
+import pathlib
+import time
+
+import pytest
+import torch
+
+from codegen import pipeline
+from codegen.pipeline import compile_problem
+from harness.capture import capture
+from harness.problem import load_module, load_problem
+from tests.helpers import outputs
+
+CASES = pathlib.Path(__file__).parent / "capture_cases"
+HEAD = "import torch\nimport torch.nn as nn\n"
+
+
+def _problem(body: str, inputs: str, members: str = "", args: str = "x", init: str = "") -> str:
+    return (HEAD + "class Model(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+            + (members or "        pass\n") + f"\n    def forward(self, {args}):\n" + body
+            + f"\ndef get_inputs():\n    return [{inputs}]\n\ndef get_init_inputs():\n    return [{init}]\n")
+
+
+def _new_module(prob, tmp_path, name="cand"):
+    comp = compile_problem(prob)
+    assert comp.emitted is not None, comp.error
+    path = tmp_path / f"{name}.py"
+    path.write_text(comp.emitted.source)
+    return comp, load_module(path, "candidate")
+
+
+def _pair(prob, mod, seed=3):
+    init = prob.init_inputs()
+    torch.manual_seed(seed)
+    ref = prob.Model(*init)
+    torch.manual_seed(seed)
+    new = mod.ModelNew(*init)
+    return ref, new
+
+
+def _same(ref, new, xs, atol=1e-5):
+    with torch.no_grad():
+        r, g = outputs(ref(*xs)), outputs(new(*xs))
+    assert len(r) == len(g)
+    for a, b in zip(r, g):
+        assert a.shape == b.shape and a.dtype == b.dtype
+        torch.testing.assert_close(b, a, atol=atol, rtol=atol)
+
+
+# ------------------------------------------------------------------------------------- capture
+def test_symbolic_fx_first_and_whole():
+    """A problem fx traces whole keeps today's capture: one graph, no break."""
+    cap = capture(load_problem(CASES / "rope_forward.py"))
+    assert cap.method == "fx" and cap.breaks == [] and cap.regions == 1
+
+
+def test_sliced_mask_buffer_is_a_graph_op():
+    """self.bias[:, :, :T, :T] (T from x.size()): fx fails; the buffer is traced as a graph value,
+    so the whole block is one graph without a break."""
+    cap = capture(load_problem(CASES / "gpt_block.py"))
+    assert cap.gm is not None, cap.error
+    assert cap.method == "fx-breaks" and cap.breaks == []
+    slices = [n for n in cap.gm.graph.nodes if n.op == "call_function" and "getitem" in str(n.target)
+              and any(a.op == "get_attr" and a.target == "attn.bias" for a in n.all_input_nodes)]
+    assert slices, "the mask buffer is not sliced in the graph"
+
+
+def test_tensor_attributes_become_buffers():
+    cap = capture(load_problem(CASES / "rope_attrs.py"))
+    assert cap.gm is not None, cap.error
+    assert sorted(cap.attr_buffers) == ["cos_cached", "sin_cached"]
+
+
+def test_data_dependent_branch_is_a_break_between_two_regions():
+    prob = load_problem(CASES / "branchy.py")
+    cap = capture(prob)
+    assert cap.method == "fx-breaks" and [b.stmt for b in cap.breaks] == ["if y.mean() > 1.5:"]
+    plan, _rw, err = pipeline.analyze(prob)
+    assert err is None
+    regions = sorted({plan.regions[g.members[0]] for g in plan.groups})
+    assert regions == [0, 1], "a fused group on each side of the branch"
+
+
+def test_no_kernel_spans_a_graph_break(write_problem):
+    """y and z are one pointwise chain in program order; a statement between them that fx cannot
+    trace (it may have effects) keeps them in two kernels."""
+    src = _problem("        y = x * 2.0\n        if x.sum() > 0:\n            self.n += 1\n"
+                   "        return (y + 1.0).relu()\n", "torch.randn(5, 7)",
+                   members="        self.n = 0\n")
+    plan, _rw, err = pipeline.analyze(load_problem(write_problem(src, "barrier")))
+    assert err is None and len(plan.capture.breaks) == 1
+    groups = [[m.name for m in g.members] for g in plan.groups]
+    assert groups == [["mul"], ["add", "relu"]]
+    # the same chain without the break is one kernel
+    src2 = _problem("        y = x * 2.0\n        return (y + 1.0).relu()\n", "torch.randn(5, 7)")
+    plan2, _rw, _err = pipeline.analyze(load_problem(write_problem(src2, "nobarrier")))
+    assert [[m.name for m in g.members] for g in plan2.groups] == [["mul", "add", "relu"]]
+
+
+def test_llama_decoder_layer_captures_with_two_breaks():
+    pytest.importorskip("transformers")
+    cap = capture(load_problem(CASES / "llama_layer.py"))
+    assert cap.gm is not None, cap.error
+    assert [b.where for b in cap.breaks] == ["LlamaAttention.forward"] * 2
+    assert all("Proxy object cannot be iterated" in b.reason for b in cap.breaks)
+    # a library module's statement reads its globals through an import of the module
+    assert all(src.startswith("import transformers.") or "import" not in src
+               for src in cap.break_sources.values())
+
+
+def test_unsupplied_defaults_are_traced_as_constants(write_problem):
+    """forward(self, x, h=None) called with x alone: the h-is-None way is traced."""
+    src = _problem("        if h is None:\n            h = torch.zeros_like(x)\n        return (x + h).relu()\n",
+                   "torch.randn(3, 4)", args="x, h=None")
+    cap = capture(load_problem(write_problem(src, "defaults")))
+    assert cap.method == "fx" and cap.gm is not None, cap.error
+
+
+def test_recurrent_layers_on_meta_are_answered_by_shape():
+    """nn.LSTM / nn.GRU on meta tensors: the shapes a real call gives, without the per-step
+    decomposition (a 6-layer LSTM over 512 steps took 180 s on meta before)."""
+    from harness.metarun import FastMeta
+
+    for make, x_shape, h in [
+        (lambda: torch.nn.LSTM(8, 16, 2, batch_first=True, proj_size=4), (3, 5, 8), None),
+        (lambda: torch.nn.GRU(8, 16, 3, bidirectional=True), (5, 3, 8), None),
+        (lambda: torch.nn.RNN(8, 16, 1), (5, 8), None),
+    ]:
+        torch.manual_seed(0)
+        real = make()
+        want = real(torch.randn(*x_shape))
+        with torch.device("meta"):
+            meta = make()
+        with FastMeta():
+            got = meta(torch.randn(*x_shape, device="meta"))
+        flat = lambda o: [o] if isinstance(o, torch.Tensor) else [t for x in o for t in flat(x)]  # noqa: E731
+        assert [t.shape for t in flat(got)] == [t.shape for t in flat(want)]
+    with torch.device("meta"):
+        big = torch.nn.LSTM(128, 256, 6, batch_first=True)
+    t0 = time.time()
+    with FastMeta():
+        big(torch.randn(10, 512, 128, device="meta"))
+    assert time.time() - t0 < 5.0
+
+
+def test_recurrent_flops_are_counted():
+    """roofline.count charges an LSTM 2 * steps * batch * rows * cols per weight matrix."""
+    from harness import roofline
+
+    class P:  # a LoadedProblem stand-in
+        pass
+
+    src = ("import torch\nimport torch.nn as nn\nclass Model(nn.Module):\n    def __init__(self):\n"
+           "        super().__init__()\n        self.rnn = nn.LSTM(8, 16, 1)\n"
+           "    def forward(self, x):\n        return self.rnn(x)[0]\n"
+           "def get_inputs():\n    return [torch.randn(5, 3, 8)]\ndef get_init_inputs():\n    return []\n")
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        p = pathlib.Path(d) / "lstm.py"
+        p.write_text(src)
+        cnt = roofline.count(load_problem(p))
+    want = 2.0 * 5 * 3 * (64 * 8 + 64 * 16)
+    assert cnt.ops.get("lstm") == pytest.approx(want)
+    del P
+
+
+# ----------------------------------------------------------------------------- generated files
+def test_branch_model_matches_on_both_ways(tmp_path):
+    prob = load_problem(CASES / "branchy.py")
+    comp, mod = _new_module(prob, tmp_path)
+    assert len(comp.emitted.kernels) == 2
+    ref, new = _pair(prob, mod)
+    for scale in (0.1, 4.0):  # the mean stays under, or goes over, the branch's threshold
+        torch.manual_seed(7)
+        xs = [x * scale for x in prob.inputs()]
+        with torch.no_grad():
+            taken = bool((torch.relu(xs[0]) + 1.0).mean() > 1.5)
+        assert taken is (scale > 1)
+        _same(ref, new, xs)
+
+
+def test_module_state_updated_by_forward_matches_over_calls(write_problem, tmp_path):
+    """A recurrent cell that keeps its hidden state as a plain attribute and replaces it in
+    forward: the assignment is a graph break, so every call sees the state the last one left."""
+    src = _problem("        self.h = self.h.to(x.device)\n        z = torch.cat((x, self.h), dim=1)\n"
+                   "        self.h = torch.tanh(self.lin(z))\n        return self.out(self.h) * 2.0 + 1.0\n",
+                   "torch.randn(4, 6)",
+                   members="        self.h = torch.randn(4, 5)\n        self.lin = nn.Linear(11, 5)\n"
+                           "        self.out = nn.Linear(5, 3)\n")
+    prob = load_problem(write_problem(src, "state"))
+    comp, mod = _new_module(prob, tmp_path)
+    assert comp.plan.capture.attr_buffers == ["h"]
+    ref, new = _pair(prob, mod)
+    assert set(new.state_dict()) == set(ref.state_dict())
+    for seed in range(3):  # the second and third calls depend on the state the first left
+        torch.manual_seed(seed)
+        _same(ref, new, prob.inputs())
+
+
+def test_rope_tables_built_in_forward_are_buffers_at_init(tmp_path):
+    prob = load_problem(CASES / "rope_forward.py")
+    comp, mod = _new_module(prob, tmp_path)
+    assert comp.plan.folds, "the cos/sin tables are not folded"
+    ref, new = _pair(prob, mod)
+    tables = {k for k, _ in new.named_buffers() if k.startswith("_egg_table_")}
+    assert tables and set(new.state_dict()) == set(ref.state_dict())
+    torch.manual_seed(1)
+    _same(ref, new, prob.inputs())
+    # another sequence length: the tables are computed as the forward did
+    q, k = torch.randn(2, 4, 17, 32), torch.randn(2, 2, 17, 32)
+    _same(ref, new, [q, k])
+    # the buffer is what a call at the problem's shapes reads: a changed buffer changes the output
+    name = sorted(tables)[0]
+    with torch.no_grad():
+        before = outputs(new(*prob.inputs()))[0].clone()
+        getattr(new, name).mul_(0.5)
+        after = outputs(new(*prob.inputs()))[0]
+    assert not torch.allclose(before, after)
+
+
+def test_rope_attribute_tables_move_with_the_module(tmp_path):
+    prob = load_problem(CASES / "rope_attrs.py")
+    comp, mod = _new_module(prob, tmp_path)
+    ref, new = _pair(prob, mod)
+    names = {k for k, _ in new.named_buffers()}
+    assert {"cos_cached", "sin_cached"} <= names
+    assert set(new.state_dict()) == set(ref.state_dict())
+    torch.manual_seed(2)
+    _same(ref, new, prob.inputs())
+    # .to() converts and moves registered buffers (a plain attribute would stay as it was)
+    new.to(torch.float64)
+    assert new.cos_cached.dtype == torch.float64 and ref.double().cos_cached.dtype == torch.float32
+    new.to(torch.float32)
+    torch.manual_seed(4)
+    _same(ref.float(), new, prob.inputs())
+
+
+# ------------------------------------------------------------------------- through the graph
+def _run(problem, tmp_path, **extra):
+    from graph.build import build_graph
+    from graph.checkpoints import sqlite_saver
+    from state import EggState, Settings
+
+    settings = Settings(device="cpu", run_dir=str(tmp_path / "run"), trials=1, timing_rep_ms=5.0,
+                        max_attempts_algorithm=2, **extra)
+    g = build_graph(checkpointer=sqlite_saver(tmp_path / "run" / "checkpoints.sqlite"))
+    config = {"configurable": {"thread_id": "t"}}
+    g.invoke({"problem_path": str(problem)}, config, context=settings)
+    return EggState.model_validate(g.get_state(config).values)
+
+
+@pytest.mark.parametrize("case", ["gpt_block", "rope_forward", "rope_attrs", "llama_layer", "branchy"])
+def test_whole_model_ends_with_a_verified_kernel(case, tmp_path):
+    """Through the graph on the CPU: the best candidate launches Triton kernels and the verifier
+    (harness.verify) passed it; the reference stays the fallback."""
+    if case == "llama_layer":
+        pytest.importorskip("transformers")
+    st = _run(CASES / f"{case}.py", tmp_path)
+    best = st.candidate(st.best_id)
+    assert best is not None and not best.fallback and best.kernels, st.stage_context["algorithm"]
+    ver = st.verification(best.id)
+    assert ver is not None and ver.passed, ver
+    if case == "branchy":
+        assert st.analysis.capture == "fx-breaks" and len(st.analysis.regions) == 2
+
+
+# ------------------------------------------------------------------------------------- budget
+def _state_with_groups(n: int, device: str = "cuda"):
+    from state import EggState, FusionGroup, HardwareInfo, Plan
+
+    hw = HardwareInfo(device=device, name="x", profile_id="h200", interpreter=device == "cpu")
+    groups = [FusionGroup(id=f"g{i}", kind="pointwise", est_bytes_saved=float(i),
+                          est_us_saved=float((i * 7) % n)) for i in range(n)]
+    groups.append(FusionGroup(id="lib_x", kind="library"))
+    return EggState(problem_path="p.py", hardware=hw, plan=Plan(groups=groups), started_at=time.time())
+
+
+def test_budget_keeps_the_largest_savings_first():
+    from knowledge import heuristics as H
+    from policies.expert import budget_deferred
+    from state import Settings
+
+    st = _state_with_groups(40)
+    deferred, note = budget_deferred(st, Settings(time_limit_s=60.0), set())
+    keep = 40 - len(deferred)  # the time left is a little under 60 s by now
+    assert H.stage1_group_budget(59.0, "cuda") <= keep <= H.stage1_group_budget(60.0, "cuda") < 40
+    kept = [g for g in st.plan.groups if g.kind != "library" and g.id not in deferred]
+    worst_kept = min(g.est_us_saved for g in kept)
+    assert all(g.est_us_saved <= worst_kept for g in st.plan.groups if g.id in deferred)
+    assert "deferred" in note
+    # no time limit: every group is fused; more time: more groups
+    assert budget_deferred(st, Settings(time_limit_s=0.0), set()) == (set(), "")
+    more, _ = budget_deferred(st, Settings(time_limit_s=300.0), set())
+    assert len(more) < len(deferred)
+
+
+def test_no_verification_starts_once_the_budget_is_spent(tmp_path):
+    """A candidate made just before the time limit is not verified past it: the verifier says
+    so at once (a run ends inside its budget with its best verified candidate)."""
+    from nodes.common import call_budget
+    from nodes.verifier import verifier
+    from state import Candidate, EggState, HardwareInfo, ProblemSpec, Settings
+
+    spec = ProblemSpec(path=str(CASES / "branchy.py"), name="branchy", source="", sha256="x")
+    hw = HardwareInfo(device="cpu", name="cpu", profile_id="cpu-interpreter", interpreter=True)
+    cand = Candidate(id="c1", stage="algorithm", author="algorithm_designer",
+                     source="class ModelNew: pass\n")
+    st = EggState(problem_path=spec.path, problem=spec, hardware=hw, candidates=[cand],
+                  current_id="c1", started_at=time.time() - 100, stage="algorithm")
+    s = Settings(device="cpu", run_dir=str(tmp_path), time_limit_s=105.0)
+    assert call_budget(s, st, 600.0) is None
+    t0 = time.time()
+
+    class R:
+        context = s
+
+    out = verifier(st, R())
+    assert time.time() - t0 < 5.0
+    (rec,) = out["verifications"]
+    assert not rec.passed and rec.category == "timeout" and "budget" in rec.reason
+    # with time left, the call is cut to what is left
+    s2 = Settings(device="cpu", time_limit_s=160.0)
+    assert 50.0 < call_budget(s2, st, 600.0) <= 60.0
+
+
+def test_regions_are_measured_node_by_node():
+    """harness.regionprof times every node of the captured graph on a real run (the wall clock
+    on the CPU, CUDA events on a GPU) and sums them per region."""
+    from harness import regionprof
+
+    got = regionprof.measure(str(CASES / "branchy.py"), "cpu", runs=2)
+    assert got["method"] == "fx-breaks" and len(got["regions"]) == 2
+    assert "_egg_break_0_out" in got["nodes"] and all(ms > 0 for ms in got["regions"])
+    assert got["total_ms"] == pytest.approx(sum(got["nodes"].values()))
+
+
+def test_a_table_follows_its_source_buffer_changed_in_place(tmp_path):
+    """The frequencies a RoPE table is built from change in place: the table is built again."""
+    prob = load_problem(CASES / "rope_forward.py")
+    _comp, mod = _new_module(prob, tmp_path)
+    ref, new = _pair(prob, mod)
+    with torch.no_grad():
+        ref.inv_freq.mul_(1.5)
+        new.inv_freq.mul_(1.5)
+    torch.manual_seed(5)
+    _same(ref, new, prob.inputs())
+
+
+# ------------------------------------------------------------------------------------ drop-in
+@pytest.mark.parametrize("case", ["gpt_block", "rope_forward", "rope_attrs", "llama_layer", "branchy"])
+def test_whole_model_file_is_a_drop_in(case):
+    """The file a whole model gets (breaks, buffers from attributes, tables at init) is a drop-in
+    (tests/dropin.check_dropin: random state, train() and eval(), scaled inputs, other sizes and
+    ranks, grad mode, moved to float64 and back), and its kernels run for the problem's inputs."""
+    from tests.dropin import check_dropin
+
+    if case == "llama_layer":
+        pytest.importorskip("transformers")
+    path = CASES / f"{case}.py"
+    comp = compile_problem(load_problem(path))
+    assert comp.emitted is not None and comp.emitted.kernels, comp.error
+    report = check_dropin(path.read_text(), comp.emitted.source, calls=1)
+    assert report.fast("own", "train") and report.fast("own", "eval")
+
+
+def test_a_value_computed_from_a_buffer_is_read_at_run_time(write_problem):
+    """fx reads a buffer as a tensor, so ``self.mask == 0`` became a constant computed at trace
+    time (on meta tensors: no file could be written; on real ones, a load_state_dict would not
+    reach it): such a forward is traced with buffers as graph values, and the file reads the
+    buffer (check_dropin loads random values into it)."""
+    from tests.dropin import check_dropin
+
+    src = _problem("        s = x @ x.transpose(-2, -1)\n"
+                   "        return torch.softmax(s.masked_fill(self.mask == 0, float('-inf')), dim=-1)\n",
+                   "torch.randn(2, 6, 4)",
+                   members="        self.register_buffer('mask', torch.tril(torch.ones(6, 6)))\n")
+    path = write_problem(src, "bufmask")
+    cap = capture(load_problem(path))
+    assert cap.method == "fx-breaks" and cap.breaks == []
+    assert not [n for n in cap.gm.graph.nodes if n.op == "get_attr"
+                and str(n.target).startswith("_tensor_constant")]
+    comp = compile_problem(load_problem(path))
+    assert comp.emitted is not None and comp.emitted.kernels, comp.error
+    report = check_dropin(src, comp.emitted.source, calls=1, variants=("own", "x3"), grad=False)
+    assert report.fast("own", "train")

@@ -1,0 +1,320 @@
+"""LLM-inference kernels against torch in the interpreter (bf16 with its caveats: 16-bit dots run
+on fp32 copies, downcasts truncate, so one bf16 ulp is allowed; fp32 too), and the rules that
+bring the spellings users write to them: attention (flash prefill, split-KV decode, GQA),
+hand-written attention, the LM head + cross-entropy, interleaved RoPE, canonical forms."""
+import pytest
+import torch
+
+from codegen import rewrites as RW
+from codegen.pipeline import analyze
+from harness.capture import capture
+from harness.problem import load_module, load_problem
+from tests.helpers import generated_matches
+
+HEAD = "import math\nimport torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n"
+BF = "dtype=torch.bfloat16"
+
+
+def problem(args: str, body: str, inputs: str, init: str = "", members: str = "") -> str:
+    return (HEAD + "class Model(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+            + (members or "        pass\n") + f"    def forward(self, {args}):\n{body}"
+            + f"def get_inputs():\n    return {inputs}\n"
+            + f"def get_init_inputs():\n    return [{init}]\n")
+
+
+def plan_of(write_problem, src: str, name: str):
+    plan, applied, err = analyze(load_problem(write_problem(src, name)))
+    assert plan is not None, err
+    return plan, applied
+
+
+# ---------------------------------------------------------------------------------- attention
+ATTN = {
+    # prefill (flash): 2 x 37 packed rows per key/value head > DECODE_ROWS; causal with GQA,
+    # keys shorter than queries with a scale, 3-d fp16 operands
+    "flash": (problem(
+        "q, k, v, q3, k3", "        return (F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),\n"
+        "                F.scaled_dot_product_attention(q, k[:, :, :29], v[:, :, :29], scale=0.3, enable_gqa=True),\n"
+        "                F.scaled_dot_product_attention(q3, k3, k3))\n",
+        f"[torch.randn(2, 4, 37, 40, {BF}), torch.randn(2, 2, 37, 40, {BF}), torch.randn(2, 2, 37, 40, {BF}),"
+        " torch.randn(3, 70, 16, dtype=torch.float16), torch.randn(3, 23, 16, dtype=torch.float16)]"),
+        {g: {"BLOCK_M": 16, "BLOCK_N": 16} for g in ("g0", "g1", "g2")},
+        ("_egg_k_g0", "_egg_k_g1", "_egg_k_g2")),
+    # decode (split-KV): 3 query heads per key/value head, 3 or 1 query rows, the cache cut in
+    # two chunks (SPLIT_PROGRAMS 8 over 4 (batch, kv head) pairs) and merged; causal decode
+    # (top-left: query m sees keys <= m) in one chunk; fp32 decode (3xTF32 dots)
+    "decode": (problem(
+        "q, k, v, qf, kf", "        return (F.scaled_dot_product_attention(q, k, v, enable_gqa=True),\n"
+        "                F.scaled_dot_product_attention(q[:, :, :1], k, v, enable_gqa=True),\n"
+        "                F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),\n"
+        "                F.scaled_dot_product_attention(qf, kf, kf))\n",
+        f"[torch.randn(2, 6, 3, 16, {BF}), torch.randn(2, 2, 77, 16, {BF}), torch.randn(2, 2, 77, 16, {BF}),"
+        " torch.randn(1, 2, 2, 24), torch.randn(1, 2, 45, 24)]"),
+        {g: {"BLOCK_N": 16, "SPLIT_PROGRAMS": 8} for g in ("g0", "g1", "g2", "g3")},
+        ("_egg_k_g0_split", "_egg_k_g0_merge", "_egg_k_g1_merge", "_egg_k_g2_split", "_egg_k_g3_merge")),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ATTN))
+def test_attention_kernels_match_torch(name, write_problem, tmp_path):
+    src, configs, launched = ATTN[name]
+    comp = generated_matches(write_problem(src, name), tmp_path, seeds=(0, 1), atol=1e-2, rtol=1e-2,
+                             configs=configs, launched=launched)
+    assert {g.kind for g in comp.plan.groups} == {"attention"}
+
+
+#: hand-written attention the rule turns into sdpa: (forward args, body, inputs)
+HAND = {
+    "masked_fill_triu": ("q, k, v", """        s = q.shape[-2]
+        scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(q.size(-1))
+        mask = torch.triu(torch.ones((s, s), dtype=torch.bool, device=q.device), diagonal=1)
+        probs = torch.softmax(scores.masked_fill(mask, float("-inf")).float(), dim=-1)
+        return probs.to(q.dtype) @ v
+""", f"[torch.randn(1, 2, 37, 16, {BF}) for _ in range(3)]"),
+    # HF repeat_kv, the scale before the mask, an additive mask, head_dim ** -0.5
+    "repeat_kv_additive": ("q, k, v", """        b, h, s, d = k.shape
+        k = k[:, :, None].expand(b, h, 2, s, d).reshape(b, h * 2, s, d)
+        v = v[:, :, None].expand(b, h, 2, s, d).reshape(b, h * 2, s, d)
+        scores = (q @ k.transpose(2, 3)) * d ** -0.5
+        mask = torch.full((s, s), float("-inf"), device=q.device).triu(1)
+        return F.softmax((scores + mask).float(), dim=-1).type_as(q) @ v
+""", f"[torch.randn(1, 4, 33, 16, {BF}), torch.randn(1, 2, 33, 16, {BF}), torch.randn(1, 2, 33, 16, {BF})]"),
+    # where(keep, scores, fill) with tril keep, the mask before the scale, a finite fill
+    "where_tril_decode": ("q, k, v, qd", """        s = q.shape[2]
+        keep = torch.ones_like(q[0, 0, :, :1] @ k[0, 0, :, :1].transpose(0, 1)).tril().bool()
+        scores = torch.where(keep, q @ k.permute(0, 1, 3, 2), -1e30) * 0.25
+        out = torch.softmax(scores, dim=-1) @ v
+        kr = k.repeat_interleave(2, dim=1)
+        vr = v.repeat_interleave(2, dim=1)
+        dec = torch.softmax((qd @ kr.transpose(-2, -1)).float() / 4.0, dim=-1).to(qd.dtype) @ vr
+        return out, dec
+""", "[torch.randn(1, 2, 24, 16), torch.randn(1, 2, 24, 16), torch.randn(1, 2, 24, 16), "
+     "torch.randn(1, 4, 1, 16)]"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HAND))
+def test_hand_written_attention_is_one_attention_kernel(name, write_problem, tmp_path):
+    args, body, inputs = HAND[name]
+    src = problem(args, body, inputs)
+    plan, applied = plan_of(write_problem, src, name)
+    assert "rw-attention" in applied
+    kinds = sorted(g.kind for g in plan.groups)
+    assert set(kinds) == {"attention"}, kinds
+    for g in plan.groups:  # the GQA copies are gone: the kernel reads the inputs
+        assert all(t.op == "placeholder" for t in plan.nops[g.red].operands[:3])
+    configs = {g.id: {"BLOCK_M": 16, "BLOCK_N": 16} for g in plan.groups}
+    generated_matches(write_problem(src, name + "_m"), tmp_path, seeds=(0,), atol=1e-2, rtol=1e-2,
+                      configs=configs)
+
+
+@pytest.mark.parametrize("why,body", [
+    ("a padding mask read from an input", """        scores = q @ k.transpose(-2, -1)
+        return torch.softmax(scores.masked_fill(pad == 0, float("-inf")), dim=-1) @ v
+"""),
+    ("a mask kept in a buffer (load_state_dict may change it)", """        scores = q @ k.transpose(-2, -1)
+        return torch.softmax(scores.masked_fill(self.mask == 0, float("-inf")), dim=-1) @ v
+"""),
+    ("bottom-right alignment", """        scores = q[:, :, :5] @ k.transpose(-2, -1)
+        keep = torch.ones((5, k.shape[-2]), dtype=torch.bool, device=q.device).tril(diagonal=7)
+        return torch.softmax(scores.masked_fill(~keep, float("-inf")), dim=-1) @ v
+"""),
+    ("a mask that hides the diagonal too", """        scores = q @ k.transpose(-2, -1)
+        mask = torch.ones((q.shape[2], q.shape[2]), dtype=torch.bool, device=q.device).triu(diagonal=0)
+        return torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1) @ v
+"""),
+    ("a mask right at the traced size only", """        s = q.shape[2]
+        scores = q @ k.transpose(-2, -1)
+        mask = torch.ones((s, s), dtype=torch.bool, device=q.device).triu(diagonal=s - 11)
+        return torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1) @ v
+"""),
+    ("a fill a softmax does not zero", """        scores = q @ k.transpose(-2, -1)
+        mask = torch.ones((q.shape[2], q.shape[2]), dtype=torch.bool, device=q.device).triu(diagonal=1)
+        return torch.softmax(scores.masked_fill(mask, -100.0), dim=-1) @ v
+"""),
+    ("a negative factor on masked scores", """        scores = q @ k.transpose(-2, -1)
+        mask = torch.ones((q.shape[2], q.shape[2]), dtype=torch.bool, device=q.device).triu(diagonal=1)
+        return torch.softmax(scores.masked_fill(mask, float("-inf")) * -0.5, dim=-1) @ v
+"""),
+    ("the scores used twice", """        scores = q @ k.transpose(-2, -1)
+        return torch.softmax(scores, dim=-1) @ v, scores
+"""),
+    ("a softmax over the queries", """        return torch.softmax(q @ k.transpose(-2, -1), dim=-2) @ v
+"""),
+])
+def test_attention_rule_leaves_other_math_alone(why, body, write_problem):
+    members = "        self.register_buffer('mask', torch.tril(torch.ones(12, 12)))\n"
+    src = problem("q, k, v, pad", body, "[torch.randn(1, 2, 12, 8) for _ in range(3)] + "
+                  "[torch.randint(0, 2, (12, 12))]", members=members)
+    _plan, applied = plan_of(write_problem, src, "no_attn")
+    assert "rw-attention" not in applied, why
+
+
+def test_gqa_fold_keeps_a_tiled_repeat(write_problem):
+    """x.repeat(1, g, 1, 1) tiles the heads (head h reads h % H_kv): not grouped-query
+    attention's h // g; only repeat_interleave and expand + reshape fold into enable_gqa."""
+    src = problem("q, k, v", "        return (F.scaled_dot_product_attention(q, k.repeat(1, 2, 1, 1), v.repeat(1, 2, 1, 1)),\n"
+                  "                F.scaled_dot_product_attention(q, k.repeat_interleave(2, dim=1), v.repeat_interleave(2, 1)))\n",
+                  "[torch.randn(1, 4, 8, 16), torch.randn(1, 2, 8, 16), torch.randn(1, 2, 8, 16)]")
+    plan, _applied = plan_of(write_problem, src, "tile")
+    ops = [[t.op for t in plan.nops[g.red].operands[:3]] for g in plan.groups]
+    assert sorted(ops) == [["placeholder", "call_method", "call_method"], ["placeholder"] * 3]
+    assert sum(bool(plan.nops[g.red].p["gqa"]) for g in plan.groups) == 1
+
+
+# ------------------------------------------------------------------ LM head + cross-entropy
+def lm_problem(forward: str, inputs: str, bias: bool = False, dtype: str = "torch.bfloat16") -> str:
+    members = f"        self.head = nn.Linear(72, 501, bias={bias}, dtype={dtype})\n"
+    return problem("h, t", forward, inputs, members=members)
+
+
+LM = {
+    "mean": ("        return F.cross_entropy(self.head(h).float(), t)\n",
+             f"[torch.randn(37, 72, {BF}), torch.randint(0, 501, (37,))]", False, "torch.bfloat16"),
+    # bias, ignored targets, a sum; targets shaped [B, S] and logits flattened from [B, S, V]
+    "bias_ignore_sum": ("        lg = self.head(h)\n"
+                        "        return F.cross_entropy(lg.view(-1, lg.shape[-1]).float(), t.view(-1), "
+                        "ignore_index=7, reduction='sum')\n",
+                        f"[torch.randn(3, 13, 72, {BF}), torch.randint(0, 501, (3, 13)).clamp(7, 9)]",
+                        True, "torch.bfloat16"),
+    "none_fp32": ("        return F.cross_entropy(self.head(h), t, reduction='none')\n",
+                  "[torch.randn(37, 72), torch.randint(0, 501, (37,))]", False, "torch.float32"),
+}
+
+
+@pytest.mark.parametrize("mode", [0, 1])
+@pytest.mark.parametrize("name", sorted(LM))
+def test_lm_head_cross_entropy_matches_torch(name, mode, write_problem, tmp_path):
+    """MODE 0 (cuBLAS chunks: eager's product and rounding) and MODE 1 (the fused product: in
+    the interpreter the fp32 tile is truncated to bf16, not rounded, which moves a loss of ~6 by
+    up to ~2e-3)."""
+    fwd, inputs, bias, dtype = LM[name]
+    path = write_problem(lm_problem(fwd, inputs, bias, dtype), f"lm_{name}_{mode}")
+    cfg = {"g0": {"MODE": mode, "CHUNK_N": 128, "BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 32}}
+    tol = 5e-3 if mode == 1 and dtype != "torch.float32" else 1e-4
+    launched = ("_egg_k_g0_mm",) if mode == 1 else ("_egg_k_g0_lse",)
+    comp = generated_matches(path, tmp_path, seeds=(0, 1), atol=tol, rtol=tol, configs=cfg,
+                             launched=launched + ("_egg_k_g0_row",))
+    assert [g.kind for g in comp.plan.groups] == ["linear_ce"]
+    assert "rw-linear-cross-entropy" in comp.rewrites
+
+
+def test_lm_head_cross_entropy_gives_nan_for_a_target_outside_the_vocabulary(write_problem, tmp_path):
+    """Eager raises on such a target; the kernel must not return a number for it."""
+    fwd, inputs, bias, dtype = LM["mean"]
+    path = write_problem(lm_problem(fwd, inputs, bias, dtype), "lm_bad")
+    comp = generated_matches(path, tmp_path, seeds=(0,), configs={"g0": {"CHUNK_N": 128, "BLOCK_N": 64}})
+    cand = tmp_path / "lm_bad_new.py"
+    cand.write_text(comp.emitted.source)
+    m = load_module(cand, "candidate").ModelNew()
+    t = torch.randint(0, 501, (37,))
+    t[3] = 501
+    with torch.no_grad():
+        assert torch.isnan(m(torch.randn(37, 72, dtype=torch.bfloat16), t))
+
+
+@pytest.mark.parametrize("why,forward", [
+    ("label smoothing", "        return F.cross_entropy(self.head(h).float(), t, label_smoothing=0.1)\n"),
+    ("the logits returned too", "        lg = self.head(h)\n        return F.cross_entropy(lg.float(), t), lg\n"),
+    ("a 16-bit loss (no upcast)", "        return F.cross_entropy(self.head(h), t)\n"),
+])
+def test_lm_head_rule_leaves_other_losses_alone(why, forward, write_problem):
+    _plan, applied = plan_of(write_problem, lm_problem(forward, LM["mean"][1]), "lm_no")
+    assert "rw-linear-cross-entropy" not in applied, why
+
+
+# --------------------------------------------------------------------- interleaved RoPE
+def test_interleaved_rope_is_one_kernel_per_tensor(write_problem, tmp_path):
+    src = problem("q, k", """        def pairs(x):
+            return torch.stack((-x[..., 1::2], x[..., ::2]), dim=-1).flatten(-2)
+        return q * self.c + pairs(q) * self.s, (k.float() * self.c + pairs(k) * self.s).to(k.dtype)
+""", f"[torch.randn(2, 4, 7, 10, {BF}), torch.randn(2, 2, 7, 10, {BF})]",
+                  members="        self.register_buffer('c', torch.randn(7, 10, dtype=torch.bfloat16))\n"
+                          "        self.register_buffer('s', torch.randn(7, 10, dtype=torch.bfloat16))\n")
+    comp = generated_matches(write_problem(src, "pairs"), tmp_path, seeds=(0, 1), atol=1e-2, rtol=1e-2)
+    assert [g.kind for g in comp.plan.groups] == ["pointwise", "pointwise"]
+    assert "rw-rotate-half" in comp.rewrites
+
+
+def test_a_rotation_of_a_value_made_in_the_kernel_reads_it_from_memory(write_problem, tmp_path):
+    """The rotated operand is computed by another kernel (a rolled load needs memory)."""
+    src = problem("q", "        y = q * 2.0 + 1.0\n"
+                  "        return y + torch.stack((-y[..., 1::2], y[..., ::2]), dim=-1).flatten(-2)\n",
+                  "[torch.randn(3, 5, 12)]")
+    comp = generated_matches(write_problem(src, "pairs_mem"), tmp_path, seeds=(0,))
+    assert [g.kind for g in comp.plan.groups] == ["pointwise", "pointwise"]
+
+
+def test_a_forward_with_math_of_a_shape_loads(write_problem, tmp_path):
+    """fx wraps math.sqrt(x.shape[-1]) and writes a wrap() call into the forward's code; the
+    emitted ModelNew must import (fx.wrap refuses to run below a module's top level)."""
+    src = problem("x", "        return torch.tanh(x / math.sqrt(x.shape[-1])) * 2.0\n", "[torch.randn(6, 49)]")
+    comp = generated_matches(write_problem(src, "wrapped"), tmp_path, seeds=(0,))
+    assert "symbolic_trace.wrap" not in comp.emitted.source
+
+
+def test_the_pair_rotation_needs_the_odd_columns_negated(write_problem):
+    src = problem("q", "        return q * 2.0 + torch.stack((q[..., 1::2], -q[..., ::2]), dim=-1).flatten(-2)\n",
+                  "[torch.randn(2, 7, 10)]")
+    _plan, applied = plan_of(write_problem, src, "pairs_no")
+    assert "rw-rotate-half" not in applied
+
+
+# ---------------------------------------------------------------------- canonical forms
+def canonical_ops(write_problem, src: str, name: str) -> list[str]:
+    cap = capture(load_problem(write_problem(src, name)))
+    assert cap.gm is not None, cap.error
+    RW.canonicalize(cap.gm, cap.inputs)
+    return [getattr(n.target, "__name__", str(n.target)) for n in cap.gm.graph.nodes
+            if n.op in ("call_function", "call_method")]
+
+
+@pytest.mark.parametrize("body,want,not_want", [
+    ("        return x.sum(-1) / x.shape[-1]\n", "mean", "sum"),
+    ("        return x.sum(1, keepdim=True) * 0.125\n", "mean", "sum"),
+    ("        return x.sum(-1) / 7.0\n", "sum", "mean"),  # 8 values summed, not 7
+    ("        return x.mean(-1).unsqueeze(-1) + x\n", "mean", "unsqueeze"),
+    ("        return x.amax(1)[:, None, :] - x\n", "amax", "getitem"),
+    ("        return x.mean(1).unsqueeze(0)\n", "unsqueeze", None),  # not where the dim was
+    ("        return x / torch.sqrt(x.abs() + 1.0), 1.0 / torch.sqrt(x.abs() + 1.0)\n", "rsqrt", None),
+    ("        return torch.sqrt(x.abs() + 1.0).reciprocal() + (x.abs() + 2.0) ** -0.5\n", "rsqrt", "sqrt"),
+    ("        return 2.0 / torch.sqrt(x.abs() + 1.0)\n", "sqrt", "rsqrt"),
+])
+def test_canonical_forms_of_reductions_and_rsqrt(body, want, not_want, write_problem):
+    ops = canonical_ops(write_problem, problem("x", body, "[torch.randn(3, 8, 8)]"), "canon")
+    assert want in ops, ops
+    if not_want:
+        assert not_want not in ops, ops
+
+
+@pytest.mark.parametrize("body,dropped", [
+    ("        return h * w.float()\n", True),
+    ("        return (w.float() + h) * 0.5\n", True),
+    ("        return w.float() * 2.0\n", False),  # the result would be bf16 without the cast
+    ("        return h[0, 0] * w.float()\n", False),  # a 0-dim fp32 operand: bf16 result
+    ("        return w.float()\n", False),  # the cast is the output
+])
+def test_redundant_upcasts(body, dropped, write_problem):
+    src = problem("h, w", body, f"[torch.randn(4, 16), torch.randn(16, {BF})]")
+    ops = canonical_ops(write_problem, src, "upcast")
+    assert ("float" not in ops) is dropped, ops
+
+
+# ------------------------------------------------------------------------------ decode GEMV
+def test_decode_gemv_is_a_split_k_kernel_and_matches_torch(write_problem, tmp_path):
+    """A few decoding rows against a large bf16 weight (alg-decode-gemv): the template's 16-row
+    split-K tiles, the partials summed by its second kernel."""
+    src = problem("x", "        return self.fc(x)\n", f"[torch.randn(3, 4096, {BF})]",
+                  members="        self.fc = nn.Linear(4096, 1100, bias=False, dtype=torch.bfloat16)\n")
+    cfg = {"g0": {"BLOCK_M": 16, "BLOCK_N": 128, "BLOCK_K": 128, "SPLIT_K": 4}}
+    comp = generated_matches(write_problem(src, "gemv"), tmp_path, seeds=(0,), atol=1e-2, rtol=1e-2,
+                             configs=cfg, launched=("_egg_k_g0", "_egg_k_g0_sum"))
+    assert [g.kind for g in comp.plan.groups] == ["matmul"]
+
+
+@pytest.mark.parametrize("rows,width", [(17, 4096), (3, 512)])
+def test_other_sixteen_bit_products_alone_stay_cublas(rows, width, write_problem):
+    src = problem("x", "        return self.fc(x)\n", f"[torch.randn({rows}, {width}, {BF})]",
+                  members=f"        self.fc = nn.Linear({width}, 1100, bias=False, dtype=torch.bfloat16)\n")
+    plan, _applied = plan_of(write_problem, src, "not_gemv")
+    assert not plan.groups
