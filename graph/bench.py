@@ -23,6 +23,8 @@ failure, or any candidate's) next to others (KernelBench level-1 inputs reach se
 verification holds fp32 and fp64 copies) is not recorded then; it is queued again at the end and
 run alone, with nothing else started until it finishes, and that record is kept whatever it says.
 Its name goes to run_alone.txt, so that ``--resume`` of an interrupted suite starts it alone.
+Before that, on a GPU, problems are admitted by an estimate of their device memory
+(``footprint_bytes``, ``next_startable``): docs/bench.md.
 
 Exit status of ``egg bench`` (graph.cli): EXIT_NO_CORRECT when no problem of the suite has a
 correct answer.
@@ -324,14 +326,88 @@ class _Job:
         return rec
 
 
-def next_startable(pending: collections.deque, running: list, jobs: int):
+#: a problem's device memory while it runs, estimated from its inputs and parameters: the judge
+#: holds about five copies of the inputs' size (inputs, the candidate's copy, eager's and the
+#: candidate's outputs) plus the float64 reference's inputs and outputs (four more), the
+#: candidate process its own outputs and temporaries (measured: a 6 GiB-input problem's judge
+#: held 55 GiB at its first trial on the H200)
+FOOTPRINT_PER_INPUT_BYTE = 12
+FOOTPRINT_PER_PARAM_BYTE = 4
+#: the share of the device's memory the running problems' estimates may add up to
+FOOTPRINT_SHARE = 0.8
+
+
+def next_startable(pending: collections.deque, running: list, jobs: int, budget: int = 0,
+                   foot: dict | None = None):
     """The next (path, alone) to start now, or None: at most ``jobs`` at once; a problem queued to
-    run alone starts only when nothing runs, and nothing starts while it runs."""
+    run alone starts only when nothing runs, and nothing starts while it runs. With a memory
+    ``budget`` (bytes) and per-path estimates ``foot``: the first pending problem whose estimate
+    fits next to the running ones' (a problem larger than the budget starts when nothing runs;
+    problems of unknown size count as 0)."""
     if not pending or len(running) >= jobs or any(j.alone for j in running):
         return None
-    if pending[0][1] and running:
-        return None
-    return pending.popleft()
+    if not budget or not foot:
+        if pending[0][1] and running:
+            return None
+        return pending.popleft()
+    used = sum(foot.get(j.path, 0) for j in running)
+    for i, (path, alone) in enumerate(pending):
+        if alone:
+            if running:
+                break  # an alone problem keeps its place: nothing passes it
+            del pending[i]
+            return path, alone
+        if not running or used + foot.get(path, 0) <= budget:
+            del pending[i]
+            return path, alone
+    return None
+
+
+def footprint_bytes(path) -> int:
+    """Estimated device memory of one problem while it runs (FOOTPRINT_* above), from its
+    inputs and parameters on meta tensors (nothing allocated); 0 when unknown."""
+    import torch
+
+    from harness.problem import build_model, load_problem
+
+    try:
+        prob = load_problem(path)
+        with torch.device("meta"):
+            xs = prob.inputs()
+        if not all(x.is_meta for x in xs if isinstance(x, torch.Tensor)):
+            return 0  # get_inputs made real tensors: its own device choice, not ours to guess
+        inputs = sum(x.nelement() * x.element_size() for x in xs if isinstance(x, torch.Tensor))
+        params = 0
+        try:
+            with torch.device("meta"):
+                model = build_model(prob, prob.init_inputs(), "meta")
+            params = sum(t.nelement() * t.element_size()
+                         for t in list(model.parameters()) + list(model.buffers()))
+        except Exception:  # noqa: BLE001 - a model that does not build on meta: inputs only
+            pass
+        return FOOTPRINT_PER_INPUT_BYTE * inputs + FOOTPRINT_PER_PARAM_BYTE * params
+    except Exception:  # noqa: BLE001 - the problem's own run reports what is wrong with it
+        return 0
+
+
+def estimate_footprints(paths: list, env: dict, timeout_s: float = 300) -> tuple[dict, int]:
+    """In one child process (CUDA is not initialized in the bench): each problem's estimate and
+    the device's memory in bytes. ({}, 0) when the child fails: every problem then counts as 0."""
+    try:
+        r = subprocess.run([sys.executable, "-m", "graph.bench", "footprints", *map(str, paths)],
+                           capture_output=True, text=True, env=env, timeout=timeout_s)
+        got = json.loads(r.stdout.strip().splitlines()[-1])
+        return {pathlib.Path(k): int(v) for k, v in got["problems"].items()}, int(got["device_bytes"])
+    except Exception:  # noqa: BLE001
+        return {}, 0
+
+
+def _footprints_main(paths: list[str]) -> int:
+    import torch
+
+    dev = torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else 0
+    print(json.dumps({"device_bytes": dev, "problems": {p: footprint_bytes(p) for p in paths}}))
+    return 0
 
 
 def run_job(path: pathlib.Path, name: str, out_dir: pathlib.Path, settings: Settings, env: dict,
@@ -496,12 +572,20 @@ def run_bench(problems: list[pathlib.Path], folder: pathlib.Path, out_dir: pathl
                                        key=lambda t: t[1]))
     running: list[_Job] = []
     jobs = max(1, int(jobs))
+    foot, budget = {}, 0
+    if device == "cuda" and jobs > 1 and todo:  # large problems are not started next to others
+        foot, dev_bytes = estimate_footprints(todo, env)
+        budget = int(FOOTPRINT_SHARE * dev_bytes)
+        if console is not None and budget:
+            big = sum(1 for v in foot.values() if v > budget / jobs)
+            console.print(f"memory: {dev_bytes / 2**30:.0f} GiB device, {big} problem(s) estimated above "
+                          f"1/{jobs} of {FOOTPRINT_SHARE:.0%} of it", highlight=False)
     if todo:
         with progress(console) as prog:
             task = prog.add_task("bench", total=len(todo))
             try:
                 while pending or running:
-                    while (nxt := next_startable(pending, running, jobs)) is not None:
+                    while (nxt := next_startable(pending, running, jobs, budget, foot)) is not None:
                         p, alone = nxt
                         running.append(_Job(p, str(p.relative_to(folder)), out_dir, settings, env, alone))
                     if len(running) > 1:
@@ -790,6 +874,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) == 2 and argv[0] == "one":
         return _child(json.loads(argv[1]))
+    if argv and argv[0] == "footprints":
+        return _footprints_main(argv[1:])
     if len(argv) == 2 and argv[0] == "report":
         rewrite_reports(pathlib.Path(argv[1]))
         return 0

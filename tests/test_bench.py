@@ -259,6 +259,76 @@ def test_out_of_memory_alone_is_not_retried(tmp_path):
     assert B.ran_out_of_memory(rec) and not rec.get("ran_alone")
 
 
+def test_next_startable_admits_by_estimated_memory():
+    """With a memory budget: a problem whose estimate does not fit next to the running ones waits
+    (a smaller one behind it starts), starts once nothing runs even when larger than the budget,
+    and a problem queued alone still keeps its place."""
+    import collections
+
+    class J:
+        def __init__(self, path, alone=False):
+            self.path, self.alone = path, alone
+
+    foot = {"big": 70, "huge": 200, "s1": 10, "s2": 10, "s3": 10}
+    q = collections.deque([("big", False), ("huge", False), ("s1", False), ("s2", False)])
+    assert B.next_startable(q, [], 4, 100, foot) == ("big", False)
+    run = [J("big")]
+    assert B.next_startable(q, run, 4, 100, foot) == ("s1", False)  # huge waits, s1 passes it
+    run.append(J("s1"))
+    assert B.next_startable(q, run, 4, 100, foot) == ("s2", False)
+    run.append(J("s2"))
+    assert B.next_startable(q, run, 4, 100, foot) is None  # only huge left: does not fit
+    assert B.next_startable(q, [], 4, 100, foot) == ("huge", False)  # alone, above the budget
+    q = collections.deque([("big", False), ("p", True), ("s3", False)])
+    assert B.next_startable(q, [J("big")], 4, 100, foot) is None  # big does not fit twice; p alone
+    assert B.next_startable(q, [], 4, 100, foot) == ("big", False)
+    assert B.next_startable(q, [J("big")], 4, 100, foot) is None  # s3 may not pass the alone p
+    # without estimates: the old rule
+    q = collections.deque([("s1", False), ("s2", False)])
+    assert B.next_startable(q, [J("x")], 2, 100, {}) == ("s1", False)
+
+
+def test_footprint_is_estimated_on_meta_tensors(tmp_path):
+    """The estimate reads shapes only: a problem whose inputs would take 1 TiB is estimated
+    without allocating them; a get_inputs that builds real tensors anyway counts as unknown."""
+    big = tmp_path / "big.py"
+    big.write_text(HEADER + """class Model(nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(n))
+
+    def forward(self, x):
+        return x * 2
+
+
+def get_inputs():
+    return [torch.randn(2 ** 38)]
+
+
+def get_init_inputs():
+    return [1000]
+""")
+    assert B.footprint_bytes(big) == B.FOOTPRINT_PER_INPUT_BYTE * 4 * 2 ** 38 + B.FOOTPRINT_PER_PARAM_BYTE * 4000
+    real = tmp_path / "real.py"
+    real.write_text(HEADER + """class Model(nn.Module):
+    def forward(self, x):
+        return x
+
+
+def get_inputs():
+    return [torch.randn(8, device="cpu")]
+
+
+def get_init_inputs():
+    return []
+""")
+    assert B.footprint_bytes(real) == 0
+    from harness.runner import child_env
+
+    got, dev = B.estimate_footprints([big, real], child_env("cpu"))
+    assert got == {big: B.footprint_bytes(big), real: 0} and dev == 0  # no GPU here
+
+
 def test_next_startable_keeps_an_alone_problem_alone():
     import collections
 
