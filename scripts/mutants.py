@@ -257,7 +257,7 @@ MUTANTS: list[Mutant] = [
            "            self.cnt.counted_flops += delta\n",
            "            delta = delta / 2 if name == \"bmm\" else delta\n            self.cnt.counted_flops += delta\n",
            ("tests/test_roofline.py",), "batched matmuls counted at half their FLOPs"),
-    Mutant("rewrite-softmax-size1-2d", "codegen/rewrites.py",
+    Mutant("rewrite-softmax-size1-2d", "codegen/rewrites/attention.py",
            "or not isinstance(dim, int) or shape[dim % len(shape)] != 1:",
            "or not isinstance(dim, int) or shape[dim % len(shape)] != 1 or len(shape) == 2:",
            ("tests/test_rewrites.py::test_softmax_size1_keeps_eager_nan_for_infinite_inputs",),

@@ -1,0 +1,95 @@
+"""Algebraic rewrites on the captured fx graph (stage 1), one module per rule family. Each rule is
+general, has a principle entry in knowledge/principles (same id), and returns whether it changed
+the graph. The rewritten program is verified like any candidate.
+
+Algebraic rules (``RULES``) keep eager's values up to rounding (the verifier checks every
+rewritten program under the precision contract) and NaN/Inf behaviour, and apply only to floating
+tensors with shapes known from the trace. Canonical forms (``CANONICAL``, not algebra) write the
+same math one way for the planner. Both lists are read here, in this order, by ``apply_all`` and
+``canonicalize`` (codegen.pipeline). The families:
+
+- ``attention``: softmax over a size-1 dim, attention written out, GQA head repeats
+- ``lmhead``: LM head + cross-entropy;  ``losses``: losses decomposed
+- ``rope``: rotate_half by halves or by pairs;  ``conv``: conv bias as an epilogue
+- ``norms``: RMS norm written out; batch norm, vector norms, rsqrt forms
+- ``reductions``: size-1, nested, linear-reduce; keepdim and mean-as-sum forms
+- ``scalars``: clamps, scalar chains, 0-d constants;  ``scans``: flipped and exclusive scans
+- ``metadata``: dtype / device / shape queries, redundant upcasts;  ``modules``: modules to
+  functionals;  ``deadcode``: dead code, value copies;  ``common``: the helpers they share
+"""
+from __future__ import annotations
+
+from torch import fx
+
+from codegen.rewrites.attention import attention_pattern, gqa_repeats, softmax_size1
+from codegen.rewrites.conv import conv_bias_epilogue
+from codegen.rewrites.deadcode import drop_dead_code, drop_value_copies
+from codegen.rewrites.lmhead import linear_cross_entropy_pattern
+from codegen.rewrites.losses import loss_decompose
+from codegen.rewrites.metadata import (device_queries_from_inputs, fold_dtype_queries,
+                                       redundant_upcasts, shape_queries_from_sources)
+from codegen.rewrites.modules import modules_to_functionals
+from codegen.rewrites.norms import batchnorm_decompose, rms_norm_pattern, rsqrt_forms, vector_norms
+from codegen.rewrites.reductions import (keepdim_reductions, linear_reduce, mean_from_sum,
+                                         nest_uneven_reductions, size1_reductions)
+from codegen.rewrites.rope import rotate_half_pattern, rotate_pairs_pattern
+from codegen.rewrites.scalars import fold_scalar_chains, merge_clamps, scalar_constants
+from codegen.rewrites.scans import exclusive_scans, flipped_scans
+
+
+RULES = [("rw-attention", attention_pattern),
+         ("rw-linear-cross-entropy", linear_cross_entropy_pattern),
+         ("rw-loss-decompose", loss_decompose), ("rw-rotate-half", rotate_half_pattern),
+         ("rw-rotate-half", rotate_pairs_pattern),
+         ("rw-conv-bias-epilogue", conv_bias_epilogue), ("rw-rms-norm", rms_norm_pattern),
+         ("rw-linear-reduce", linear_reduce), ("rw-size1-reduction", size1_reductions),
+         ("rw-nest-reduction", nest_uneven_reductions),
+         ("rw-softmax-size1", softmax_size1), ("rw-merge-clamps", merge_clamps),
+         ("rw-fold-scalar-chain", fold_scalar_chains), ("rw-dead-code", drop_dead_code)]
+
+
+def apply_all(gm: fx.GraphModule, inputs: list | None = None) -> list[str]:
+    """Apply every rule until none changes the graph (one rule's result can enable another:
+    a sum over features leaves size-1 dims behind); re-propagate shapes on meta inputs."""
+    applied: list[str] = []
+    for _round in range(8):
+        changed = False
+        for rid, fn in RULES:
+            if fn(gm):
+                gm.graph.lint()
+                changed = True
+                if rid not in applied:
+                    applied.append(rid)
+                _propagate(gm, inputs)
+        if not changed:
+            break
+    return applied
+
+
+def _propagate(gm: fx.GraphModule, inputs: list | None) -> None:
+    if inputs is None:
+        return
+    from harness.capture import propagate  # meta shapes; graph breaks, recurrent layers
+
+    gm.recompile()
+    propagate(gm, inputs)
+
+
+CANONICAL = [modules_to_functionals, flipped_scans, exclusive_scans, batchnorm_decompose,
+             vector_norms, fold_dtype_queries, device_queries_from_inputs, scalar_constants,
+             shape_queries_from_sources,
+             drop_value_copies, mean_from_sum, keepdim_reductions, rsqrt_forms, redundant_upcasts,
+             gqa_repeats]
+
+
+def canonicalize(gm: fx.GraphModule, inputs: list | None = None) -> None:
+    """Apply the canonical forms; re-propagate shapes (on meta inputs) if anything changed."""
+    changed = False
+    for fn in CANONICAL:
+        changed |= bool(fn(gm))
+    gm.graph.lint()
+    if changed and inputs is not None:
+        from harness.capture import propagate  # meta shapes; graph breaks, recurrent layers
+
+        gm.recompile()
+        propagate(gm, inputs)

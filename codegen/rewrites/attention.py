@@ -1,0 +1,476 @@
+"""Softmax and attention: softmax over a size-1 dim (rw-softmax-size1); attention written out
+(rw-attention): q @ k^T * scale, an optional causal mask, softmax, @ v; GQA key/value heads
+repeated (a canonical form)."""
+from __future__ import annotations
+
+from torch import fx
+
+from codegen.ops import classify, node_dtype, node_shape
+from codegen.rewrites.common import (_erase_unused_above, _float, _live, _op_name, _ops, _replace,
+                                     _static_int)
+
+
+def softmax_size1(gm: fx.GraphModule) -> bool:
+    """rw-softmax-size1: softmax over a size-1 dimension is x - x + 1 (1, or NaN where x is not
+    finite, as eager gives); log_softmax is x - x."""
+    import operator
+
+    graph = gm.graph
+    changed = False
+    for n, op in _ops(gm, "softmax", ("softmax", "log_softmax")):
+        x = op.operands[0]
+        shape = node_shape(x)
+        dim = op.p.get("dim")
+        if not _float(x) or not shape or not isinstance(dim, int) or shape[dim % len(shape)] != 1:
+            continue
+        with graph.inserting_before(n):
+            v = graph.call_function(operator.sub, (x, x))
+            if op.name == "softmax":
+                v = graph.call_function(operator.add, (v, 1.0))
+        _replace(n, v)
+        changed = True
+    return changed
+
+
+#: a finite mask fill at or below this is -inf for a softmax: exp(fill - row max) is exactly 0
+#: in fp32 for any row max above fill + 104 (a causal row always keeps its finite diagonal)
+MASK_FILL_MAX = -1e9
+
+
+def _through(gm: fx.GraphModule, n):
+    """Follow single-user casts (and identities) from n: (the first other node, casts passed)."""
+    casts = []
+    while isinstance(n, fx.Node):
+        op = classify(n, gm)
+        if not ((op.kind == "pointwise" and op.name == "cast") or op.kind == "identity") or len(n.users) > 1:
+            break
+        if op.kind == "pointwise":
+            casts.append(op.p["dtype"])
+        n = op.operands[0]
+    return n, casts
+
+
+def _transposed_last(n) -> fx.Node | None:
+    """x when n is x with its last two dims swapped (transpose(-2, -1), .mT, permute, .t())."""
+    if not isinstance(n, fx.Node) or n.op not in ("call_method", "call_function"):
+        return None
+    x = n.args[0] if n.args else None
+    shape = node_shape(x) if isinstance(x, fx.Node) else None
+    if shape is None or len(shape) < 2:
+        return None
+    nd = len(shape)
+    name = _op_name(n)
+    if name in ("transpose", "swapaxes", "swapdims") and len(n.args) == 3 and not n.kwargs:
+        return x if {n.args[1] % nd, n.args[2] % nd} == {nd - 2, nd - 1} else None
+    if name == "permute":
+        dims = list(n.args[1:]) if len(n.args) > 2 else list(n.args[1]) if len(n.args) == 2 else []
+        want = list(range(nd - 2)) + [nd - 1, nd - 2]
+        return x if [d % nd for d in dims if isinstance(d, int)] == want and len(dims) == nd else None
+    if name == "t" and nd == 2:
+        return x
+    if n.op == "call_function" and n.target is getattr and n.args[1] == "mT":
+        return x
+    return None
+
+
+#: tensor methods that make a new tensor from their receiver's dtype and device alone
+NEW_FACTORIES = ("new_ones", "new_zeros", "new_full", "new_empty", "new_tensor")
+
+
+#: torch functions that make a new tensor from their first argument's shape, dtype and device
+LIKE_FACTORIES = ("ones_like", "zeros_like", "full_like", "empty_like")
+
+
+def _constant_value(gm: fx.GraphModule, n: fx.Node, bump: int = 0):
+    """The value of n when it depends on no tensor's values, only on traced constants and on
+    shape or device queries of the graph's inputs: evaluated on the CPU with every input dim
+    grown by ``bump`` (inputs as meta tensors, their device read as the CPU's). None when n reads
+    a value it cannot know (an input's or a parameter's data, a buffer), or evaluating fails.
+    Returns (value, whether it read an input's shape)."""
+    import re
+
+    import torch
+
+    order, seen, todo = [], set(), [n]
+    while todo:
+        m = todo.pop()
+        if m in seen:
+            continue
+        seen.add(m)
+        order.append(m)
+        todo.extend(m.all_input_nodes)
+    pos = {m: i for i, m in enumerate(gm.graph.nodes)}
+    env, shaped = {}, False
+    try:
+        for m in sorted(order, key=pos.__getitem__):
+            if m.op == "placeholder":
+                sh = node_shape(m)
+                if sh is None:
+                    return None
+                env[m] = torch.empty([d + bump for d in sh], dtype=node_dtype(m), device="meta")
+                continue
+            if m.op == "get_attr":
+                if not re.fullmatch(r"_tensor_constant\d+", str(m.target)):
+                    return None  # a parameter or buffer: its values may change (load_state_dict)
+                env[m] = getattr(gm, m.target)
+                continue
+            args = fx.node.map_arg(m.args, env.__getitem__)
+            kwargs = fx.node.map_arg(m.kwargs, env.__getitem__)
+            if m.op == "call_function" and m.target is getattr and args[1] == "device":
+                env[m] = torch.device("cpu")
+                continue
+            if m.op == "call_function" and m.target is getattr and args[1] in ("shape", "ndim"):
+                shaped = True
+            if m.op == "call_method" and m.target in ("size", "dim"):
+                shaped = True
+            if m.op == "call_function" and getattr(m.target, "__name__", "") in LIKE_FACTORIES \
+                    and isinstance(args[0], torch.Tensor) and args[0].device.type == "meta":
+                # torch.ones_like(x) reads only x's shape, dtype and device
+                args = (torch.empty(args[0].shape, dtype=args[0].dtype),) + tuple(args[1:])
+                val = m.target(*args, **kwargs)
+            elif m.op == "call_function":
+                val = m.target(*args, **kwargs)
+            elif m.op == "call_method" and m.target in NEW_FACTORIES:
+                # x.new_ones(...) reads only x's dtype and device: made from a CPU stand-in
+                val = getattr(torch.empty(0, dtype=args[0].dtype), m.target)(*args[1:], **kwargs)
+            elif m.op == "call_method":
+                val = getattr(args[0], m.target)(*args[1:], **kwargs)
+            else:
+                return None
+            env[m] = val  # meta tensors only for shape queries: a value read stays meta
+    except Exception:  # noqa: BLE001 - a form the evaluation cannot run: not a known constant
+        return None
+    out = env[n]
+    if isinstance(out, torch.Tensor) and out.device.type == "meta":
+        return None  # it depends on an input's or a parameter's values
+    return out, shaped
+
+
+def _causal_2d(rows: int, cols: int):
+    """Keep-mask of torch's is_causal (top-left aligned): key j visible to query i when j <= i."""
+    import torch
+
+    return torch.ones(rows, cols, dtype=torch.bool).tril()
+
+
+def _is_causal_mask(val, kind: str) -> bool:
+    """Is val (broadcast over leading dims) the causal mask of its own last two dims, as the
+    ``kind`` of use reads it: 'drop' (True where masked: masked_fill), 'keep' (True where kept:
+    where), 'add' (0 where kept, -inf or <= MASK_FILL_MAX where masked: an additive mask)."""
+    import torch
+
+    if not isinstance(val, torch.Tensor) or val.dim() < 2 or val.numel() != val.shape[-2] * val.shape[-1]:
+        return False
+    m = val.reshape(val.shape[-2], val.shape[-1])
+    keep = _causal_2d(*m.shape)
+    if kind == "add":
+        if not m.is_floating_point():
+            return False
+        return bool((m[keep] == 0).all()) and bool((m[~keep] <= MASK_FILL_MAX).all())
+    if m.dtype != torch.bool:
+        if m.is_floating_point() or not bool(((m == 0) | (m == 1)).all()):
+            return False
+        m = m.bool()
+    return bool((m == (keep if kind == "keep" else ~keep)).all())
+
+
+def _mask_step(gm: fx.GraphModule, n: fx.Node):
+    """(scores, mask node, kind) when n masks scores: masked_fill(s, mask, fill), where(mask, s,
+    fill), where(mask, fill, s) or s + mask, with a fill at or below MASK_FILL_MAX; else None."""
+    import operator
+
+    import torch
+
+    name = _op_name(n)
+    args = list(n.args)
+    if name == "masked_fill" and len(args) + len(n.kwargs) == 3:
+        s, mask = args[0], args[1] if len(args) > 1 else n.kwargs.get("mask")
+        fill = args[2] if len(args) > 2 else n.kwargs.get("value")
+        if isinstance(fill, (int, float)) and fill <= MASK_FILL_MAX:
+            return s, mask, "drop"
+        return None
+    if n.op == "call_function" and n.target is torch.where and len(args) == 3 and not n.kwargs:
+        cond, a, b = args
+        if isinstance(b, (int, float)) and b <= MASK_FILL_MAX:
+            return a, cond, "keep"
+        if isinstance(a, (int, float)) and a <= MASK_FILL_MAX:
+            return b, cond, "drop"
+        return None
+    if n.op == "call_function" and n.target in (operator.add, torch.add) and len(args) == 2 and not n.kwargs:
+        a, b = args
+        for s, mask in ((a, b), (b, a)):
+            if isinstance(mask, fx.Node) and isinstance(s, fx.Node) and node_shape(s) is not None \
+                    and node_shape(mask) is not None and len(node_shape(mask)) <= len(node_shape(s)):
+                return s, mask, "add"
+    return None
+
+
+def _mask_is_causal(gm: fx.GraphModule, mask, kind: str, scores_shape) -> bool:
+    """The mask is causal at the traced size (and of the scores' size there) and, when it is
+    built from the inputs' shapes, also at another size (every input dim grown by one)."""
+    if not isinstance(mask, fx.Node):
+        return False
+    got = _constant_value(gm, mask)
+    if got is None:
+        return False
+    val, shaped = got
+    if tuple(val.shape[-2:]) != tuple(scores_shape[-2:]) or not _is_causal_mask(val, kind):
+        return False
+    if not shaped:
+        return True
+    again = _constant_value(gm, mask, bump=1)
+    return again is not None and _is_causal_mask(again[0], kind)
+
+
+def _number(gm: fx.GraphModule, v):
+    """A Python number v, or an fx value computed from constants and input shapes (math.sqrt of
+    a head dim): (value at the traced size, value at the grown size or None if it does not
+    depend on shapes); None for anything else."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return float(v), None
+    if not isinstance(v, fx.Node) or node_shape(v) is not None:
+        return None
+    got = _constant_value(gm, v)
+    if got is None or not isinstance(got[0], (int, float)) or isinstance(got[0], bool):
+        return None
+    if not got[1]:
+        return float(got[0]), None
+    again = _constant_value(gm, v, bump=1)
+    if again is None or not isinstance(again[0], (int, float)):
+        return None
+    return float(got[0]), float(again[0])
+
+
+def _scale_step(gm: fx.GraphModule, n, head_dim: int | None = None):
+    """(x, factor) when n is x * c, c * x or x / c for a number c; factor "head" when c is
+    1/sqrt(head dim) (a divide: sqrt(head dim)) computed from the inputs' shapes, as sdpa's
+    default scale is, at the traced and at the grown size; else None."""
+    import math
+
+    if not isinstance(n, fx.Node) or n.op not in ("call_function", "call_method"):
+        return None
+    op = classify(n, gm)
+    if op.kind not in ("pointwise", "library") or _op_name(n) not in ("mul", "truediv", "div") \
+            or len(n.args) != 2 or n.kwargs:
+        return None
+    a, b = n.args
+    pairs = [(a, b), (b, a)] if _op_name(n) == "mul" else [(a, b)]
+    for x, c in pairs:
+        if not _float(x):
+            continue
+        num = _number(gm, c)
+        if num is None or num[0] == 0:
+            return None
+        inv = _op_name(n) != "mul"
+        if num[1] is None:
+            return x, (1.0 / num[0] if inv else num[0])
+        if head_dim is None:
+            return None
+        want = [math.sqrt(d) if inv else 1.0 / math.sqrt(d) for d in (head_dim, head_dim + 1)]
+        if all(abs(g - w) <= 1e-9 * w for g, w in zip(num, want)):
+            return x, "head"
+        return None
+    return None
+
+
+def _plain_product(op) -> bool:
+    """Is op a matmul / bmm of two tensors (no bias)?"""
+    return (op is not None and op.kind == "matmul" and op.name in ("matmul", "bmm")
+            and op.operands[2] is None)
+
+
+def _qk_head_dim(gm: fx.GraphModule, s: fx.Node) -> int | None:
+    """The head dim of the q @ k^T below s (through scale steps), for a shape-derived scale."""
+    while isinstance(s, fx.Node):
+        op = classify(s, gm) if s.op in ("call_function", "call_method") else None
+        if op is not None and op.kind == "matmul" and node_shape(op.operands[0]):
+            return int(node_shape(op.operands[0])[-1])
+        if op is None or not s.args or not isinstance(s.args[0], fx.Node):
+            return None
+        s = s.args[0] if _float(s.args[0]) else (s.args[1] if len(s.args) > 1 else None)
+    return None
+
+
+def attention_pattern(gm: fx.GraphModule) -> bool:
+    """rw-attention: softmax(q @ k^T * scale [masked causally], -1) @ v, written out, is
+    scaled_dot_product_attention(q, k, v, is_causal=..., scale=scale): one flash kernel that
+    never writes the scores. The scale may be a multiply or a divide by a number (none: 1.0);
+    the softmax may run in fp32 between casts; the mask may be a masked_fill, a where or an
+    additive mask, and is only taken when it depends on no tensor values and equals torch's
+    top-left causal mask (evaluated at the traced size and, if built from the inputs' shapes,
+    at a second size). The kernel's scores are fp32 where eager rounds them to the operands'
+    dtype: the rewritten program is verified like any candidate."""
+    import torch
+    import torch.nn.functional as F
+
+    graph = gm.graph
+    changed = False
+    for n in _live(graph):
+        op = classify(n, gm) if n.op in ("call_function", "call_method") else None
+        if not _plain_product(op):
+            continue
+        p, v = op.operands[:2]
+        shape = node_shape(n)
+        if not _float(v) or shape is None or node_shape(v) is None or len(shape) not in (3, 4):
+            continue
+        sm, _casts = _through(gm, p)
+        sop = classify(sm, gm) if isinstance(sm, fx.Node) else None
+        if sop is None or sop.kind not in ("softmax", "library") or _op_name(sm) not in ("softmax",) \
+                or len(sm.users) != 1:
+            continue
+        x = sm.args[0]
+        dim = sm.args[1] if len(sm.args) > 1 else sm.kwargs.get("dim")
+        if not isinstance(x, fx.Node) or node_shape(x) is None or not isinstance(dim, int) \
+                or dim % len(node_shape(x)) != len(node_shape(x)) - 1 \
+                or set(sm.kwargs) - {"dim", "dtype", "_stacklevel"}:
+            continue
+        if sm.kwargs.get("dtype") not in (None, torch.float32):
+            continue
+        # scores -> [scale and one causal mask, in either order] -> casts -> softmax
+        s, _ = _through(gm, x)
+        causal, scale, head, ok = False, 1.0, 0, True
+        while ok and isinstance(s, fx.Node) and len(s.users) == 1:
+            up, _ = _through(gm, s)
+            if up is not s:  # casts between the steps (scores.float() / c)
+                s = up
+                continue
+            sc = _scale_step(gm, s, head_dim=_qk_head_dim(gm, s))
+            if sc is not None:
+                s, c = sc
+                if c == "head":
+                    head += 1
+                else:
+                    scale *= c
+                continue
+            step = _mask_step(gm, s) if not causal else None
+            if step is None:
+                break
+            inner, mask, kind = step
+            # the factors seen so far scale the masked scores: -inf times a negative is +inf
+            ok = (isinstance(inner, fx.Node) and scale > 0
+                  and _mask_is_causal(gm, mask, kind, node_shape(inner)))
+            s, causal = inner, True
+        if not ok or head > 1 or (head and scale != 1.0):
+            continue  # sdpa's default scale, or a number: not 1/sqrt(D) times another number
+        if not isinstance(s, fx.Node) or len(s.users) != 1:
+            continue
+        qk = classify(s, gm) if s.op in ("call_function", "call_method") else None
+        if not _plain_product(qk):
+            continue
+        q, kt = qk.operands[:2]
+        k = _transposed_last(kt)
+        if k is None or not all(_float(t) for t in (q, k)):
+            continue
+        sq, sk, sv = node_shape(q), node_shape(k), node_shape(v)
+        if (len({node_dtype(q), node_dtype(k), node_dtype(v), node_dtype(n)}) != 1
+                or not (len(sq) == len(sk) == len(sv) == len(shape)) or sq[:-2] != sk[:-2]
+                or sk[:-2] != sv[:-2] or sq[-1] != sk[-1] or sk[-2] != sv[-2]):
+            continue
+        with graph.inserting_before(n):
+            new = graph.call_function(F.scaled_dot_product_attention, (q, k, v),
+                                      {"is_causal": causal, "scale": None if head else float(scale)})
+        new.meta = dict(n.meta)
+        n.replace_all_uses_with(new)
+        dead = [n, p, kt]
+        graph.erase_node(n)
+        _erase_unused_above(dead[1:], stop=None)
+        changed = True
+    return changed
+
+
+def _getitem_unsqueeze2(n: fx.Node) -> fx.Node | None:
+    """x when n is x with a size-1 dim inserted at position 2: x.unsqueeze(2), torch.unsqueeze(x,
+    2) or x[:, :, None] (any trailing full slices or an Ellipsis)."""
+    import operator
+
+    import torch
+
+    if not isinstance(n, fx.Node):
+        return None
+    x = n.args[0] if n.args else None
+    xs, ns = (node_shape(x) if isinstance(x, fx.Node) else None), node_shape(n)
+    if xs is None or ns is None or len(ns) != len(xs) + 1 or ns[2] != 1 or ns[:2] + ns[3:] != xs:
+        return None
+    if (n.op == "call_method" and n.target == "unsqueeze") or (
+            n.op == "call_function" and n.target is torch.unsqueeze):
+        d = n.args[1] if len(n.args) > 1 else n.kwargs.get("dim")
+        return x if isinstance(d, int) and d % (len(xs) + 1) == 2 else None
+    if n.op == "call_function" and n.target is operator.getitem and isinstance(n.args[1], tuple):
+        idx = n.args[1]
+        full = slice(None, None, None)
+        if len(idx) >= 3 and idx[0] == full and idx[1] == full and idx[2] is None and all(
+                i == full or i is Ellipsis for i in idx[3:]):
+            return x
+    return None
+
+
+def _repeated_heads(gm: fx.GraphModule, n) -> tuple[fx.Node, int] | None:
+    """(x, g) when n repeats each head of x (B, H_kv, S, D) g times in place (head h of n is head
+    h // g of x), as grouped-query attention reads it: x.repeat_interleave(g, dim=1) or
+    x[:, :, None].expand(B, H_kv, g, S, D).reshape(B, H_kv * g, S, D) (Hugging Face's
+    repeat_kv); None otherwise (x.repeat(1, g, 1, 1) tiles the heads: another mapping)."""
+    import torch
+
+    if not isinstance(n, fx.Node) or n.op not in ("call_function", "call_method"):
+        return None
+    ns = node_shape(n)
+    if ns is None or len(ns) != 4:
+        return None
+    name = _op_name(n)
+    if name == "repeat_interleave":
+        x = n.args[0] if n.args else n.kwargs.get("input")
+        names = ("repeats", "dim", "output_size")
+        b = dict(zip(names, n.args[1:]))
+        b.update({k: v for k, v in n.kwargs.items() if k in names})
+        xs = node_shape(x) if isinstance(x, fx.Node) else None
+        g, dim = _static_int(b.get("repeats")), b.get("dim")
+        if (xs is None or len(xs) != 4 or g is None or g < 1
+                or not isinstance(dim, int) or dim % 4 != 1 or set(n.kwargs) - set(names) - {"input"}):
+            return None
+        return (x, g) if tuple(ns) == (xs[0], xs[1] * g, xs[2], xs[3]) else None
+    if name in ("reshape", "view") or (n.op == "call_function" and n.target is torch.reshape):
+        e = n.args[0] if n.args else None
+        if not isinstance(e, fx.Node) or _op_name(e) != "expand" or len(e.users) != 1:
+            return None
+        es = node_shape(e)
+        u = e.args[0] if e.args else None
+        x = _getitem_unsqueeze2(u) if isinstance(u, fx.Node) and len(u.users) == 1 else None
+        xs = node_shape(x) if x is not None else None
+        if xs is None or es is None or len(xs) != 4 or len(es) != 5:
+            return None
+        g = es[2]
+        if (es[:2], es[3:]) != (tuple(xs[:2]), tuple(xs[2:])) \
+                or tuple(ns) != (xs[0], xs[1] * g, xs[2], xs[3]):
+            return None
+        return x, int(g)
+    return None
+
+
+def gqa_repeats(gm: fx.GraphModule) -> bool:
+    """scaled_dot_product_attention(q, R(k), R(v)) with R repeating each key/value head g times
+    in place (repeat_interleave along the heads, or expand + reshape as Hugging Face's repeat_kv)
+    is scaled_dot_product_attention(q, k, v, enable_gqa=True): the same values, and the kernel
+    reads the shared head through its index instead of a copy of the cache per query head."""
+    import torch.nn.functional as F
+
+    graph = gm.graph
+    changed = False
+    for n in _live(graph):
+        if not (n.op == "call_function" and n.target is F.scaled_dot_product_attention):
+            continue
+        names = ["query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa"]
+        b = dict(zip(names, n.args))
+        b.update(n.kwargs)
+        rk, rv = _repeated_heads(gm, b.get("key")), _repeated_heads(gm, b.get("value"))
+        qs = node_shape(b["query"]) if isinstance(b.get("query"), fx.Node) else None
+        if rk is None or rv is None or rk[1] != rv[1] or qs is None or len(qs) != 4:
+            continue
+        if qs[1] != node_shape(rk[0])[1] * rk[1]:
+            continue
+        old_k, old_v = b["key"], b["value"]
+        b["key"], b["value"], b["enable_gqa"] = rk[0], rv[0], True
+        n.args = (b.pop("query"), b.pop("key"), b.pop("value"))
+        n.kwargs = b
+        _erase_unused_above([old_k, old_v], stop=None)
+        changed = True
+    return changed

@@ -1,0 +1,249 @@
+"""Normalizations: RMS norm written out (rw-rms-norm); canonical forms for batch norm, vector
+norms and rsqrt."""
+from __future__ import annotations
+
+from torch import fx
+
+from codegen.fusion import norm_dims
+from codegen.ops import classify, node_shape
+from codegen.rewrites.common import (_attr_node, _float, _live, _module_calls, _ops, _replace,
+                                     _scalar_step)
+
+
+def _square_of(gm: fx.GraphModule, n) -> fx.Node | None:
+    """h when n is h*h, h**2, h.pow(2) or h.square() on a floating h."""
+    if not isinstance(n, fx.Node):
+        return None
+    op = classify(n, gm)
+    if op.kind != "pointwise":
+        return None
+    a = op.operands
+    if op.name == "square" and _float(a[0]):
+        return a[0]
+    if op.name == "pow" and _float(a[0]) and len(a) > 1 and a[1] == 2:
+        return a[0]
+    if op.name == "mul" and len(a) == 2 and a[0] is a[1] and _float(a[0]):
+        return a[0]
+    return None
+
+
+def _plus_scalar(gm: fx.GraphModule, n) -> tuple | None:
+    """(v, eps) when n is v + eps or eps + v with a scalar eps."""
+    step = _scalar_step(classify(n, gm)) if isinstance(n, fx.Node) else None
+    if step is None or step[1] != "add" or classify(n, gm).name != "add":
+        return None
+    return step[0], step[2]
+
+
+def rms_norm_pattern(gm: fx.GraphModule) -> bool:
+    """rw-rms-norm: h * rsqrt(mean(h^2, -1, keepdim=True) + eps) (or h / sqrt(...)) over the last
+    dimension is rms_norm(h, (H,), eps=eps): one norm-template kernel per row instead of a
+    square, a reduction and an elementwise pass that each read the rows again."""
+    import torch.nn.functional as F
+
+    graph = gm.graph
+    changed = False
+    for n, op in _ops(gm, "pointwise", ("mul", "div")):
+        if len(op.operands) != 2:
+            continue
+        a, b = op.operands
+        for h, scale in ((a, b), (b, a)) if op.name == "mul" else ((a, b),):
+            if not _float(h) or not isinstance(scale, fx.Node) or len(scale.users) != 1:
+                continue
+            sop = classify(scale, gm)
+            want = "rsqrt" if op.name == "mul" else "sqrt"
+            if sop.kind != "pointwise" or sop.name != want:
+                continue
+            pe = _plus_scalar(gm, sop.operands[0])
+            if pe is None or len(sop.operands[0].users) != 1:
+                continue
+            mean, eps = pe
+            mop = classify(mean, gm) if isinstance(mean, fx.Node) else None
+            shape = node_shape(h)
+            if (mop is None or mop.kind != "reduction" or mop.name != "mean" or len(mean.users) != 1
+                    or not mop.p.get("keepdim") or not shape
+                    or norm_dims(mop.p.get("dim"), len(shape)) != [len(shape) - 1]):
+                continue
+            sq = mop.operands[0]
+            if _square_of(gm, sq) is not h or len(sq.users) != 1 or node_shape(n) != shape:
+                continue
+            with graph.inserting_before(n):
+                v = graph.call_function(F.rms_norm, (h, (shape[-1],), None, float(eps)))
+            dead = [scale, sop.operands[0], mean, sq]
+            _replace(n, v)
+            for d in dead:
+                graph.erase_node(d)
+            changed = True
+            break
+    return changed
+
+
+def batchnorm_decompose(gm: fx.GraphModule) -> bool:
+    """nn.BatchNorm{1,2,3}d as primitives (alg-batchnorm-decompose): channel statistics (one
+    kernel), the module's running-statistics bookkeeping (torch, on C values), and elementwise
+    normalization that the pointwise fusion merges with its neighbours. Eval mode (or
+    track_running_stats with training off) normalizes with the running statistics."""
+    import operator
+
+    import torch
+    import torch.nn as nn
+
+    from codegen import ops as O
+
+    graph = gm.graph
+    changed = False
+    for n, mod in _module_calls(gm):
+        if not isinstance(mod, (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)):
+            continue
+        x = n.args[0]
+        shape = O.node_shape(x)
+        if shape is None or len(shape) < 2:
+            continue
+        C = shape[1]
+        view = [1, C] + [1] * (len(shape) - 2)
+        use_batch = mod.training or mod.running_mean is None
+        with graph.inserting_before(n):
+            if use_batch:
+                st = graph.create_node("call_function", O.chanstats, (x,), name="chan_stats")
+                mean = graph.call_function(operator.getitem, (st, 0))
+                var = graph.call_function(operator.getitem, (st, 1))
+                if mod.training and mod.track_running_stats:
+                    rm = _attr_node(gm, graph, f"{n.target}.running_mean")
+                    rv = _attr_node(gm, graph, f"{n.target}.running_var")
+                    nbt = _attr_node(gm, graph, f"{n.target}.num_batches_tracked")
+                    # the values per channel of this call, from the statistics (not a query of
+                    # x: a use of x would make its producer chain write x out)
+                    count = graph.call_function(operator.getitem, (st, 2))
+                    mean = graph.create_node("call_function", O.bn_update,
+                                             (mean, var, count, rm, rv, nbt, mod.momentum),
+                                             name="bn_mean")
+            else:
+                mean = graph.call_method("view", (_attr_node(gm, graph, f"{n.target}.running_mean"), *view))
+                var = graph.call_method("view", (_attr_node(gm, graph, f"{n.target}.running_var"), *view))
+            y = graph.call_function(operator.sub, (x, mean))
+            y = graph.call_function(operator.mul, (y, graph.call_function(
+                torch.rsqrt, (graph.call_function(operator.add, (var, mod.eps)),))))
+            if mod.weight is not None:
+                w = graph.call_method("view", (_attr_node(gm, graph, f"{n.target}.weight"), *view))
+                y = graph.call_function(operator.mul, (y, w))
+            if mod.bias is not None:
+                b = graph.call_method("view", (_attr_node(gm, graph, f"{n.target}.bias"), *view))
+                y = graph.call_function(operator.add, (y, b))
+        n.replace_all_uses_with(y)
+        graph.erase_node(n)
+        changed = True
+    return changed
+
+
+def _norm_call(n: fx.Node):
+    """(x, p, dim, keepdim, eps) of a vector norm call (torch.norm, Tensor.norm,
+    torch.linalg.vector_norm; eps None) or of F.normalize (x divided by its norm clamped to at
+    least eps) without a dtype or out argument, else None."""
+    import torch
+
+    if n.op == "call_method" and n.target == "norm":
+        names, p_default = ("input", "p", "dim", "keepdim", "dtype"), "fro"
+    elif n.op == "call_function" and n.target is torch.norm:
+        names, p_default = ("input", "p", "dim", "keepdim", "out", "dtype"), "fro"
+    elif n.op == "call_function" and n.target is torch.linalg.vector_norm:
+        names, p_default = ("input", "ord", "dim", "keepdim"), 2
+    elif n.op == "call_function" and n.target is torch.nn.functional.normalize:
+        names, p_default = ("input", "p", "dim", "eps", "out"), 2.0
+    else:
+        return None
+    b = dict(zip(names, n.args))
+    for k, v in n.kwargs.items():
+        b["p" if k == "ord" else k] = v
+    b.setdefault("p", b.pop("ord", p_default))
+    if b.get("dtype") is not None or b.get("out") is not None or not isinstance(b.get("input"), fx.Node):
+        return None
+    dim = b.get("dim")
+    if not (dim is None or isinstance(dim, int)
+            or (isinstance(dim, (list, tuple)) and all(isinstance(d, int) for d in dim))):
+        return None
+    if n.target is torch.nn.functional.normalize:  # x / max(||x||, eps) along dim (default 1)
+        dim = 1 if "dim" not in b else dim
+        if dim is None:
+            return None
+        return b["input"], b["p"], dim, True, float(b.get("eps", 1e-12))
+    return b["input"], b["p"], dim, bool(b.get("keepdim", False)), None
+
+
+def vector_norms(gm: fx.GraphModule) -> bool:
+    """Vector norms as the reductions they are: the 2-norm (p=2 or 'fro' over the given dims)
+    sqrt(sum(x * x)), the 1-norm sum(abs(x)), the inf-norm amax(abs(x)), so the reduction and
+    the ops around it fuse (x / ||x|| in one kernel, principle alg-reduce-broadcast); F.normalize
+    as x / clamp(norm, min=eps). Only float inputs; torch.linalg.norm (matrix norms over two
+    dims) stays."""
+    import math
+
+    import torch
+
+    graph = gm.graph
+    changed = False
+    for n in _live(graph):
+        call = _norm_call(n)
+        if call is None or not _float(call[0]):
+            continue
+        x, p, dim, keepdim, eps = call
+        if dim is None and node_shape(x) is None:
+            continue
+        kw = {"dim": list(range(len(node_shape(x)))) if dim is None else dim, "keepdim": keepdim}
+        with graph.inserting_before(n):
+            if p in (2, 2.0, "fro"):
+                sq = graph.call_function(torch.mul, (x, x))
+                new = graph.call_function(torch.sqrt, (graph.call_function(torch.sum, (sq,), kw),))
+            elif p in (1, 1.0):
+                new = graph.call_function(torch.sum, (graph.call_function(torch.abs, (x,)),), kw)
+            elif p == math.inf:
+                new = graph.call_function(torch.amax, (graph.call_function(torch.abs, (x,)),), kw)
+            else:
+                continue
+            if eps is not None:
+                new = graph.call_function(torch.div, (x, graph.call_function(
+                    torch.clamp, (new,), {"min": eps})))
+        new.meta = dict(n.meta)
+        n.replace_all_uses_with(new)
+        graph.erase_node(n)
+        changed = True
+    return changed
+
+
+def rsqrt_forms(gm: fx.GraphModule) -> bool:
+    """``1 / sqrt(v)``, ``sqrt(v).reciprocal()``, ``v ** -0.5`` and ``torch.pow(v, -0.5)`` are
+    ``rsqrt(v)``: the form the RMS-norm pattern matches (the values differ by one rounding)."""
+    import torch
+
+    graph = gm.graph
+    changed = False
+    for n in _live(graph):
+        if n.op not in ("call_function", "call_method"):
+            continue
+        op = classify(n, gm)
+        if op.kind != "pointwise":
+            continue
+        v = None
+        if op.name == "div" and isinstance(op.operands[0], (int, float)) and op.operands[0] == 1 \
+                and isinstance(op.operands[1], fx.Node) and op.p.get("rounding_mode") is None:
+            inner = op.operands[1]
+            iop = classify(inner, gm)
+            if iop.kind == "pointwise" and iop.name == "sqrt" and len(inner.users) == 1:
+                v = iop.operands[0]
+        elif op.name == "reciprocal" and isinstance(op.operands[0], fx.Node):
+            inner = op.operands[0]
+            iop = classify(inner, gm)
+            if iop.kind == "pointwise" and iop.name == "sqrt" and len(inner.users) == 1:
+                v = iop.operands[0]
+        elif op.name == "pow" and isinstance(op.operands[1], (int, float)) and op.operands[1] == -0.5:
+            v, inner = op.operands[0], None
+        if not _float(v):
+            continue
+        with graph.inserting_before(n):
+            new = graph.call_function(torch.rsqrt, (v,))
+        new.meta = dict(n.meta)
+        n.replace_all_uses_with(new)
+        graph.erase_node(n)
+        if inner is not None and not inner.users:
+            graph.erase_node(inner)
+        changed = True
+    return changed
