@@ -15,8 +15,8 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 from graph.build import build_graph
 from graph.checkpoints import serializer, sqlite_saver
 from state import (RECORD_TYPES, Analysis, Attempt, Candidate, EggState, FusionGroup, HardwareInfo,
-                   KernelConfig, LLMUsage, OpRecord, OutputError, Plan, ProblemSpec, StageContext,
-                   TensorSpec, TimingRecord, TrialRecord, VerificationRecord)
+                   KernelConfig, LLMUsage, OpRecord, OutputError, Plan, ProblemSpec, RegionRecord,
+                   StageContext, TensorSpec, TimingRecord, TrialRecord, VerificationRecord)
 
 
 def full_state() -> EggState:
@@ -33,7 +33,10 @@ def full_state() -> EggState:
         analysis=Analysis(capture="fx", ops=[OpRecord(name="relu", op="call_function", target="relu",
                                                       kind="pointwise", shape=[4, 5], dtype="float32",
                                                       args=["x"], flops=20.0, bytes=160.0)],
-                          flops=20.0, bytes=160.0, floor_ms=1.5e-6, bound="memory"),
+                          flops=20.0, bytes=160.0, floor_ms=1.5e-6, bound="memory",
+                          regions=[RegionRecord(index=0, nodes=1, groups=["g0"], flops=20.0, bytes=160.0,
+                                                est_ms=1.5e-6, measured_ms=None, share=1.0,
+                                                ends_with="")]),
         plan=Plan(groups=[FusionGroup(id="g0", kind="pointwise", template="pointwise", nodes=["relu"],
                                       reason="r", principle_ids=["alg-fuse-pointwise-chain"],
                                       est_bytes_saved=1e9, enabled=False)],
