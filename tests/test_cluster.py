@@ -68,6 +68,17 @@ def _env() -> dict:
     return env
 
 
+def _running(pid: int) -> bool:
+    """The process exists and is not a zombie: an orphan adopted by this test process (a child
+    subreaper once any verification ran in it: harness.runner.start_child) stays a zombie, its
+    /proc entry present, until this process waits for it."""
+    try:
+        state = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
 def _bench_children(root: pathlib.Path) -> dict[int, tuple[int, str]]:
     """pid -> (parent pid, problem name) of the `graph.bench one` processes whose output folder
     (OUT, or a worker's scratch folder) is under ``root``."""
@@ -179,9 +190,9 @@ def test_worker_killed_mid_suite_reruns_its_problem_elsewhere(tmp_path, dask_clu
     assert {r["worker"] for r in recs.values()} <= {"w0", "w1"}
     # the dead worker's problem process did not outlive it (it would time on the same GPU)
     deadline = time.time() + 60  # its parent watch polls every 0.5 s; a loaded CI machine is slow
-    while time.time() < deadline and pathlib.Path(f"/proc/{killed['child']}").exists():
+    while time.time() < deadline and _running(killed["child"]):
         time.sleep(0.2)
-    assert not pathlib.Path(f"/proc/{killed['child']}").exists()
+    assert not _running(killed["child"])
     assert not _bench_children(tmp_path)
     # the run folders and logs came back from the workers' scratch folders
     for n in recs:
