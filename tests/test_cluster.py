@@ -20,21 +20,9 @@ pytest.importorskip("distributed")
 from graph import bench as B  # noqa: E402
 from graph import cluster as C  # noqa: E402
 from state import Settings  # noqa: E402
+from tests.test_bench import ADD_RELU, HEADER, _folder  # noqa: E402 - the same test problems
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-HEADER = "import torch\nimport torch.nn as nn\n\n\n"
-ADD_RELU = HEADER + """class Model(nn.Module):
-    def forward(self, x, y):
-        return torch.relu(x + y) * 0.5
-
-
-def get_inputs():
-    return [torch.randn(8, 33), torch.randn(8, 33)]
-
-
-def get_init_inputs():
-    return []
-"""
 
 
 def lib_only(n: int) -> str:
@@ -51,15 +39,6 @@ def get_inputs():
 def get_init_inputs():
     return []
 """
-
-
-def _folder(tmp_path, files: dict) -> pathlib.Path:
-    root = tmp_path / "problems"
-    for rel, src in files.items():
-        p = root / rel
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(src)
-    return root
 
 
 def _env() -> dict:
