@@ -272,12 +272,11 @@ def summarize_rounds(rounds: list[dict], flush_ms: float, ipc_ms: float,
         # call; a round's fixed cost (the channel, opening the outputs' CUDA IPC handles: ~1.3 ms
         # a round on the H200, 7% of an honest 2.7 ms matmul's time when it was charged per call)
         # cancels out
-        w1 = statistics.median(single_walls)
-        bounds = [(r["wall_ms"] - w1) / (len(r["times"]) - 1) - flush_ms - WALL_ALLOWANCE_MS
-                  for r in rounds if len(r["times"]) > 1]
+        base_ms, calls_in_base = statistics.median(single_walls), 1
     else:
-        bounds = [(r["wall_ms"] - ipc_ms) / len(r["times"]) - flush_ms - WALL_ALLOWANCE_MS
-                  for r in rounds if len(r["times"]) > 1]
+        base_ms, calls_in_base = ipc_ms, 0
+    bounds = [(r["wall_ms"] - base_ms) / (len(r["times"]) - calls_in_base) - flush_ms - WALL_ALLOWANCE_MS
+              for r in rounds if len(r["times"]) > 1]
     bound = statistics.median(bounds) if bounds else 0.0
     out["wall_bound_ms"] = round(bound, 5)
     if bound > med:
