@@ -479,8 +479,36 @@ def _fp64_model(model):
         return None
 
 
+_LOWER = {torch.float32: torch.float64, torch.float16: torch.float64, torch.bfloat16: torch.float64,
+          torch.complex64: torch.complex128, torch.complex32: torch.complex128}
+_TO_DOUBLE = {torch.Tensor.float, torch.Tensor.half, torch.Tensor.bfloat16}
+
+
+def _up(a):
+    return _LOWER.get(a, a) if isinstance(a, torch.dtype) else a
+
+
+class _StayFloat64(torch.overrides.TorchFunctionMode):
+    """While the float64 reference runs: the casts Model makes to a lower floating precision
+    (``x.float()``, ``.to(torch.float32)``, ``softmax(..., dtype=torch.float32)``, a bf16
+    ``torch.zeros``) give float64 instead. Without this a model that upcasts its bf16 input with
+    ``.float()`` computes its "float64" reference in fp32, bit for bit eager's: eager's error is
+    then 0 and an honest kernel's rounding looks like lower precision."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in _TO_DOUBLE:
+            func, args = torch.Tensor.double, args[:1]
+        elif func in (torch.Tensor.to, torch.Tensor.type):
+            args = tuple(_up(a) for a in args)
+        if isinstance(kwargs.get("dtype"), torch.dtype):
+            kwargs = {**kwargs, "dtype": _up(kwargs["dtype"])}
+        return func(*args, **kwargs)
+
+
 def _fp64_outputs(m64, model, before: dict, xs: list, mode: str):
-    """The float64 reference: Model cast to float64 with the buffers it had before the call."""
+    """The float64 reference: Model cast to float64 with the buffers it had before the call
+    (its own casts to lower precision held at float64: _StayFloat64)."""
     if m64 is None:
         return None
     try:
@@ -492,7 +520,8 @@ def _fp64_outputs(m64, model, before: dict, xs: list, mode: str):
             m64.train(mode == "train")
             xs64 = [x.double() if isinstance(x, torch.Tensor) and x.dtype.is_floating_point else x
                     for x in xs]
-            return flatten(m64(*xs64))
+            with _StayFloat64():
+                return flatten(m64(*xs64))
     except Exception:  # noqa: BLE001 - an op without fp64 support: no door, tolerance only
         return None
 
