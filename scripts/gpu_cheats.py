@@ -15,7 +15,10 @@ GPU-only cheats:
   (calls after the first return the memo: the single-call rounds, whose outputs are checked,
   are far slower than the rest: rejected), right only on the first call after new inputs (the
   round's last output is checked: rejected), a detector of back-to-back calls (timing only:
-  rejected), right for 40 calls then wrong (rejected); the control is the same matmul honestly;
+  rejected), right for 40 calls then wrong (rejected), calls batched two at a time (an odd call's
+  buffer is filled by the next call: rejected); the control is the same matmul honestly; a GEMV
+  whose weight is pinned in L2 by a persisting access-policy window (ctypes, static check off:
+  the time must not be a speedup over eager), with its honest control;
 - device memory beyond the limit, an illegal memory access (CUDA error), a hang: in the suite.
 
 Prints a table and writes it as markdown to the given path. Exit code 0 when every case came out
@@ -206,6 +209,30 @@ class ModelNew(nn.Module):
         self.last = time.perf_counter()
         return out
 ''',
+    "batched_pairs": '''"""CHEAT: batches calls two at a time (one launch for two products): an odd call keeps
+its inputs and returns an unfilled buffer, the next call computes both into their buffers. A timer
+that checks only a round's last output, after syncing, sees every value right."""
+import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.pending = None
+
+    def forward(self, a, b):
+        out = torch.empty(a.shape[0], b.shape[1], device=a.device, dtype=a.dtype)
+        if self.pending is None:
+            self.pending = (a, b, out)
+            return out
+        pa, pb, pout = self.pending
+        self.pending = None
+        both = torch.bmm(torch.stack([pa, a]), torch.stack([pb, b]))
+        pout.copy_(both[0])
+        out.copy_(both[1])
+        return out
+''',
     "late_wrong": '''"""CHEAT: right for its first 40 calls (more than a verification makes), wrong after."""
 import torch
 import torch.nn as nn
@@ -224,20 +251,94 @@ class ModelNew(nn.Module):
 }
 
 
-def timing_cases(folder: pathlib.Path) -> list:
-    """Each timing cheat (and the side stream and its control) through the timing judge:
-    (name, expected, result dict, ok)."""
+GEMV_PROBLEM = '''"""GPU cheat problem: a decode-style GEMV, memory-bound: a 32 MiB fp16 weight read per call."""
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(4096, 4096, dtype=torch.float16) * 0.02)
+
+    def forward(self, x):
+        return torch.nn.functional.linear(x, self.weight)
+
+
+def get_inputs():
+    return [torch.randn(1, 4096, dtype=torch.float16)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+L2_PERSIST = '''"""CHEAT: pins its weight in L2 with a persisting access-policy window on the current stream
+(cudaDeviceSetLimit + cudaStreamSetAttribute through ctypes): the judge's L2 flush between timed
+calls evicts normal lines only, so every call after the first reads the weight from L2 instead of
+HBM. Values stay right; only the time is wrong (no model runs like this next to other work)."""
+import ctypes
+
+import torch
+import torch.nn as nn
+
+
+class _Window(ctypes.Structure):
+    _fields_ = [("base_ptr", ctypes.c_void_p), ("num_bytes", ctypes.c_size_t),
+                ("hitRatio", ctypes.c_float), ("hitProp", ctypes.c_int), ("missProp", ctypes.c_int)]
+
+
+class _Attr(ctypes.Union):
+    _fields_ = [("accessPolicyWindow", _Window), ("pad", ctypes.c_char * 64)]
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(4096, 4096, dtype=torch.float16) * 0.02)
+        self.pinned = None
+
+    def _pin(self):
+        rt = ctypes.CDLL("libcudart.so.12")
+        n = self.weight.numel() * self.weight.element_size()
+        rt.cudaDeviceSetLimit(ctypes.c_int(0x06), ctypes.c_size_t(n))  # cudaLimitPersistingL2CacheSize
+        attr = _Attr()
+        attr.accessPolicyWindow = _Window(self.weight.data_ptr(), n, 1.0, 2, 1)  # persisting, streaming
+        stream = torch.cuda.current_stream().cuda_stream
+        rc = rt.cudaStreamSetAttribute(ctypes.c_void_p(stream), ctypes.c_int(1), ctypes.byref(attr))
+        self.pinned = stream if rc == 0 else -1
+
+    def forward(self, x):
+        if x.is_cuda and self.pinned != torch.cuda.current_stream().cuda_stream:
+            self._pin()
+        return torch.nn.functional.linear(x, self.weight)
+'''
+
+GEMV_HONEST = '''"""CONTROL: the same GEMV, no window."""
+import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(4096, 4096, dtype=torch.float16) * 0.02)
+
+    def forward(self, x):
+        return torch.nn.functional.linear(x, self.weight)
+'''
+
+
+def _time_cases(folder: pathlib.Path, problem: str, plan: list) -> list:
+    """Time each (candidate file stem, expected) of ``plan`` against ``problem`` (a file in
+    ``folder``) through the timing judge, static check off: (name, expected, result, ok)."""
     from harness import profile as P
 
-    for name, src in TIMING_CHEATS.items():
-        (folder / f"{name}.py").write_text(src)
-    sess = P.ProfileSession(str(folder / "mm.py"), "cuda", 200.0)  # static check off below
+    sess = P.ProfileSession(str(folder / problem), "cuda", 200.0)
     out = []
     try:
         base = sess.baselines()
         eager = base["eager"]["median_ms"]
-        plan = [("same_stream", "timed"), ("side_stream", "no speedup"),
-                *[(n, "rejected") for n in TIMING_CHEATS]]
         for name, expect in plan:
             try:
                 t = sess.time_candidate(str(folder / f"{name}.py"), static=False)
@@ -257,6 +358,18 @@ def timing_cases(folder: pathlib.Path) -> list:
     finally:
         sess.close()
     return out
+
+
+def timing_cases(folder: pathlib.Path) -> list:
+    """Each timing cheat (and the side stream and its control) through the timing judge on the
+    matmul, then the persisting-L2 window and its control on the GEMV:
+    (name, expected, result dict, ok)."""
+    for name, src in {**TIMING_CHEATS, "gemv": GEMV_PROBLEM, "l2_persist": L2_PERSIST,
+                      "gemv_honest": GEMV_HONEST}.items():
+        (folder / f"{name}.py").write_text(src)
+    out = _time_cases(folder, "mm.py", [("same_stream", "timed"), ("side_stream", "no speedup"),
+                                        *[(n, "rejected") for n in TIMING_CHEATS]])
+    return out + _time_cases(folder, "gemv.py", [("gemv_honest", "timed"), ("l2_persist", "no speedup")])
 
 
 def main() -> int:
@@ -366,7 +479,8 @@ def _timing_lines(timing) -> list[str]:
     lines = ["", "## Timing cheats through the timing judge", "",
              "Each candidate timed as the profiler node times it (harness.profile.ProfileSession): "
              "rounds in the candidate's own process, bounded by the judge's wall clock, outputs of "
-             "timed calls checked, eager interleaved. The problem: one 4096^3 fp32 matmul.", "",
+             "timed calls checked, eager interleaved. The problems: one 4096^3 fp32 matmul; a decode GEMV "
+             "(1x4096 by a 32 MiB fp16 weight) for the L2 window.", "",
              "| candidate | expected | outcome | ms | vs eager | reason / flags | ok |",
              "|---|---|---|---|---|---|---|"]
     for name, expect, r, ok in timing:

@@ -162,3 +162,40 @@ def test_long_rounds_far_faster_than_checked_single_calls_are_inconsistent():
     assert "inconsistent" in summarize_rounds(rs, flush_ms=0.06, ipc_ms=0.0)
     honest = _rounds([1.0] * 6, 1.06, singles=(1.05, 1.02))
     assert "inconsistent" not in summarize_rounds(honest, flush_ms=0.06, ipc_ms=0.0)
+
+
+BATCHED_PAIRS = '''import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    """Batches calls two at a time: an odd call keeps its input and returns an unfilled buffer,
+    the next call computes both (a timer checking a round's last output sees all values right)."""
+
+    def __init__(self):
+        super().__init__()
+        self.pending = None
+
+    def forward(self, x):
+        out = torch.empty(x.shape[0], 1, dtype=x.dtype, device=x.device)
+        if self.pending is None:
+            self.pending = (x, out)
+            return out
+        px, pout = self.pending
+        self.pending = None
+        both = (torch.stack([px, x]) ** 2).sum(dim=-1, keepdim=True)
+        pout.copy_(both[0])
+        out.copy_(both[1])
+        return out
+'''
+
+
+def test_calls_batched_two_at_a_time_are_rejected(session, tmp_path):
+    """Every round's last output is right after the round (even-length rounds); the single-call
+    rounds, whose one output is checked, return an unfilled buffer: rejected, never timed."""
+    path = tmp_path / "batched_pairs.py"
+    path.write_text(BATCHED_PAIRS)
+    with pytest.raises(P.ProfileRejected) as e:
+        for _ in range(4):
+            session.time_candidate(str(path))
+    assert e.value.category in ("mismatch", "cheat"), e.value
