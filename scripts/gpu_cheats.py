@@ -314,19 +314,10 @@ class ModelNew(nn.Module):
         return torch.nn.functional.linear(x, self.weight)
 '''
 
-GEMV_HONEST = '''"""CONTROL: the same GEMV, no window."""
-import torch
-import torch.nn as nn
-
-
-class ModelNew(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.weight = nn.Parameter(torch.randn(4096, 4096, dtype=torch.float16) * 0.02)
-
-    def forward(self, x):
-        return torch.nn.functional.linear(x, self.weight)
-'''
+#: the control: the problem's own module as ModelNew (no window)
+GEMV_HONEST = ('"""CONTROL: the same GEMV, no window."""\n'
+               + GEMV_PROBLEM.split('"""\n', 1)[1].split("\n\ndef get_inputs")[0].replace("class Model(", "class ModelNew(")
+               + "\n")
 
 
 def _time_cases(folder: pathlib.Path, problem: str, plan: list) -> list:
