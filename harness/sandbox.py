@@ -1025,7 +1025,9 @@ def candidate_process(conn, creq: dict) -> None:
     if refused:
         return
     if os.environ.get("TRITON_INTERPRET") == "1":
-        install_autotune_shim()
+        from harness.interpreter import install_shims
+
+        install_shims()
     from harness.candidate_proc import main
 
     main(conn, creq)
@@ -1173,41 +1175,3 @@ def _probe(plan: dict, steps: list[str], as_root: bool) -> tuple[bool, str]:
     text = data.decode(errors="replace") or f"the probe died (status {status})"
     return text == "ok", text
 
-
-# ----------------------------------------------------------------------------- @triton.autotune on the CPU
-def install_autotune_shim() -> bool:
-    """Make ``@triton.autotune`` kernels run under Triton's interpreter (it has no benchmarker:
-    ``do_bench`` needs a GPU). Instead of timing each config, the autotuner picks the config that
-    launches the fewest programs (the fastest one in the interpreter, which runs programs one by
-    one; the first of those on a tie); ``cache_results`` is ignored. Call it in the candidate
-    process before the candidate is imported; returns whether it was installed."""
-    try:
-        from triton.runtime.autotuner import Autotuner
-    except Exception:  # noqa: BLE001
-        return False
-    if getattr(Autotuner, "_egg_interpreter_shim", False):
-        return True
-
-    def _bench(self, *args, config, **meta):
-        grid = meta.get("grid")
-        current = dict(meta, **config.all_kwargs())
-        full = {**(self.nargs or {}), **current}
-        try:
-            g = grid(full) if callable(grid) else grid
-            g = tuple(g) if isinstance(g, (tuple, list)) else (g,)
-            n = 1
-            for d in g:
-                n *= max(1, int(d))
-        except Exception:  # noqa: BLE001 - a grid we cannot evaluate: keep the config order
-            n = float("inf")
-        index = self.configs.index(config) if config in self.configs else 0
-        return [float(n), float(index), 0.0]
-
-    def check_disk_cache(self, tuning_key, configs, bench_fn):
-        bench_fn()
-        return False
-
-    Autotuner._bench = _bench
-    Autotuner.check_disk_cache = check_disk_cache
-    Autotuner._egg_interpreter_shim = True
-    return True

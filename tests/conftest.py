@@ -15,6 +15,11 @@ if str(ROOT) not in sys.path:
 
 import pytest  # noqa: E402
 
+from harness.interpreter import install_shims  # noqa: E402
+
+# in-process kernels run on the interpreter as the candidate process runs them (harness.interpreter)
+install_shims()
+
 EXAMPLES = ROOT / "examples"
 
 

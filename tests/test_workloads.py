@@ -117,7 +117,8 @@ def test_small_workloads_get_kernels_that_match_eager(name, small_dir, tmp_path)
     assert comp.plan.groups and comp.emitted.kernels
 
 
-@pytest.mark.parametrize("name", ["04_swiglu.py", "05_vocab_softmax.py",
+# 01: a bf16 store of fp32 values (the interpreter's truncating cast failed it: harness.interpreter)
+@pytest.mark.parametrize("name", ["01_rms_norm.py", "04_swiglu.py", "05_vocab_softmax.py",
                                   "12_gqa_decode_attention_manual.py",
                                   "16_lm_head_cross_entropy_padded.py"])
 def test_egg_run_through_the_graph_at_small_shapes(name, tmp_path, small_dir):

@@ -1,6 +1,6 @@
 """HONEST (rowsum problem): a standard ``@triton.autotune`` row reduction (three configs keyed on
 the row length). On the CPU the interpreter has no benchmarker: the candidate process installs
-harness.sandbox.install_autotune_shim(), which picks the config that launches the fewest programs.
+harness.interpreter.install_autotune_shim(), which picks the config that launches the fewest programs.
 Expected: passed."""
 import torch
 import torch.nn as nn
