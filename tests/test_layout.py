@@ -78,6 +78,12 @@ def get_init_inputs():
 '''
 
 
+def _verified(path, cand) -> None:
+    """The candidate passes EGG's verifier (two trials of each kind); the verdict's reason if not."""
+    res = verify(str(path), str(cand), trials=2)
+    assert res["passed"], f"[{res['category']}] {res['reason']}"
+
+
 def _emit(write_problem, src, name):
     path = write_problem(src, name)
     prob = load_problem(path)
@@ -114,7 +120,7 @@ def test_conv_with_pointwise_tail_runs_channels_last_and_returns_the_standard_la
     assert len(seen) == 1 and std.is_contiguous()
     torch.testing.assert_close(std, tail)
     assert m(x).is_contiguous()
-    assert verify(str(path), str(cand), trials=2)["passed"]
+    _verified(path, cand)
 
 
 def test_tail_whose_input_cannot_be_tiled_converts_after_the_walk(write_problem):
@@ -128,13 +134,13 @@ def test_tail_whose_input_cannot_be_tiled_converts_after_the_walk(write_problem)
         "self.rowb = nn.Parameter(torch.randn(17, 1) * 0.1)")
     path, cand, plan, em = _emit(write_problem, src, "cl_fallback")
     assert "o0 = _egg_standard_layout(o0)" in em.source  # in the wrapper, after the flat walk
-    assert verify(str(path), str(cand), trials=2)["passed"]
+    _verified(path, cand)
     mod = load_module(cand, "candidate")
     assert mod.ModelNew()(torch.randn(2, 3, 19, 13)).is_contiguous()
     src2 = src.replace("return torch.relu(self.conv(x) + self.rowb) * 2.0",
                        "y = torch.relu(self.conv(x) + self.rowb) * 2.0\n        return y, y.amax(dim=1)")
     path, cand, plan, em = _emit(write_problem, src2, "cl_fallback2")
-    assert verify(str(path), str(cand), trials=2)["passed"]
+    _verified(path, cand)
 
 
 def test_reduction_consumer_reads_the_channels_last_result_through_its_nhwc_view(write_problem):
@@ -148,11 +154,11 @@ def test_reduction_consumer_reads_the_channels_last_result_through_its_nhwc_view
     (red,) = plan.groups
     assert red.kind == "reduction" and red.domain == (2, 11, 13, 15, 6)  # N, D, H, W, C
     assert [plan.nops[m].name for m in red.prologue()] == ["add", "relu"]  # bias + relu, fused
-    assert verify(str(path), str(cand), trials=2)["passed"]
+    _verified(path, cand)
     # the result also returned: the bias add is written once and read back by the reduction
     path, cand, plan, em = _emit(write_problem, CONVT3D_REDUCE, "cl_red2")
     assert "_egg_standard_layout(conv_nobias)" not in em.source
-    assert verify(str(path), str(cand), trials=2)["passed"]
+    _verified(path, cand)
 
 
 def test_view_reductions_of_every_kind_and_escaping_values(write_problem):
@@ -166,7 +172,7 @@ def test_view_reductions_of_every_kind_and_escaping_values(write_problem):
     path, cand, plan, em = _emit(write_problem, src, "cl_views")
     assert "_egg_standard_layout(conv" not in em.source
     assert {g.kind for g in plan.groups} >= {"reduction", "softmax"}
-    assert verify(str(path), str(cand), trials=2)["passed"]
+    _verified(path, cand)
 
 
 def test_norm_consumer_gets_the_standard_layout_back(write_problem):
@@ -177,13 +183,13 @@ def test_norm_consumer_gets_the_standard_layout_back(write_problem):
     assert "self.gn(" in src and "nn.GroupNorm" in src
     path, cand, plan, em = _emit(write_problem, src, "cl_norm")
     assert "_egg_standard_layout(conv" in em.source
-    assert verify(str(path), str(cand), trials=2)["passed"]
+    _verified(path, cand)
 
 
 def test_functional_conv_parameter_relaid_and_view_consumer_safe(write_problem):
     path, cand, plan, em = _emit(write_problem, FUNCTIONAL, "cl_fn")
     assert plan.channels_last_params == ["w"]
-    assert verify(str(path), str(cand), trials=2)["passed"]
+    _verified(path, cand)
 
 
 def test_not_applied_to_1d_convolutions_or_models_without_one(write_problem):
@@ -264,7 +270,7 @@ def get_init_inputs():
 '''
     path, cand, plan, em = _emit(write_problem, src, "cl_size")
     assert "_egg_standard_layout(conv" not in em.source
-    assert verify(str(path), str(cand), trials=2)["passed"]
+    _verified(path, cand)
 
 
 def test_hybrid_policy_offers_the_layout_variant_when_the_reference_is_best(write_problem):
@@ -316,4 +322,4 @@ def test_global_average_pool_after_the_chain_reduces_over_the_view(write_problem
     assert "conv_nobias.permute(0, 2, 3, 1)" in em.source and "adaptive_avg_pool2d" not in fast_forward(em.source)
     (red,) = plan.groups
     assert red.kind == "reduction" and red.rdims == [1, 2]
-    assert verify(str(path), str(cand), trials=2)["passed"]
+    _verified(path, cand)
