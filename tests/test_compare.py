@@ -83,6 +83,21 @@ def test_guard_floor_exact_eager():
     assert chk.ok, chk.reason
 
 
+def test_guard_floor_is_in_ulps_of_each_element():
+    """Eager nearly exact on small outputs of mixed magnitude (a 12-channel mean dominated by an
+    exact bias): an honest sum's 3-4 ulps per element is rounding, not lower precision (a floor
+    of 2^-22 of the output's RMS rejected it: CI, test_layout); 40 ulps per element is not."""
+    g = torch.Generator().manual_seed(3)
+    t = (torch.rand(12, generator=g, dtype=torch.float64) * 0.12).float().double()
+    ulp = (torch.nextafter(t.float(), torch.tensor(1.0)) - t.float()).double()
+    eager = t + 0.05 * ulp * torch.randn(12, generator=g, dtype=torch.float64)
+    sign = torch.randint(0, 2, (12,), generator=g, dtype=torch.float64) * 2 - 1
+    honest = _judge(t, eager, t + 3.5 * ulp * sign)
+    assert honest.ok, honest.reason
+    cheat = _judge(t, eager, t + 40 * ulp * sign)
+    assert cheat.within_tol and not cheat.ok and cheat.category == "precision", cheat.reason
+
+
 def test_deep_regime_admits_a_like_error_and_rejects_a_larger_one():
     """Eager itself outside the tolerance of float64 (TF32 convolutions deep in a net): a
     candidate of the same class (1.5x eager's max error) passes; 2.5x does not."""
