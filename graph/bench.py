@@ -11,7 +11,7 @@ interpreter, verified (a verified Triton candidate is the answer), correct (the 
 verification, or is the reference itself), fallback, kernels, eager_ms, compile_ms, compile_s,
 egg_ms, speedup_eager, speedup_compile, roofline_pct, floor_ms, bound, stage1_ms, wall_s,
 failure (why the problem failed, or why no kernel was kept), run_id, memory_failures (candidates
-that ran out of memory), ran_alone (true when the problem was run again by itself: see below),
+that ran out of memory, verified or timed), ran_alone (true when the problem was run again by itself: see below),
 reference_nondeterministic (the reference gave two different outputs on the same inputs, so
 nothing could be verified: the answer is the reference, counted apart from "correct"),
 eager_p20_ms / eager_p80_ms / egg_p20_ms / egg_p80_ms (the spread of the answer's timings).
@@ -167,6 +167,16 @@ def run_one(path: pathlib.Path, name: str, out_dir: pathlib.Path, settings: Sett
     return rec
 
 
+def memory_failed(rep: dict) -> set[str]:
+    """Ids of the run's candidates that ran out of memory: in verification (the candidate's
+    failure) or when timed (a stage's attempt: the timing judge's rejection)."""
+    ids = {c["id"] for c in rep.get("candidates", []) if says_out_of_memory(c.get("failure"))}
+    for st in (rep.get("stages") or {}).values():
+        ids |= {a.get("candidate_id") for a in st.get("attempts", [])
+                if a.get("outcome") == "failed" and says_out_of_memory(a.get("summary"))}
+    return ids
+
+
 def _fill(rec: dict, rep: dict) -> None:
     t = rep["timing"]
     a = rep.get("analysis") or {}
@@ -181,7 +191,7 @@ def _fill(rec: dict, rep: dict) -> None:
         templates=sorted({g["template"] for g in (rep.get("plan") or {}).get("groups", [])
                           if g.get("template")}),
         rewrites=(rep.get("plan") or {}).get("rewrites", []), tuning=rep.get("tuning"),
-        memory_failures=sum(1 for c in rep["candidates"] if says_out_of_memory(c.get("failure"))))
+        memory_failures=len(memory_failed(rep)))
     if rep["fallback"]:
         fails = [c["failure"] for c in rep["candidates"] if c.get("failure")]
         reasons = [s.get("finish_reason") for s in rep["stages"].values() if s.get("finish_reason")]
@@ -326,12 +336,16 @@ class _Job:
         return rec
 
 
-#: a problem's device memory while it runs, estimated from its inputs and parameters: the judge
-#: holds about five copies of the inputs' size (inputs, the candidate's copy, eager's and the
-#: candidate's outputs) plus the float64 reference's inputs and outputs (four more), the
-#: candidate process its own outputs and temporaries (measured: a 6 GiB-input problem's judge
-#: held 55 GiB at its first trial on the H200)
-FOOTPRINT_PER_INPUT_BYTE = 12
+#: a problem's device memory while it runs, estimated from its inputs, outputs and parameters.
+#: The judge holds the inputs, the candidate's copy and the float64 reference's (two bytes per
+#: byte), eager's, the candidate's and the float64 outputs; the candidate process its own outputs
+#: and temporaries; the timing session (alive while later candidates are verified) its inputs,
+#: fresh round buffers and the outputs of eager, torch.compile and the candidate. Measured on the
+#: H200: a 6 GiB-input problem's judge held 55 GiB at its first trial; with its timing session,
+#: one elementwise problem (6 GiB in, 6 GiB out) held 67 + 29 GiB in two processes, so that a
+#: 12x-inputs estimate let it start next to others and run the device out of memory.
+FOOTPRINT_PER_INPUT_BYTE = 16
+FOOTPRINT_PER_OUTPUT_BYTE = 12
 FOOTPRINT_PER_PARAM_BYTE = 4
 #: the share of the device's memory the running problems' estimates may add up to
 FOOTPRINT_SHARE = 0.8
@@ -377,14 +391,18 @@ def footprint_bytes(path) -> int:
         if not all(x.is_meta for x in xs if isinstance(x, torch.Tensor)):
             return 0  # get_inputs made real tensors: its own device choice, not ours to guess
         inputs = sum(x.nelement() * x.element_size() for x in xs if isinstance(x, torch.Tensor))
-        params = 0
+        params = outputs = 0
         try:
             model = build_model(prob, prob.init_inputs(), "meta")  # never built for real here
             params = sum(t.nelement() * t.element_size()
                          for t in list(model.parameters()) + list(model.buffers()))
-        except Exception:  # noqa: BLE001 - a model that does not build on meta: inputs only
+            with torch.no_grad():
+                outputs = sum(t.nelement() * t.element_size()
+                              for t in torch.utils._pytree.tree_leaves(model(*xs)) if isinstance(t, torch.Tensor))
+        except Exception:  # noqa: BLE001 - a model that does not build or run on meta: what is known
             pass
-        return FOOTPRINT_PER_INPUT_BYTE * inputs + FOOTPRINT_PER_PARAM_BYTE * params
+        return (FOOTPRINT_PER_INPUT_BYTE * inputs + FOOTPRINT_PER_OUTPUT_BYTE * outputs
+                + FOOTPRINT_PER_PARAM_BYTE * params)
     except Exception:  # noqa: BLE001 - the problem's own run reports what is wrong with it
         return 0
 

@@ -205,7 +205,13 @@ def main(conn, creq: dict) -> None:
     held = None
     flush = None
     while True:
-        msg = conn.recv()
+        try:
+            msg = conn.recv()
+        except EOFError:  # the judge has gone
+            return
+        except BaseException as e:  # noqa: BLE001 - e.g. the judge's CUDA tensors cannot be opened here
+            _send_failure(conn, e, creq, "receiving the judge's tensors", "runtime")
+            return
         kind = msg[0]
         if kind == "quit":
             return

@@ -23,7 +23,10 @@ PROJECT_ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 MEMORY_WORDS = ("out of memory", "outofmemoryerror", "can't allocate memory", "not enough memory",
-                "cannot allocate memory")
+                "cannot allocate memory",
+                # CUDA IPC: opening the judge's tensor in the candidate process when the device is
+                # full (seen on the H200 with 231 MiB of 140 GiB free, four problems at once)
+                "mapping of buffer object failed")
 
 
 def proc_status_kb(pid: int | str, field: str) -> int:

@@ -1071,6 +1071,12 @@ def _gpu_steps(plan: dict, steps: list[str]) -> tuple[list[str], list[str]]:
     notes = []
     if not plan.get("ipc_probe"):  # still find the steps under which CUDA itself works
         notes.append(f"gpu probe: CUDA IPC not probed ({plan.get('ipc_error', 'no probe tensor')})")
+        if plan.get("uid"):
+            # CUDA can work under a private uid while opening the judge's tensors does not (seen on
+            # the H200: the probe tensor could not be made on a full device, CUDA alone passed
+            # the probe, the first trial's inputs failed to map): a private uid needs IPC proven
+            _as_root(plan)
+            notes.append("gpu probe: gave up a private uid: CUDA IPC under it is unproven")
     tries = [(list(steps), False)]
     if plan.get("uid"):
         tries.append((list(steps), True))

@@ -298,7 +298,7 @@ def test_footprint_is_estimated_on_meta_tensors(tmp_path):
         self.w = nn.Parameter(torch.ones(n))
 
     def forward(self, x):
-        return x * 2
+        return x * 2, torch.cat([x, x]).double()
 
 
 def get_inputs():
@@ -308,7 +308,9 @@ def get_inputs():
 def get_init_inputs():
     return [1000]
 """)
-    assert B.footprint_bytes(big) == B.FOOTPRINT_PER_INPUT_BYTE * 4 * 2 ** 38 + B.FOOTPRINT_PER_PARAM_BYTE * 4000
+    # outputs from the forward run on meta: 1x and 4x the input's bytes
+    assert B.footprint_bytes(big) == (B.FOOTPRINT_PER_INPUT_BYTE * 4 * 2 ** 38 + B.FOOTPRINT_PER_OUTPUT_BYTE * 5 * 4 * 2 ** 38
+                                      + B.FOOTPRINT_PER_PARAM_BYTE * 4000)
     real = tmp_path / "real.py"
     real.write_text(HEADER + """class Model(nn.Module):
     def forward(self, x):
@@ -357,6 +359,18 @@ def test_next_startable_keeps_an_alone_problem_alone():
     B._fill(rec, {"timing": {}, "fallback": False, "kernels": ["k"], "stages": {},
                   "candidates": [{"id": "c1", "failure": "[precision] max abs error 0.1"}]})
     assert rec["memory_failures"] == 0 and not B.ran_out_of_memory(rec)
+    # run F on the H200: a verified candidate rejected by the timing judge for memory (a stage's
+    # attempt, not the candidate's failure), then a retry whose process could not open the judge's
+    # CUDA tensors on the full device: two memory failures, so the problem runs again alone
+    B._fill(rec, {"timing": {}, "fallback": True, "kernels": [], "stages": {"algorithm": {"attempts": [
+        {"candidate_id": "c1", "outcome": "failed", "summary": "rejected by the timing judge [memory]: "
+         "the first timed call: forward ran out of memory (69.90 GiB device limit)"},
+        {"candidate_id": "c2", "outcome": "failed", "summary": "[memory] receiving the judge's tensors "
+         "ran out of memory: AcceleratorError: CUDA error: mapping of buffer object failed"},
+        {"candidate_id": "c3", "outcome": "failed", "summary": "[precision] max abs error 0.1"}]}},
+        "candidates": [{"id": "c1", "failure": None}, {"id": "c2", "failure": "[memory] receiving the "
+                        "judge's tensors ran out of memory: CUDA error: mapping of buffer object failed"}]})
+    assert rec["memory_failures"] == 2 and B.ran_out_of_memory(rec)
 
 
 def _rec(name, correct=True, fallback=False, se=None, sc=None, roof=None, wall=10.0, eager=1.0, comp=None):

@@ -185,6 +185,32 @@ def test_gpu_probe_runs_without_an_ipc_tensor(tmp_path, monkeypatch):
     assert any(n.endswith("gave up seccomp: CUDA or CUDA IPC failed with them") for n in notes), notes
 
 
+def test_no_private_uid_without_the_ipc_probe(tmp_path, monkeypatch):
+    """On a full device the judge's probe tensor could not be made; CUDA alone works under the
+    private uid, but opening the judge's tensors did not (the H200, run F): without the IPC probe
+    the candidate runs without the private uid; with it (and IPC working) the uid is kept."""
+    calls = []
+
+    def fake_probe(plan, steps, as_root):
+        calls.append((tuple(steps), as_root))
+        return True, ""
+
+    monkeypatch.setattr(sandbox, "_probe", fake_probe)
+    monkeypatch.setattr(sandbox, "probe_cache_path", lambda: str(tmp_path / "cuda-probe.json"))
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    base = dict(device="cuda", root=True, uid=sandbox.UID_BASE + 7, gid=sandbox.UID_BASE,
+                read_caps=False, scratch=str(scratch), judge_dumpable=1, landlock=7)
+    steps = sandbox._default_steps(dict(base))
+    plan = dict(base, ipc_probe=None, ipc_error="OutOfMemoryError: CUDA out of memory")
+    got, notes = sandbox._gpu_steps(plan, steps)
+    assert plan["uid"] is None and got == steps
+    assert all(as_root or not plan["uid"] for _, as_root in calls)
+    assert any("gave up a private uid" in n for n in notes), notes
+    kept = dict(base, ipc_probe=b"x", ipc_expect=1.0)
+    assert sandbox._gpu_steps(kept, steps)[0] == steps and kept["uid"] == sandbox.UID_BASE + 7
+
+
 def test_the_ipc_probe_tensor_is_made(monkeypatch):
     """The judge's side of the probe pickles a tensor as CUDA IPC does (here on the CPU: the
     import path is what broke on the GPU image)."""
@@ -240,3 +266,37 @@ def test_strict_mode_refuses_a_candidate_without_a_required_protection(verdicts,
     assert not res["passed"] and res["category"] == "harness", res
     assert "EGG_SANDBOX=strict" in res["reason"] and "landlock-fs or ro-mounts" in res["reason"]
     assert "parameters" not in res["checks"]  # refused before the candidate was imported
+
+
+class _FailsToLoad:
+    """Pickles fine in the judge; loading it raises (as a CUDA tensor whose IPC mapping fails
+    does in the candidate process on a full device)."""
+
+    def __reduce__(self):
+        import operator
+
+        return operator.truediv, (1, 0)
+
+
+def test_a_message_the_candidate_process_cannot_open_is_its_reported_failure():
+    """The candidate process reports a judge's message it cannot load (the H200, run F: "CUDA
+    error: mapping of buffer object failed" while receiving the first trial's inputs) as a failure
+    with its cause, not a bare exit code 1: a memory-like cause then sends the problem to run alone."""
+    import time
+
+    import torch
+
+    from harness import worker as W
+
+    src = "import torch.nn as nn\n\n\nclass ModelNew(nn.Module):\n    def forward(self, x):\n        return x\n"
+    cand = W.CandidateProcess(src, "echo", torch.device("cpu"), [], 0, 0, 0, time.time() + 120)
+    try:
+        cand.enter({})
+        cand.expect("ready", "loading the candidate")
+        cand.send(("inputs", [_FailsToLoad()]))
+        with pytest.raises(W._Verdict) as e:
+            cand.expect("ok", "receiving inputs")
+        assert e.value.category == "runtime", e.value
+        assert "receiving the judge's tensors raised ZeroDivisionError" in str(e.value), e.value
+    finally:
+        cand.close()
