@@ -128,6 +128,16 @@ def profiler(state: EggState, runtime: Runtime[Settings]) -> dict:
         rec.verdict = "unmeasured"
     else:
         rec.verdict = noise_verdict(_as_bench(rec), _as_bench(best_rec))
+        if rec.verdict == "improved" and best_rec.candidate_id == "c0" and (eager_now or {}).get("median_ms"):
+            # the reference's record is eager timed once, at the session's start; eager timed
+            # again next to this candidate may differ (the H200: 3.28 then 3.04 ms for one 6 GiB
+            # elementwise problem, and a kernel at 3.15 ms replaced the reference). A first kernel
+            # must also beat the eager time measured next to it.
+            again = noise_verdict(_as_bench(rec), eager_now)
+            if again != "improved":
+                rec.verdict = again
+                rec.note = (f"faster than the reference's first timing ({best_rec.candidate_ms:.4f} ms) but "
+                            f"not than eager timed next to it ({eager_now['median_ms']:.4f} ms): {again}")
     out["timings"].append(rec)
     # On the GPU a candidate must beat the best beyond noise; on the CPU nothing is measured, so a
     # verified kernel candidate replaces the reference (the report claims no speedup there).

@@ -72,6 +72,21 @@ def test_gpu_regression_and_noise(monkeypatch, tmp_path):
     assert out["timings"][-1].verdict == "noise" and "best_id" not in out
 
 
+def test_a_first_kernel_must_beat_eager_timed_next_to_it(monkeypatch, tmp_path):
+    """The reference's record is eager at the session's start (3.28 ms on the H200); eager timed
+    next to the kernel read 3.04 ms and the kernel 3.15 ms: not a win over the reference. With
+    eager steady next to it the same kernel is an improvement."""
+    sess = FakeSession(eager=3.28, cand=3.15, spread=0.005)
+    sess.last_eager = sess._t(3.04)
+    out = run(monkeypatch, tmp_path, make_state(tmp_path), sess)
+    rec = out["timings"][-1]
+    assert rec.verdict == "regressed" and "best_id" not in out, rec
+    assert "not than eager timed next to it (3.0400 ms)" in rec.note
+    sess.last_eager = sess._t(3.27)
+    out = run(monkeypatch, tmp_path, make_state(tmp_path), sess)
+    assert out["timings"][-1].verdict == "improved" and out["best_id"] == "c1"
+
+
 def test_gpu_measured_peaks_recompute_the_floor(monkeypatch, tmp_path):
     measured = {"copy_gbs": 2000.0, "fp32_matmul_tflops": 50.0}
     out = run(monkeypatch, tmp_path, make_state(tmp_path), FakeSession(cand=1.0, peaks=measured))
