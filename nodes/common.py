@@ -8,6 +8,7 @@ from langgraph.runtime import Runtime
 from policies import get_policy
 from policies.base import Decline, Draft
 from state import Attempt, Candidate, EggState, Settings, STAGE_NODE, run_folder
+from state.settings import MIN_CALL_S  # noqa: F401 - nodes ask it here
 
 
 def settings_of(runtime: Runtime | None) -> Settings:
@@ -49,9 +50,6 @@ def candidate_path(settings: Settings, state: EggState, cand: Candidate) -> path
     return p
 
 
-#: a verification or timing does not start with less than this many seconds of the run's budget
-#: left (it would end past the budget); a started one is cut at the budget's end
-MIN_CALL_S = 10.0
 
 
 def call_budget(settings: Settings, state: EggState, limit: float) -> float | None:

@@ -40,6 +40,7 @@ from knowledge import pruning as R
 from knowledge.schema import dtype_key
 from policies.base import Decline, Draft
 from state import KernelConfig
+from state.settings import MIN_CALL_S
 
 PRINCIPLES = ["tile-block-size", "tile-prune-rules", "tile-grid-mapping"]
 #: shortlisted variants compile-checked per kernel, as a multiple of the timed width: the
@@ -175,6 +176,7 @@ def tile_search(policy, state, settings, base, session=None, checker=None,
     if sess is None:
         sess = P.session(P.session_key(settings.run_dir, state.problem.sha256, hw.device),
                          state.problem.path, hw.device, settings.timing_rep_ms, settings.profile_timeout_s)
+    own_checker = checker is None
     if checker is None and getattr(settings, "search_compile_check", True):
         from harness import compile_check as CC
 
@@ -194,7 +196,23 @@ def tile_search(policy, state, settings, base, session=None, checker=None,
         path.write_text(em.source)
         return path
 
+    out_of_time = [False]
+
+    def left_s() -> float | None:
+        """Seconds of the run's budget left; marks the search out of time under MIN_CALL_S."""
+        left = settings.time_left(state.started_at)
+        if left is not None and left < MIN_CALL_S:
+            out_of_time[0] = True
+        return left
+
     def timed(path: pathlib.Path) -> dict | None:
+        # every call ends inside the run's budget (a search of a 4 GiB-output matmul's variants
+        # took the run 70 s past its 288 s budget on the H200, into the problem's timeout)
+        left = left_s()
+        if out_of_time[0]:
+            return None
+        if left is not None and hasattr(sess, "timeout_s"):
+            sess.timeout_s = min(float(settings.profile_timeout_s), left)
         try:
             t = sess.time_candidate(str(path))
         except P.ProfileError as e:
@@ -205,6 +223,9 @@ def tile_search(policy, state, settings, base, session=None, checker=None,
 
     inc = _Timings()
     t0 = timed(emit(current))
+    if t0 is None and out_of_time[0]:
+        return Decline(f"time limit ({settings.time_limit_s:g} s) reached before the search", decisions,
+                       stats=stats)
     if t0 is None:
         return Decline("the stage-1 kernels could not be re-timed for tiling", decisions, stats=stats)
     inc.add(t0)
@@ -236,7 +257,14 @@ def tile_search(policy, state, settings, base, session=None, checker=None,
                          "[tile-prune-rules]")
         variants = [(c, emit({**current, gid: c})) for c in short[1:]]
         if checker is not None and variants:
-            results = checker([str(p) for _c, p in variants])
+            left = left_s()
+            if out_of_time[0]:
+                decisions.append(f"time limit ({settings.time_limit_s:g} s) reached: {gid} and the "
+                                 f"{len(pending) - k - 1} kernel(s) after it keep their stage-1 configuration")
+                break
+            cap = {} if (left is None or not own_checker) else {
+                "timeout_s": min(float(getattr(settings, "compile_timeout_s", 300.0)), left)}
+            results = checker([str(p) for _c, p in variants], **cap)
             stats["compiled"] += len(variants)
             ok = []
             for (c, p), res in zip(variants, results):
@@ -273,6 +301,10 @@ def tile_search(policy, state, settings, base, session=None, checker=None,
                 break
             order = sorted(pool, key=lambda i: pool[i][2].median_ms)
             pool = {i: pool[i] for i in order[: max(1, len(order) // 2)]}
+        if out_of_time[0]:
+            decisions.append(f"time limit ({settings.time_limit_s:g} s) reached while searching {gid}: "
+                             f"its stage-1 configuration and the {len(pending) - k - 1} kernel(s) after it kept")
+            break
         if not pool:
             decisions.append(f"{gid}: every variant failed to run; stage-1 configuration kept")
             continue

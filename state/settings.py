@@ -11,6 +11,12 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, model_validator
 
 
+#: a verification or timing (the profiler's, the tiling search's) does not start with less than
+#: this many seconds of the run's budget left (it would end past the budget); a started one is
+#: cut at the budget's end
+MIN_CALL_S = 10.0
+
+
 class Settings(BaseModel):
     policy: Literal["expert", "llm", "hybrid"] = Field(
         "expert", description="who decides inside the role nodes: rules+search, an LLM, or both"
