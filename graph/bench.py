@@ -145,8 +145,11 @@ def run_one(path: pathlib.Path, name: str, out_dir: pathlib.Path, settings: Sett
         # a suite runs unattended: no pause for plan review (even with EGG_REVIEW set)
         run = R.create_run(str(path), settings.model_copy(update={"device": device, "review": False}),
                            runs_dir, run_id)
-        for _ in R.stream(run, {"problem_path": str(path.resolve())}):
-            pass
+        # the problem's log says when each role starts and ends (a problem killed at its timeout
+        # leaves no report: this is where its time went)
+        for node, _upd in R.stream(run, {"problem_path": str(path.resolve())},
+                                   on_start=lambda n, _s: _log_step(t0, n, "start")):
+            _log_step(t0, node, "done")
         st = R.final_state(run)
         rep = st.report
         if rep.get("status") != "ok":
@@ -165,6 +168,10 @@ def run_one(path: pathlib.Path, name: str, out_dir: pathlib.Path, settings: Sett
         rec["failure"] = f"{type(e).__name__}: {e} | {tb}"[:600]
     rec["wall_s"] = round(time.time() - t0, 1)
     return rec
+
+
+def _log_step(t0: float, node: str, what: str) -> None:
+    print(f"[{time.time() - t0:7.1f} s] {node}: {what}", flush=True)
 
 
 def memory_failed(rep: dict) -> set[str]:

@@ -6,6 +6,7 @@ apart from "correct"; a problem's processes dying with the process that started 
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import time
@@ -153,6 +154,10 @@ def test_bench_cpu_suite_resume_and_broken_problem(tmp_path):
     md = (out / "report.md").read_text()
     assert "add_relu.py" in md and "not GPU timings" in md
     assert (out / "runs" / "add_relu" / "report.json").exists()
+    # the problem's log says when each role started and ended
+    log = (out / "logs" / "add_relu.log").read_text()
+    for node in ("planner", "algorithm_designer", "verifier", "profiler"):
+        assert re.search(rf"\[ *[0-9.]+ s\] {node}: start", log) and f"{node}: done" in log, log[-2000:]
 
     # --resume: nothing left to do, nothing re-run
     before = (out / "results.jsonl").read_text()
