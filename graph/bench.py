@@ -349,10 +349,13 @@ class _Job:
 #: and temporaries; the timing session (alive while later candidates are verified) its inputs,
 #: fresh round buffers and the outputs of eager, torch.compile and the candidate. Measured on the
 #: H200: a 6 GiB-input problem's judge held 55 GiB at its first trial; with its timing session,
-#: one elementwise problem (6 GiB in, 6 GiB out) held 67 + 29 GiB in two processes, so that a
-#: 12x-inputs estimate let it start next to others and run the device out of memory.
-FOOTPRINT_PER_INPUT_BYTE = 16
-FOOTPRINT_PER_OUTPUT_BYTE = 12
+#: one elementwise problem (6 GiB in, 6 GiB out) held 67 + 29 GiB in two processes, where the
+#: former estimate (12x inputs, no outputs) said 72 GiB and let it start next to others. 10x and
+#: 8x say 108 GiB for it (of the 112 GiB budget: next to small problems only); estimating more
+#: would run every large problem alone, and one that still runs out of memory next to others is
+#: run again alone.
+FOOTPRINT_PER_INPUT_BYTE = 10
+FOOTPRINT_PER_OUTPUT_BYTE = 8
 FOOTPRINT_PER_PARAM_BYTE = 4
 #: the share of the device's memory the running problems' estimates may add up to
 FOOTPRINT_SHARE = 0.8
