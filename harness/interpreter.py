@@ -42,7 +42,7 @@ def install_bf16_rounding() -> bool:
     B = getattr(I, "InterpreterBuilder", None)
     if B is None or not hasattr(B, "cast_impl") or not hasattr(I, "TensorHandle"):
         return False
-    if getattr(B, "_egg_bf16_rounding", False):
+    if hasattr(B, "_egg_bf16_original"):  # installed already (the originals are kept there)
         return True
     floats = (tl.float16, tl.float32, tl.float64)
     cast_impl, fp_to_fp = B.cast_impl, getattr(B, "create_fp_to_fp", None)
@@ -67,7 +67,6 @@ def install_bf16_rounding() -> bool:
             return out if out is not None else fp_to_fp(self, src, dst_type, rounding_mode)
 
         B.create_fp_to_fp = to_fp
-    B._egg_bf16_rounding = True
     return True
 
 
