@@ -481,6 +481,18 @@ def capture_with_breaks(model: torch.nn.Module, inputs: list, concrete: dict | N
             gm = fx.GraphModule(model, graph, type(model).__name__)
             object.__setattr__(gm, "_egg_root", model)
             propagate(gm, inputs)
+        except _OpaqueArg as e:
+            line = e.rw.assigned_before(e.name, e.b.line)
+            if line is None:
+                return Captured(None, inputs, f"{e}, and it is not assigned in {_qualname(e.rw.fn)} "
+                                "before the break", "none", breaks, sources, attrs)
+            try:
+                b = e.rw.add_break(line, f"_egg_break_{counter[0]}", str(e), e.b.module)
+            except _NoBreak as err:
+                return Captured(None, inputs, f"{e}; {err}", "none", breaks, sources, attrs)
+            counter[0] += 1
+            breaks.append(b)
+            continue
         except Exception as e:  # noqa: BLE001 - a statement to break at, or the end of the road
             reason = one_line(e)
             site = _break_site(e, owner)
@@ -538,6 +550,16 @@ def _break_site(e: BaseException, owner: dict):
 
 class _NoBreak(Exception):
     pass
+
+
+class _OpaqueArg(Exception):
+    """A graph break needs a local value the graph cannot carry (a function chosen at run time,
+    say transformers' ``attention_interface``): the statement that assigns it becomes a graph
+    break too, so the value passes between two opaque nodes."""
+
+    def __init__(self, rw, b, name: str, value):
+        super().__init__(f"graph break {b.name} needs {name}, a {type(value).__name__} the graph cannot carry")
+        self.rw, self.b, self.name = rw, b, name
 
 
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef, ast.ListComp,
@@ -650,6 +672,15 @@ class _Rewritable:
         """Is ``lineno`` in the header of compound statement s (its test, iterable, items)?"""
         first = min((b[0].lineno for b in (getattr(s, n, None) for n in ("body",)) if b), default=None)
         return first is not None and lineno < first
+
+    def assigned_before(self, name: str, lineno: int) -> int | None:
+        """The line of the last statement of this function (outside nested scopes) that assigns
+        ``name`` before ``lineno``; None when there is none (a parameter)."""
+        best = None
+        for n in _walk_scope(self.fdef):
+            if isinstance(n, ast.stmt) and n.lineno < lineno and name in _stores(n):
+                best = n.lineno if best is None else max(best, n.lineno)
+        return best
 
     def add_break(self, lineno: int, name: str, reason: str, path: str) -> Break:
         found = self._find(self.fdef.body, lineno, True)
@@ -823,7 +854,12 @@ class _Rewritable:
             real.__module__ = GENERATED_MODULE
             has_side_effect(real)
 
-            def node(*args, _real=real):
+            def node(*args, _real=real, _b=b, _params=params):
+                for name, a in zip(_params, args):  # each argument the graph must carry
+                    try:
+                        tracer.create_arg(a)
+                    except NotImplementedError:
+                        raise _OpaqueArg(self, _b, name, a) from None
                 out = tracer.create_proxy("call_function", _real, args, {}, name=f"{_real.__name__}_out")
                 tracer.breaks_made += 1
                 return out
