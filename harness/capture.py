@@ -481,37 +481,32 @@ def capture_with_breaks(model: torch.nn.Module, inputs: list, concrete: dict | N
             gm = fx.GraphModule(model, graph, type(model).__name__)
             object.__setattr__(gm, "_egg_root", model)
             propagate(gm, inputs)
-        except _OpaqueArg as e:
-            line = e.rw.assigned_before(e.name, e.b.line)
-            if line is None:
-                return Captured(None, inputs, f"{e}, and it is not assigned in {_qualname(e.rw.fn)} "
-                                "before the break", "none", breaks, sources, attrs)
-            try:
-                b = e.rw.add_break(line, f"_egg_break_{counter[0]}", str(e), e.b.module)
-            except _NoBreak as err:
-                return Captured(None, inputs, f"{e}; {err}", "none", breaks, sources, attrs)
-            counter[0] += 1
-            breaks.append(b)
-            continue
         except Exception as e:  # noqa: BLE001 - a statement to break at, or the end of the road
-            reason = one_line(e)
-            site = _break_site(e, owner)
-            if site is None:
-                return Captured(None, inputs, f"no statement to break at: {reason}", "none",
-                                breaks, sources, attrs)
-            fn, path, lineno = site
-            rw = rewrites.get(fn)
-            if rw is None:
-                try:
-                    rw = rewrites[fn] = _Rewritable(fn)
-                except (OSError, TypeError, SyntaxError) as err:
-                    return Captured(None, inputs, f"{reason} in {_qualname(fn)}, whose source "
-                                    f"cannot be read ({one_line(err)})", "none", breaks, sources, attrs)
-            key = (fn, lineno)
-            if key == last:
-                return Captured(None, inputs, f"{reason} (again after a graph break at "
-                                f"{_qualname(fn)} line {lineno})", "none", breaks, sources, attrs)
-            last = key
+            if isinstance(e, _OpaqueArg):  # the statement that assigned the value a break needs
+                rw, reason, path = e.rw, str(e), e.b.module
+                lineno = rw.assigned_before(e.name, e.b.line)
+                if lineno is None:
+                    return Captured(None, inputs, f"{e}, and it is not assigned in {_qualname(rw.fn)} "
+                                    "before the break", "none", breaks, sources, attrs)
+            else:
+                reason = one_line(e)
+                site = _break_site(e, owner)
+                if site is None:
+                    return Captured(None, inputs, f"no statement to break at: {reason}", "none",
+                                    breaks, sources, attrs)
+                fn, path, lineno = site
+                rw = rewrites.get(fn)
+                if rw is None:
+                    try:
+                        rw = rewrites[fn] = _Rewritable(fn)
+                    except (OSError, TypeError, SyntaxError) as err:
+                        return Captured(None, inputs, f"{reason} in {_qualname(fn)}, whose source "
+                                        f"cannot be read ({one_line(err)})", "none", breaks, sources, attrs)
+                key = (fn, lineno)
+                if key == last:
+                    return Captured(None, inputs, f"{reason} (again after a graph break at "
+                                    f"{_qualname(fn)} line {lineno})", "none", breaks, sources, attrs)
+                last = key
             try:
                 b = rw.add_break(lineno, f"_egg_break_{counter[0]}", reason, path)
             except _NoBreak as err:
@@ -855,12 +850,15 @@ class _Rewritable:
             has_side_effect(real)
 
             def node(*args, _real=real, _b=b, _params=params):
-                for name, a in zip(_params, args):  # each argument the graph must carry
-                    try:
-                        tracer.create_arg(a)
-                    except NotImplementedError:
-                        raise _OpaqueArg(self, _b, name, a) from None
-                out = tracer.create_proxy("call_function", _real, args, {}, name=f"{_real.__name__}_out")
+                try:
+                    out = tracer.create_proxy("call_function", _real, args, {}, name=f"{_real.__name__}_out")
+                except NotImplementedError:  # an argument the graph cannot carry: which one (the
+                    for name, a in zip(_params, args):  # trace is abandoned, its nodes do not matter)
+                        try:
+                            tracer.create_arg(a)
+                        except NotImplementedError:
+                            raise _OpaqueArg(self, _b, name, a) from None
+                    raise
                 tracer.breaks_made += 1
                 return out
 

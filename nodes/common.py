@@ -8,7 +8,6 @@ from langgraph.runtime import Runtime
 from policies import get_policy
 from policies.base import Decline, Draft
 from state import Attempt, Candidate, EggState, Settings, STAGE_NODE, run_folder
-from state.settings import MIN_CALL_S  # noqa: F401 - nodes ask it here
 
 
 def settings_of(runtime: Runtime | None) -> Settings:
@@ -50,18 +49,10 @@ def candidate_path(settings: Settings, state: EggState, cand: Candidate) -> path
     return p
 
 
-
-
 def call_budget(settings: Settings, state: EggState, limit: float) -> float | None:
-    """The time limit of a verification or timing call: ``limit``, cut to what is left of the
-    run's time budget; None when too little is left to start one (the run ends inside its
-    budget with its best verified candidate)."""
-    left = settings.time_left(state.started_at)
-    if left is None:
-        return limit
-    if left < MIN_CALL_S:
-        return None
-    return min(limit, left)
+    """The time limit of a verification or timing call (Settings.call_limit): None when too
+    little is left to start one (the run ends inside its budget with its best verified candidate)."""
+    return settings.call_limit(state.started_at, limit)
 
 
 def author_step(state: EggState, runtime: Runtime, stage: str, ask) -> dict:

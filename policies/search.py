@@ -40,7 +40,6 @@ from knowledge import pruning as R
 from knowledge.schema import dtype_key
 from policies.base import Decline, Draft
 from state import KernelConfig
-from state.settings import MIN_CALL_S
 
 PRINCIPLES = ["tile-block-size", "tile-prune-rules", "tile-grid-mapping"]
 #: shortlisted variants compile-checked per kernel, as a multiple of the timed width: the
@@ -198,21 +197,21 @@ def tile_search(policy, state, settings, base, session=None, checker=None,
 
     out_of_time = [False]
 
-    def left_s() -> float | None:
-        """Seconds of the run's budget left; marks the search out of time under MIN_CALL_S."""
-        left = settings.time_left(state.started_at)
-        if left is not None and left < MIN_CALL_S:
-            out_of_time[0] = True
-        return left
+    def call_limit(limit: float) -> float | None:
+        """``limit`` cut to the run's budget (Settings.call_limit); None, and the search out of
+        time, when too little is left to start a call."""
+        got = settings.call_limit(state.started_at, float(limit))
+        out_of_time[0] = out_of_time[0] or got is None
+        return got
 
     def timed(path: pathlib.Path) -> dict | None:
         # every call ends inside the run's budget (a search of a 4 GiB-output matmul's variants
         # took the run 70 s past its 288 s budget on the H200, into the problem's timeout)
-        left = left_s()
-        if out_of_time[0]:
+        limit = call_limit(settings.profile_timeout_s)
+        if limit is None:
             return None
-        if left is not None and hasattr(sess, "timeout_s"):
-            sess.timeout_s = min(float(settings.profile_timeout_s), left)
+        if hasattr(sess, "timeout_s"):
+            sess.timeout_s = limit
         try:
             t = sess.time_candidate(str(path))
         except P.ProfileError as e:
@@ -257,14 +256,12 @@ def tile_search(policy, state, settings, base, session=None, checker=None,
                          "[tile-prune-rules]")
         variants = [(c, emit({**current, gid: c})) for c in short[1:]]
         if checker is not None and variants:
-            left = left_s()
-            if out_of_time[0]:
+            limit = call_limit(getattr(settings, "compile_timeout_s", 300.0))
+            if limit is None:
                 decisions.append(f"time limit ({settings.time_limit_s:g} s) reached: {gid} and the "
                                  f"{len(pending) - k - 1} kernel(s) after it keep their stage-1 configuration")
                 break
-            cap = {} if (left is None or not own_checker) else {
-                "timeout_s": min(float(getattr(settings, "compile_timeout_s", 300.0)), left)}
-            results = checker([str(p) for _c, p in variants], **cap)
+            results = checker([str(p) for _c, p in variants], **({"timeout_s": limit} if own_checker else {}))
             stats["compiled"] += len(variants)
             ok = []
             for (c, p), res in zip(variants, results):

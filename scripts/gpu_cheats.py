@@ -363,6 +363,16 @@ def _time_cases(folder: pathlib.Path, problem: str, plan: list) -> list:
     return out
 
 
+def _write_cases(folder: pathlib.Path, sources: dict) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, src in sources.items():
+        (folder / f"{name}.py").write_text(src)
+
+
+#: the persisting-L2 problem, its cheat and its control (file stem -> source)
+L2_FILES = {"gemv": GEMV_PROBLEM, "l2_persist": L2_PERSIST, "gemv_honest": GEMV_HONEST}
+
+
 def l2_raw_probe(folder: pathlib.Path) -> dict:
     """What the persisting window does with no judge in between: the cheat's GEMV timed in this
     process (CUDA events, a 512 MiB buffer written between calls as the judge's L2 flush), before
@@ -370,7 +380,7 @@ def l2_raw_probe(folder: pathlib.Path) -> dict:
     defence holds; none here means the route does not pay on this device."""
     import importlib.util
 
-    (folder / "l2_persist.py").write_text(L2_PERSIST)
+    _write_cases(folder, L2_FILES)
     spec = importlib.util.spec_from_file_location("egg_l2_probe", folder / "l2_persist.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -404,9 +414,7 @@ def timing_cases(folder: pathlib.Path) -> list:
     """Each timing cheat (and the side stream and its control) through the timing judge on the
     matmul, then the persisting-L2 window and its control on the GEMV:
     (name, expected, result dict, ok)."""
-    for name, src in {**TIMING_CHEATS, "gemv": GEMV_PROBLEM, "l2_persist": L2_PERSIST,
-                      "gemv_honest": GEMV_HONEST}.items():
-        (folder / f"{name}.py").write_text(src)
+    _write_cases(folder, {**TIMING_CHEATS, **L2_FILES})
     out = _time_cases(folder, "mm.py", [("same_stream", "timed"), ("side_stream", "no speedup"),
                                         *[(n, "rejected") for n in TIMING_CHEATS]])
     return out + _time_cases(folder, "gemv.py", [("gemv_honest", "timed"), ("l2_persist", "no speedup")])
@@ -460,35 +468,36 @@ def main() -> int:
                   f"{res['reason'][:110]}", flush=True)
     timing = []
     if gpu:  # the suite's table first, so that a cut-off run keeps it
-        write_markdown(args.out, rows, [], sum(1 for *_, ok in rows if ok),
-                       sum(1 for *_, ok in rows if ok is not None), time.time() - t_start)
+        write_markdown(args.out, rows, [], *_counts(rows, []), time.time() - t_start)
         timing = gpu_extras(folder, rows, args.trials)
-    n_ok = sum(1 for _, _, ok in rows if ok) + sum(1 for *_, ok in timing if ok)
-    n_all = sum(1 for _, _, ok in rows if ok is not None) + len(timing)
+    n_ok, n_all = _counts(rows, timing)
     write_markdown(args.out, rows, timing, n_ok, n_all, time.time() - t_start)
     print(f"{n_ok}/{n_all} as expected; wrote {args.out}")
     return 0 if n_ok == n_all else 1
 
 
+def _counts(rows: list, timing: list) -> tuple[int, int]:
+    """(as expected, counted): informational rows (ok None) are not counted."""
+    return (sum(1 for *_, ok in rows if ok) + sum(1 for *_, ok in timing if ok),
+            sum(1 for *_, ok in rows if ok is not None) + len(timing))
+
+
 def only_l2(out: pathlib.Path, folder: pathlib.Path, t_start: float) -> int:
-    folder.mkdir(parents=True, exist_ok=True)
-    raw = l2_raw_probe(folder)
+    raw = l2_raw_probe(folder)  # writes the GEMV files too
     print(f"raw L2 window: {raw}", flush=True)
-    for name, src in {"gemv": GEMV_PROBLEM, "l2_persist": L2_PERSIST, "gemv_honest": GEMV_HONEST}.items():
-        (folder / f"{name}.py").write_text(src)
     timing = _time_cases(folder, "gemv.py", [("gemv_honest", "timed"), ("l2_persist", "no speedup")])
-    n_ok = sum(1 for *_, ok in timing if ok)
+    n_ok, n_all = _counts([], timing)
     lines = [f"# Persisting-L2 window on {torch.cuda.get_device_name()}", "",
              f"`python scripts/gpu_cheats.py {out} --only-l2` on {datetime.date.today().isoformat()}, "
-             f"{time.time() - t_start:.0f} s. **{n_ok}/{len(timing)} as expected.**", "",
+             f"{time.time() - t_start:.0f} s. **{n_ok}/{n_all} as expected.**", "",
              f"Raw effect (no judge; CUDA events, 512 MiB written between calls): "
              f"{raw['plain_ms']:.4f} ms without the window, {raw['pinned_ms']:.4f} ms with it "
              f"({raw['speedup']:.2f}x; window set: {raw['window_set']})."]
     lines += _timing_lines(timing)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines) + "\n")
-    print(f"{n_ok}/{len(timing)} as expected; wrote {out}")
-    return 0 if n_ok == len(timing) else 1
+    print(f"{n_ok}/{n_all} as expected; wrote {out}")
+    return 0 if n_ok == n_all else 1
 
 
 def gpu_extras(folder: pathlib.Path, rows: list, trials: int) -> list:

@@ -115,6 +115,16 @@ class Settings(BaseModel):
 
         return self.time_limit_s - (time.time() - start)
 
+    def call_limit(self, started_at: float, limit: float) -> float | None:
+        """The time limit of one verification or timing call: ``limit``, cut to what is left of
+        the run's budget; None when less than MIN_CALL_S is left (the call would end past it)."""
+        left = self.time_left(started_at)
+        if left is None:
+            return limit
+        if left < MIN_CALL_S:
+            return None
+        return min(limit, left)
+
     def max_attempts(self, stage: str) -> int:
         return int(getattr(self, f"max_attempts_{stage}", 1))
 
