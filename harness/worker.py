@@ -47,7 +47,7 @@ from collections import OrderedDict
 import torch
 import torch.multiprocessing as mp
 
-from harness import sandbox
+from harness import gpulock, sandbox
 from harness import trials as TR
 from harness.candidate_proc import MARK
 from harness.compare import (Tolerance, _chunks, compare_output, flatten, fp64_door, structure_error)
@@ -644,6 +644,13 @@ def _describe(tr: TR.Trial, variant: str) -> str:
     return ", ".join(bits)
 
 
+def _verify_lock(dev: torch.device) -> bool:
+    """Whether this verification's GPU work holds the GPU lock shared (egg bench --verify-lock).
+    Only that work: the judge's and the candidate's process starts and the candidate's loading
+    run outside it, so a timing of a parallel problem never waits for them."""
+    return dev.type == "cuda" and gpulock.verify_lock_enabled()
+
+
 def judge(req: dict, chan) -> None:
     """Verify a candidate: the random-state load, then every trial of harness.trials.plan."""
     t_start = time.time()
@@ -659,7 +666,8 @@ def judge(req: dict, chan) -> None:
         prob = load_problem(req["problem"])
         init = prob.init_inputs()
         init_seed = secrets.randbits(62)
-        model = _build(prob, init, init_seed, dev)
+        with gpulock.hold("shared", _verify_lock(dev)):
+            model = _build(prob, init, init_seed, dev)
         source = req["candidate_source"]
         result["candidate_sha256"] = hashlib.sha256(source.encode()).hexdigest()
         cand = CandidateProcess(source, req["candidate"], dev, init, init_seed, mem,
@@ -719,7 +727,9 @@ def _variants(tr: TR.Trial, base: list, more: list, sizes: list) -> list[tuple[l
 
 def _run_trials(req, result, model, cand, kmap, prob, dev, tol, deadline, prev: dict) -> None:
     plan = TR.plan(int(req.get("trials", 5)))
-    m64 = _fp64_model(model)
+    lock = _verify_lock(dev)
+    with gpulock.hold("shared", lock):
+        m64 = _fp64_model(model)
     gen = torch.Generator().manual_seed(secrets.randbits(62))
     shared = None
     own_scale: dict[int, float] = {}
@@ -728,140 +738,143 @@ def _run_trials(req, result, model, cand, kmap, prob, dev, tol, deadline, prev: 
     sizes: list | None = None
     ran: set[str] = set()
     for tr in plan:
-        # the last trial's tensors go before this one's are made (peak memory: one trial's, not two)
-        ref = got = priv = before = checks = xs = base = more = opts = first = None  # noqa: F841
-        _release(dev)
-        n = tr.index + 1
-        result["trials"] = len(result["trial_log"]) + 1  # trials run, this one included
-        if time.time() > deadline:
-            raise _Verdict("timeout", f"trial {n}: the verification did not finish within the time limit")
-        variant, raised, kind = "", None, "run"
-        if tr.variant:
-            base = _seeded_inputs(prob, secrets.randbits(62), dev)
-            more = _seeded_inputs(prob, secrets.randbits(62), dev)
-            if sizes is None:
-                sizes = TR.varied_sizes(base)[1:]
-            opts = _variants(tr, base, more, sizes)
-            if not opts:
-                continue
-            for xs, desc in opts:
-                try:
-                    ref, before = _reference(model, xs, tr.mode, tr.grad, prob, False, tol)
-                    variant, raised = desc, None
-                    break
-                except _Raised as e:
-                    if raised is None:
-                        first = (xs, desc, str(e))
-                    raised = str(e)
-            if raised is not None:
-                xs, variant, raised = first
-                before = _buffers(model)
-            priv, shared = xs, [x.clone() if isinstance(x, torch.Tensor) else x for x in xs]
-            base = more = opts = first = xs = None  # noqa: F841 - only priv and shared are kept
-            ran.add("shape-variants")
-        else:
-            if tr.same_buffers and shared is not None:
-                if tr.inputs == "recall":
-                    new = _seeded_inputs(prob, secrets.randbits(62), dev)
-                    if TR.shapes(new) == TR.shapes(shared):
-                        for b, f in zip(shared, new):
-                            if isinstance(b, torch.Tensor):
-                                b.copy_(f)
-                        kind = "again"
-                    else:
-                        shared = new
-                    new = None
-                else:
-                    TR.partial_change(shared, gen)
-                    kind = "again"
-                priv = [x.clone() if isinstance(x, torch.Tensor) else x for x in shared]
+        # GPU work of a trial holds the lock shared (egg bench --jobs N): a timing of another
+        # problem waits for one trial, not for this whole verification and its process starts
+        with gpulock.hold("shared", lock):
+            # the last trial's tensors go before this one's are made (peak memory: one trial's, not two)
+            ref = got = priv = before = checks = xs = base = more = opts = first = None  # noqa: F841
+            _release(dev)
+            n = tr.index + 1
+            result["trials"] = len(result["trial_log"]) + 1  # trials run, this one included
+            if time.time() > deadline:
+                raise _Verdict("timeout", f"trial {n}: the verification did not finish within the time limit")
+            variant, raised, kind = "", None, "run"
+            if tr.variant:
+                base = _seeded_inputs(prob, secrets.randbits(62), dev)
+                more = _seeded_inputs(prob, secrets.randbits(62), dev)
+                if sizes is None:
+                    sizes = TR.varied_sizes(base)[1:]
+                opts = _variants(tr, base, more, sizes)
+                if not opts:
+                    continue
+                for xs, desc in opts:
+                    try:
+                        ref, before = _reference(model, xs, tr.mode, tr.grad, prob, False, tol)
+                        variant, raised = desc, None
+                        break
+                    except _Raised as e:
+                        if raised is None:
+                            first = (xs, desc, str(e))
+                        raised = str(e)
+                if raised is not None:
+                    xs, variant, raised = first
+                    before = _buffers(model)
+                priv, shared = xs, [x.clone() if isinstance(x, torch.Tensor) else x for x in xs]
+                base = more = opts = first = xs = None  # noqa: F841 - only priv and shared are kept
+                ran.add("shape-variants")
             else:
-                priv = TR.transform(_seeded_inputs(prob, secrets.randbits(62), dev), tr.inputs)
-                shared = [x.clone() if isinstance(x, torch.Tensor) else x for x in priv]
-            check_det = tr.mode not in det_done and tr.inputs == "own"
+                if tr.same_buffers and shared is not None:
+                    if tr.inputs == "recall":
+                        new = _seeded_inputs(prob, secrets.randbits(62), dev)
+                        if TR.shapes(new) == TR.shapes(shared):
+                            for b, f in zip(shared, new):
+                                if isinstance(b, torch.Tensor):
+                                    b.copy_(f)
+                            kind = "again"
+                        else:
+                            shared = new
+                        new = None
+                    else:
+                        TR.partial_change(shared, gen)
+                        kind = "again"
+                    priv = [x.clone() if isinstance(x, torch.Tensor) else x for x in shared]
+                else:
+                    priv = TR.transform(_seeded_inputs(prob, secrets.randbits(62), dev), tr.inputs)
+                    shared = [x.clone() if isinstance(x, torch.Tensor) else x for x in priv]
+                check_det = tr.mode not in det_done and tr.inputs == "own"
+                try:
+                    ref, before = _reference(model, priv, tr.mode, tr.grad, prob, check_det, tol)
+                except _Raised as e:
+                    if n == 1:
+                        raise ProblemError(f"problem {prob.path}: Model.forward raised {e}") from None
+                    raised, before = str(e), _buffers(model)
+                if check_det:
+                    det_done.add(tr.mode)
+                    if "reference-determinism" not in result["checks"]:
+                        result["checks"].append("reference-determinism")
+                if raised is None and tr.inputs in TR.DISTRIBUTIONS and any(
+                        _nonfinite(r) and own_finite.get(i, True) for i, r in enumerate(ref)):
+                    _restore(model, before)  # running statistics of overflowing values
+                    result["trial_log"].append({**_log(tr, priv, variant), "note": "skipped: eager's "
+                                                "outputs are not finite on these inputs"})
+                    continue
+            desc = _describe(tr, variant)
+            where = f"trial {n} ({desc})"
+            report_progress(f"verifying: trial {n}/{len(plan)} ({desc})")
+            entry = _log(tr, priv, variant)
             try:
-                ref, before = _reference(model, priv, tr.mode, tr.grad, prob, check_det, tol)
-            except _Raised as e:
-                if n == 1:
-                    raise ProblemError(f"problem {prob.path}: Model.forward raised {e}") from None
-                raised, before = str(e), _buffers(model)
-            if check_det:
-                det_done.add(tr.mode)
-                if "reference-determinism" not in result["checks"]:
-                    result["checks"].append("reference-determinism")
-            if raised is None and tr.inputs in TR.DISTRIBUTIONS and any(
-                    _nonfinite(r) and own_finite.get(i, True) for i, r in enumerate(ref)):
-                _restore(model, before)  # running statistics of overflowing values
-                result["trial_log"].append({**_log(tr, priv, variant), "note": "skipped: eager's "
-                                            "outputs are not finite on these inputs"})
-                continue
-        desc = _describe(tr, variant)
-        where = f"trial {n} ({desc})"
-        report_progress(f"verifying: trial {n}/{len(plan)} ({desc})")
-        entry = _log(tr, priv, variant)
-        try:
-            _sync(dev)  # the candidate process reads these buffers on its own stream
-            expect = raised is not None
-            cand.send(("run", shared, tr.mode, tr.grad, expect) if kind == "run"
-                      else ("again", tr.mode, tr.grad, expect))
-            msg = cand.recv(where)
-            if msg[0] == "error":
-                raise _Verdict(_cand_category(msg[1]), f"{where}: {msg[2]}")
-            if msg[0] == "raised" and expect:
-                entry["note"] = f"raised as Model does ({raised})"
+                _sync(dev)  # the candidate process reads these buffers on its own stream
+                expect = raised is not None
+                cand.send(("run", shared, tr.mode, tr.grad, expect) if kind == "run"
+                          else ("again", tr.mode, tr.grad, expect))
+                msg = cand.recv(where)
+                if msg[0] == "error":
+                    raise _Verdict(_cand_category(msg[1]), f"{where}: {msg[2]}")
+                if msg[0] == "raised" and expect:
+                    entry["note"] = f"raised as Model does ({raised})"
+                    result["trial_log"].append(entry)
+                    prev = _resync(model, cand, kmap, tol, where)
+                    continue
+                if msg[0] != "out" or len(msg) != 5 or not isinstance(msg[1], list):
+                    raise _Verdict("cheat", "the candidate process sent an unexpected message")
+                if expect:
+                    raise _Verdict("mismatch", f"{where}: ModelNew returned a result where Model raises "
+                                   f"({raised})")
+                _, outs, _wall, launches, cstate = msg
+                _check_structure(ref, outs)  # metadata only: shapes are checked before anything is copied
+                try:
+                    got = [o.clone() if isinstance(o, torch.Tensor) else o for o in outs]
+                    _sync(dev)  # our copies are complete before the candidate may free its outputs
+                except Exception as e:  # noqa: BLE001 - e.g. CUDA IPC handles that do not open
+                    raise _Verdict("runtime", f"{where}: the candidate's outputs could not be read "
+                                   f"({one_line(e)}): its channel to the judge was tampered with or its "
+                                   "memory is gone") from None
+                cand.send(("ack",))
+                del outs, msg
+                result["launches"] = max(result["launches"], int(launches) if isinstance(launches, int) else 0)
+                for i, (a, b) in enumerate(zip(shared, priv)):
+                    if isinstance(a, torch.Tensor) and not _same(a, b):
+                        raise _Verdict("cheat", f"{where}: input {i} was modified by the candidate")
+                if tr.inputs == "own" and not tr.variant and not own_scale:
+                    own_scale = {i: _scale(r) for i, r in enumerate(ref)}
+                    own_finite = {i: not _nonfinite(r) for i, r in enumerate(ref)}
+                scaled = tr.inputs in TR.DISTRIBUTIONS
+
+                def tol_for(i, r):
+                    if not scaled or not own_scale.get(i):
+                        return tol
+                    return _scaled(tol, _scale(r) / own_scale[i])
+
+                checks = judge_outputs(ref, got, priv, model, m64, before, tr.mode, tol_for, where)
+                if m64 is not None and "fp64-reference" not in result["checks"]:
+                    result["checks"].append("fp64-reference")
+                for chk in checks:
+                    _merge_output(result, chk)
+                entry["max_abs"] = max([_finite(c.max_abs) for c in checks] or [0.0])
+                for chk in checks:
+                    if not chk.ok:
+                        raise _Verdict(chk.category, f"{where}: {chk.reason}")
+                prev = _check_state(model, cstate, kmap, before, prev, tol, where)
+            except _Verdict as v:
+                entry.update(passed=False, note=v.reason)
                 result["trial_log"].append(entry)
-                prev = _resync(model, cand, kmap, tol, where)
-                continue
-            if msg[0] != "out" or len(msg) != 5 or not isinstance(msg[1], list):
-                raise _Verdict("cheat", "the candidate process sent an unexpected message")
-            if expect:
-                raise _Verdict("mismatch", f"{where}: ModelNew returned a result where Model raises "
-                               f"({raised})")
-            _, outs, _wall, launches, cstate = msg
-            _check_structure(ref, outs)  # metadata only: shapes are checked before anything is copied
-            try:
-                got = [o.clone() if isinstance(o, torch.Tensor) else o for o in outs]
-                _sync(dev)  # our copies are complete before the candidate may free its outputs
-            except Exception as e:  # noqa: BLE001 - e.g. CUDA IPC handles that do not open
-                raise _Verdict("runtime", f"{where}: the candidate's outputs could not be read "
-                               f"({one_line(e)}): its channel to the judge was tampered with or its "
-                               "memory is gone") from None
-            cand.send(("ack",))
-            del outs, msg
-            result["launches"] = max(result["launches"], int(launches) if isinstance(launches, int) else 0)
-            for i, (a, b) in enumerate(zip(shared, priv)):
-                if isinstance(a, torch.Tensor) and not _same(a, b):
-                    raise _Verdict("cheat", f"{where}: input {i} was modified by the candidate")
-            if tr.inputs == "own" and not tr.variant and not own_scale:
-                own_scale = {i: _scale(r) for i, r in enumerate(ref)}
-                own_finite = {i: not _nonfinite(r) for i, r in enumerate(ref)}
-            scaled = tr.inputs in TR.DISTRIBUTIONS
-
-            def tol_for(i, r):
-                if not scaled or not own_scale.get(i):
-                    return tol
-                return _scaled(tol, _scale(r) / own_scale[i])
-
-            checks = judge_outputs(ref, got, priv, model, m64, before, tr.mode, tol_for, where)
-            if m64 is not None and "fp64-reference" not in result["checks"]:
-                result["checks"].append("fp64-reference")
-            for chk in checks:
-                _merge_output(result, chk)
-            entry["max_abs"] = max([_finite(c.max_abs) for c in checks] or [0.0])
-            for chk in checks:
-                if not chk.ok:
-                    raise _Verdict(chk.category, f"{where}: {chk.reason}")
-            prev = _check_state(model, cstate, kmap, before, prev, tol, where)
-        except _Verdict as v:
-            entry.update(passed=False, note=v.reason)
+                raise
             result["trial_log"].append(entry)
-            raise
-        result["trial_log"].append(entry)
-        result["trials"] = len(result["trial_log"])
-        ran.update({"train-eval"} if tr.mode == "eval" else set())
-        ran.update({"grad-mode"} if tr.grad else set())
-        if _TRIAL_CHECKS.get(tr.inputs):
-            ran.add(_TRIAL_CHECKS[tr.inputs])
+            result["trials"] = len(result["trial_log"])
+            ran.update({"train-eval"} if tr.mode == "eval" else set())
+            ran.update({"grad-mode"} if tr.grad else set())
+            if _TRIAL_CHECKS.get(tr.inputs):
+                ran.add(_TRIAL_CHECKS[tr.inputs])
     result["checks"] += ["tolerance", "lower-precision-guard", "inputs-unchanged", "state-after-call",
                          "fresh-seeds"]
     result["checks"] += [c for c in ("recall-same-buffers", "partial-change", "train-eval", "grad-mode",
@@ -927,7 +940,6 @@ class _Timer:
     when a check needs it), the L2 flush and its measured time, torch.compile's model."""
 
     def __init__(self, prob, init, seed, dev, rep_ms, tol):
-        from harness import gpulock
         from harness.timing import flush_buffer, measure_flush
 
         self.prob, self.init, self.seed, self.dev, self.rep_ms, self.tol = prob, init, seed, dev, rep_ms, tol
@@ -960,7 +972,6 @@ class _Timer:
 
     def baselines(self, with_compile: bool) -> dict:
         """Eager (and torch.compile) in timed rounds, interleaved, on fresh values each round."""
-        from harness import gpulock
         from harness.timing import round_sizes, summarize_rounds
 
         xs = self.inputs()
@@ -1025,7 +1036,6 @@ class _Timer:
         (new buffers every NEW_BUFFERS_EVERY rounds); the last outputs of single-call rounds, of
         the last round and of a random third of the others are checked against eager's on the
         same values (every round's on the CPU)."""
-        from harness import gpulock
         from harness.timing import NEW_BUFFERS_EVERY, round_sizes, summarize_rounds
 
         priv = self.inputs()
@@ -1090,8 +1100,6 @@ class _Timer:
 def profile_server(req: dict, chan, stdin) -> None:
     """The timing judge: eager, torch.compile and candidates timed on the same values; candidate
     code only ever runs in candidate processes of its own (harness.candidate_proc)."""
-    from harness import gpulock  # noqa: F401 - the lock file is set up before any timing
-
     dev = _device(req["device"])
     if dev.type == "cpu":
         torch.set_num_threads(1)  # the interpreter's timings are at least steady on one core
@@ -1137,6 +1145,7 @@ def profile_server(req: dict, chan, stdin) -> None:
                                "error": f"candidate {r['path']} changed since it was verified"})
                         continue
                     cand = cache.pop(sha, None)
+                    t0, waited0 = time.time(), gpulock.waited_s()
                     if cand is None or not cand.proc.is_alive():
                         while len(cache) >= PROFILE_CACHE:
                             cache.popitem(last=False)[1].close(everything=False)
@@ -1151,7 +1160,12 @@ def profile_server(req: dict, chan, stdin) -> None:
                         _check_same_init(timer.model, msg[1], kmap)
                     cand.watch.deadline = time.time() + float(req.get("timeout_s", 900))
                     cache[sha] = cand
-                    reply({"ok": True, "sha256": sha, **timer.time_candidate(cand)})
+                    start_s = time.time() - t0
+                    res = timer.time_candidate(cand)
+                    # where a timing's wall time went (the tiler's cost, shown in its stats)
+                    res["candidate"].update(start_s=round(start_s, 3), call_s=round(time.time() - t0, 3),
+                                            lock_wait_s=round(gpulock.waited_s() - waited0, 3))
+                    reply({"ok": True, "sha256": sha, **res})
                 else:
                     reply({"ok": False, "error": f"unknown op {r['op']}"})
             except _Verdict as v:

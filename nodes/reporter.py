@@ -113,11 +113,14 @@ def _llm_summary(state: EggState, settings: Settings) -> dict | None:
 
 
 def tuning_summary(state: EggState) -> dict:
-    """What the tiler's search cost: kernels served by the tuning cache, kernels searched, and
-    the variants pruned, compiled and timed (from the tiling stage context's stats)."""
+    """What the tiler's search cost: kernels served by the tuning cache, kernels searched, the
+    variants pruned, compiled and timed, and the timings' seconds (from the tiling stage
+    context's stats)."""
     st = state.context("tiling").stats
     out = {k: int(st.get(k, 0)) for k in ("cache_hits", "searched", "pruned", "compiled",
                                            "compile_rejected", "timed")}
+    # the timings' wall seconds, of which starting candidate processes and waiting for the GPU lock
+    out.update({k: round(float(st.get(k, 0.0)), 1) for k in ("timing_s", "start_s", "lock_wait_s")})
     return out
 
 
@@ -154,7 +157,10 @@ def report_markdown(rep: dict) -> str:
         lines += ["", f"Tuning: {tu.get('cache_hits', 0)} kernel(s) from the tuning cache, "
                   f"{tu.get('searched', 0)} searched ({tu.get('pruned', 0)} configs pruned by rules, "
                   f"{tu.get('compiled', 0)} compile-checked, {tu.get('compile_rejected', 0)} rejected, "
-                  f"{tu.get('timed', 0)} timings)."]
+                  f"{tu.get('timed', 0)} timings"
+                  + (f" in {tu['timing_s']:g} s: {tu.get('start_s', 0):g} s starting candidate processes, "
+                     f"{tu.get('lock_wait_s', 0):g} s waiting for the GPU lock" if tu.get("timing_s") else "")
+                  + ")."]
     lines += ["", "## Stages", ""]
     for s, ctx in rep["stages"].items():
         decisions = "; ".join(d for d in ctx.get("decisions", [])[:4])

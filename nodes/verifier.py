@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from langgraph.runtime import Runtime
 
-from harness import gpulock
 from harness.compare import Tolerance
 from harness.verify import verify
 from nodes.common import call_budget, candidate_path, mark_attempt, run_dir, settings_of
@@ -26,11 +25,10 @@ def verifier(state: EggState, runtime: Runtime[Settings]) -> dict:
         return {"verifications": [rec],
                 "stage_context": mark_attempt(state, cand.id, "failed", rec.reason)}
     tol = Tolerance(settings.atol_fp32, settings.rtol_fp32, settings.atol_lowp, settings.rtol_lowp)
-    # opt-in (egg bench --verify-lock): parallel problems' timings wait for this verification
-    with gpulock.hold("shared", state.hardware.device == "cuda" and gpulock.verify_lock_enabled()):
-        res = verify(state.problem.path, str(path), device=state.hardware.device, trials=settings.trials,
-                     tol=tol, timeout_s=budget, memory_limit_gb=settings.memory_limit_gb,
-                     problem_source=state.problem.source, log_dir=str(run_dir(settings, state) / "logs"))
+    # egg bench --verify-lock: the judge holds the GPU lock shared for each trial's GPU work
+    res = verify(state.problem.path, str(path), device=state.hardware.device, trials=settings.trials,
+                 tol=tol, timeout_s=budget, memory_limit_gb=settings.memory_limit_gb,
+                 problem_source=state.problem.source, log_dir=str(run_dir(settings, state) / "logs"))
     flags = list(res.get("flags", []))
     if res.get("passed") and cand.kernels and res.get("launches", 0) == 0:
         flags.append("declares Triton kernels but launched none")

@@ -125,7 +125,7 @@ def tile_search(policy, state, settings, base, session=None, checker=None,
     templates = {c.group_id: c.template for c in base.configs}
     decisions: list[str] = []
     stats = {"cache_hits": 0, "searched": 0, "pruned": 0, "compiled": 0, "compile_rejected": 0,
-             "timed": 0}
+             "timed": 0, "timing_s": 0.0, "start_s": 0.0, "lock_wait_s": 0.0}
 
     # 1) facts per kernel and the cache
     facts = []
@@ -218,6 +218,8 @@ def tile_search(policy, state, settings, base, session=None, checker=None,
             decisions.append(f"variant {path.name} failed to run: {str(e)[:160]}")
             return None
         stats["timed"] += 1
+        for k, src in (("timing_s", "call_s"), ("start_s", "start_s"), ("lock_wait_s", "lock_wait_s")):
+            stats[k] = round(stats[k] + float(t.get(src) or 0.0), 3)
         return t
 
     inc = _Timings()

@@ -126,3 +126,73 @@ def test_upgrade_does_not_deadlock_with_a_waiting_writer(lock_env):
             pass
         assert time.perf_counter() - t0 < 5
     assert writer.wait(10) == 0
+
+
+JUDGE = """
+import contextlib, json, pathlib, sys, time
+from harness import gpulock, worker
+from harness import trials as TR
+
+events, depth = [], [0]
+
+@contextlib.contextmanager
+def hold(mode, enabled=True):
+    if enabled:
+        events.append(("hold", mode, time.time()))
+        depth[0] += 1
+    try:
+        yield
+    finally:
+        if enabled:
+            depth[0] -= 1
+            events.append(("release", mode, time.time()))
+
+start = worker.CandidateProcess.__init__
+
+def spy(self, *a, **k):
+    events.append(("candidate start", depth[0], time.time()))
+    start(self, *a, **k)
+
+gpulock.hold = hold
+worker._verify_lock = lambda dev: True  # the GPU's rule, on the CPU
+worker.CandidateProcess.__init__ = spy
+problem = sys.argv[1]
+src = pathlib.Path(problem).read_text() + "\\nclass ModelNew(Model):\\n    pass\\n"
+req = {"problem": problem, "candidate": "cand.py", "candidate_source": src, "device": "cpu",
+       "trials": 5, "tolerance": {}, "memory_limit_gb": 0, "timeout_s": 300}
+
+class Chan:
+    def write(self, s):
+        self.verdict = json.loads(s)
+
+chan = Chan()
+worker.judge(req, chan)
+print(json.dumps({"events": events, "verdict": chan.verdict, "plan": len(TR.plan(5))}))
+"""
+
+
+def test_verification_holds_the_lock_per_trial_not_across_process_starts(tmp_path):
+    """The verifier's judge holds the lock (shared) for each trial's GPU work and releases it in
+    between, so a parallel problem's timing waits for one trial, not a whole verification; the
+    candidate's process start and loading (seconds of CPU work) run outside it. One hold around
+    the whole verification (the earlier design: 30-60 s per hold on the H200) fails this."""
+    import json
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": root, "TRITON_INTERPRET": "1"}
+    problem = os.path.join(root, "examples", "row_softmax.py")
+    out = subprocess.run([sys.executable, "-c", JUDGE, problem], capture_output=True, text=True,
+                         env=env, cwd=tmp_path, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    assert res["verdict"]["passed"], res["verdict"]["reason"]
+    ev = res["events"]
+    holds = [e for e in ev if e[0] == "hold"]
+    assert all(e[1] == "shared" for e in holds)
+    assert len(holds) >= res["verdict"]["trials"] + 1 >= res["plan"] > 1  # one per trial at least
+    assert [e[1] for e in ev if e[0] == "candidate start"] == [0]  # started outside every hold
+    depth = 0
+    for e in ev:  # released in between: never one hold spanning two trials' holds
+        depth += {"hold": 1, "release": -1}.get(e[0], 0)
+        assert depth in (0, 1)
+    assert depth == 0
