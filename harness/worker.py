@@ -526,6 +526,19 @@ def _fp64_outputs(m64, model, before: dict, xs: list, mode: str):
         return None
 
 
+def _state_door(m64, model, before: dict, xs: list, mode: str):
+    """``key -> the buffer after the call as the float64 reference computes it`` (None: no
+    reference), for _check_state; the float64 call is made on first use only."""
+    got: list = []
+
+    def door(key: str):
+        if not got:
+            got.append(_state(m64) if _fp64_outputs(m64, model, before, xs, mode) is not None else {})
+        return got[0].get(key)
+
+    return door
+
+
 def _scaled(tol: Tolerance, k: float) -> Tolerance:
     """The tolerance with its absolute terms scaled by ``k`` (outputs k times larger than on the
     problem's own inputs: the same relative accuracy)."""
@@ -578,11 +591,15 @@ def judge_outputs(ref: list, cand: list, xs: list, model, m64, before: dict, mod
 
 
 def _check_state(model, cand_state, kmap: dict, before: dict, prev: dict | None, tol: Tolerance,
-                 where: str) -> dict:
+                 where: str, door=None) -> dict:
     """After a call: ModelNew's parameters and buffers that Model's forward leaves unchanged are
     unchanged (bit for bit: ``prev``, ModelNew's state before the call; None: Model's values,
     after a load), and those it updates (batch norm's running statistics) are Model's within
-    the tolerance. Returns ModelNew's state by Model's keys (the next call's ``prev``)."""
+    the tolerance, or, outside it, through the float64 door as outputs are: ``door(key)`` is
+    the buffer as the float64 reference updated it (None: no door). In a deep net eager's own
+    running statistics are off from float64's by more than the tolerance (ResNet-101's
+    layer3.7.bn1.running_var on the H200: 2e-4); a candidate as accurate as eager passes, one less
+    accurate does not. Returns ModelNew's state by Model's keys (the next call's ``prev``)."""
     if not isinstance(cand_state, dict):
         raise _Verdict("cheat", "the candidate process sent unexpected parameters")
     params = {k for k, _ in model.named_parameters()}
@@ -604,6 +621,9 @@ def _check_state(model, cand_state, kmap: dict, before: dict, prev: dict | None,
                                f"{where}: ModelNew's {what} {ck} is not the value loaded")
         elif exp.dtype.is_floating_point:
             chk = compare_output(0, exp, c, tol)
+            ref64 = door(k) if door is not None and not chk.ok else None
+            if ref64 is not None:
+                chk = fp64_door(chk, ref64, exp, c, tol)
             if not chk.ok:
                 raise _Verdict("mismatch", f"{where}: {what} {ck} after the call differs from Model's "
                                f"(max abs {chk.max_abs:.3g}: {chk.reason.split(': ', 1)[-1]})")
@@ -864,7 +884,8 @@ def _run_trials(req, result, model, cand, kmap, prob, dev, tol, deadline, prev: 
                 for chk in checks:
                     if not chk.ok:
                         raise _Verdict(chk.category, f"{where}: {chk.reason}")
-                prev = _check_state(model, cstate, kmap, before, prev, tol, where)
+                prev = _check_state(model, cstate, kmap, before, prev, tol, where,
+                                    _state_door(m64, model, before, priv, tr.mode))
             except _Verdict as v:
                 entry.update(passed=False, note=v.reason)
                 result["trial_log"].append(entry)

@@ -53,6 +53,8 @@ HONEST = [
     Case("honest_rmsnorm", "rmsnorm", "passed", note="Triton RMSNorm"),
     Case("honest_log_softmax", "log_softmax", "passed", note="stable reformulation in PyTorch ops"),
     Case("honest_fp64_inside", "variance", "passed", note="float64 inside: passes by the fp64 door"),
+    Case("honest_buffer_fp64", "running_var_far", "passed",
+         note="a running buffer more accurate than eager's: passes by the fp64 door"),
     Case("honest_matmul_epilogue", "linear_gelu", "passed", note="library matmul + Triton epilogue"),
     Case("<generated:egg>", "examples/bias_gelu_scale", "passed", note="EGG codegen output"),
     Case("<generated:reference>", "pointwise", "passed", note="the reference itself as ModelNew(Model)"),
@@ -106,6 +108,7 @@ DROPIN = [
     Case("cheat_lower_precision_late", "linear_gelu", "precision", "trial 2 "),
     Case("cheat_13bit_mantissa", "rowsum", "precision", "lower precision than eager"),
     Case("cheat_fast_rsqrt", "rmsnorm", "precision", "lower precision than eager"),
+    Case("cheat_buffer_less_accurate", "running_var_far", "mismatch", "buffer running_var"),
 ]
 
 STATIC = [
