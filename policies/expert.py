@@ -240,6 +240,55 @@ def _memory_outside_candidate(ver) -> bool:
     return ver.category in ("problem", "harness") and says_out_of_memory(ver.reason)
 
 
+#: a parameter or buffer named in a verifier's reason ("buffer layer3.7.bn1.running_var after
+#: the call differs from Model's", "changed its parameter bias")
+_STATE_NAMED = re.compile(r"\b(buffer|parameter) ([A-Za-z_][\w.]*)")
+
+
+def _state_owner(state: EggState, disabled: list[str], live: set[str], reason: str
+                 ) -> tuple[str, str] | None:
+    """(group, what) for a failure that names one of Model's parameters or buffers: the live
+    group nearest the ops that read it, producers first (a running statistic is updated from
+    the channel statistics a kernel computed, two ops upstream of its update), then consumers.
+    None when the reason names none or no live group is near. Backing out the newest group
+    instead walks a deep net one group per verification (ResNet-101 on the H200: four 35 s
+    verifications backed out four unrelated groups while layer3.7.bn1.running_var stayed wrong)."""
+    m = _STATE_NAMED.search(reason or "")
+    if m is None:
+        return None
+    key = m.group(2).rstrip(".")
+    try:
+        fplan, _rw, _err = pipeline.analyze(load_problem(state.problem.path), set(disabled))
+    except Exception:  # noqa: BLE001 - no plan: the caller's fallback decides
+        return None
+    if fplan is None:
+        return None
+    attr = next((n for n in fplan.gm.graph.nodes if n.op == "get_attr" and n.target == key), None)
+    if attr is None:
+        return None
+
+    def live_group(n):
+        g = fplan.group_of(n)
+        return g.id if g is not None and g.id in live else None
+
+    readers = list(attr.users)
+    for direction in ("producers", "consumers"):
+        seen, frontier = {attr, *readers}, readers
+        for _hop in range(4):
+            for n in frontier:
+                gid = live_group(n)
+                if gid:
+                    return gid, f"{m.group(1)} {key}"
+            nxt = []
+            for n in frontier:
+                for x in (n.all_input_nodes if direction == "producers" else n.users):
+                    if x not in seen and x.op != "get_attr":
+                        seen.add(x)
+                        nxt.append(x)
+            frontier = nxt
+    return None
+
+
 class ExpertPolicy:
     name = "expert"
 
@@ -362,8 +411,11 @@ class ExpertPolicy:
             named = (m.group(1) if m and (m.group(1) in live or m.group(1).startswith("e")
                                           and m.group(1) not in disabled) else None)
             products = [g.id for g in enabled if g.kind == "matmul"]
+            owner = None if named else _state_owner(state, disabled, live, ver.reason)
             if named:
                 victim, how = named, "named in the error"
+            elif owner:
+                victim, how = owner[0], f"computes the {owner[1]} named in the error"
             elif ver.category == "precision" and products:
                 # only a matrix product changes how products round (3xTF32, alg-matmul-epilogue)
                 victim, how = products[-1], "a matrix product, after a precision failure"

@@ -267,3 +267,38 @@ def test_memory_outside_the_candidate_retries_unchanged_once(write_problem):
     own = st.model_copy(update={"candidates": [c1], "verifications": [v3]})
     disabled, why = ExpertPolicy()._backout(own, "algorithm")
     assert len(disabled) == 1 and "back out" in why
+
+
+def test_a_failure_naming_a_buffer_backs_out_the_group_that_computes_it(write_problem):
+    """'buffer bn1.running_var after the call differs' names no kernel, but the buffer: the group
+    computing bn1's channel statistics goes, not the newest group (in a deep net the newest is
+    far from it: ResNet-101 backed out four unrelated groups this way). A reason naming no
+    state, or state no group is near, still backs out the newest."""
+    from policies.expert import ExpertPolicy
+    from state import Candidate, VerificationRecord
+
+    st = _planned_state(
+        write_problem,
+        "x):\n        y = torch.relu(self.bn1(self.conv1(x)))\n"
+        "        return torch.relu(self.bn2(self.conv2(y)))\n",
+        "[torch.randn(2, 4, 6, 6)]",
+        "        self.conv1 = nn.Conv2d(4, 4, 3, padding=1)\n        self.bn1 = nn.BatchNorm2d(4)\n"
+        "        self.conv2 = nn.Conv2d(4, 4, 3, padding=1)\n        self.bn2 = nn.BatchNorm2d(4)\n",
+        "bnback")
+    groups = [g for g in st.plan.groups if g.kind != "library"]
+    stats = [g.id for g in groups if g.kind == "chanstats"]
+    assert len(stats) == 2 and groups[-1].id not in stats[:1]
+    cand = Candidate(id="c1", stage="algorithm", author="algorithm_designer", source="x")
+
+    def backout(reason):
+        ver = VerificationRecord(candidate_id="c1", passed=False, category="mismatch", reason=reason)
+        return ExpertPolicy()._backout(st.model_copy(update={"candidates": [cand], "verifications": [ver]}),
+                                       "algorithm")
+
+    for bn, want in (("bn1", stats[0]), ("bn2", stats[1])):
+        disabled, why = backout(f"trial 1 (train): buffer {bn}.running_var after the call differs from "
+                                "Model's (max abs 0.0002)")
+        assert disabled == [want] and f"buffer {bn}.running_var" in why, why
+    for reason in ("trial 1 (train): output 0: max abs error 0.5", "buffer nowhere.x differs"):
+        disabled, why = backout(reason)
+        assert disabled == [groups[-1].id] and "newest" in why
