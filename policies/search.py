@@ -40,6 +40,7 @@ from knowledge import pruning as R
 from knowledge.schema import dtype_key
 from policies.base import Decline, Draft
 from state import KernelConfig
+from state.settings import MIN_CALL_S
 
 PRINCIPLES = ["tile-block-size", "tile-prune-rules", "tile-grid-mapping"]
 #: shortlisted variants compile-checked per kernel, as a multiple of the timed width: the
@@ -196,11 +197,27 @@ def tile_search(policy, state, settings, base, session=None, checker=None,
         return path
 
     out_of_time = [False]
+    # the search's own share of the time left (Settings.tile_search_share): on one H200 with 4
+    # jobs a timing costs ~10 s (a candidate process each) and a search that may fill the
+    # budget did, on every problem
+    left0 = settings.time_left(state.started_at)
+    share = float(getattr(settings, "tile_search_share", 1.0))
+    #: the time left at which the search stops (None: at the budget's end)
+    keep = (1.0 - share) * left0 if left0 is not None and left0 > MIN_CALL_S and share < 1.0 else None
+    limit_note = (f"the search's share ({share:g}) of the {left0:.0f} s left" if keep is not None
+                  else f"time limit ({settings.time_limit_s:g} s)")
+
+    def search_left() -> float | None:
+        left = settings.time_left(state.started_at)
+        return left if left is None or keep is None else left - keep
 
     def call_limit(limit: float) -> float | None:
-        """``limit`` cut to the run's budget (Settings.call_limit); None, and the search out of
-        time, when too little is left to start a call."""
+        """``limit`` cut to the run's budget (Settings.call_limit) and the search's share of it;
+        None, and the search out of time, when too little is left to start a call."""
         got = settings.call_limit(state.started_at, float(limit))
+        rest = search_left() if got is not None and keep is not None else None
+        if rest is not None:
+            got = None if rest < MIN_CALL_S else min(got, rest)
         out_of_time[0] = out_of_time[0] or got is None
         return got
 
@@ -225,8 +242,7 @@ def tile_search(policy, state, settings, base, session=None, checker=None,
     inc = _Timings()
     t0 = timed(emit(current))
     if t0 is None and out_of_time[0]:
-        return Decline(f"time limit ({settings.time_limit_s:g} s) reached before the search", decisions,
-                       stats=stats)
+        return Decline(f"{limit_note} reached before the search", decisions, stats=stats)
     if t0 is None:
         return Decline("the stage-1 kernels could not be re-timed for tiling", decisions, stats=stats)
     inc.add(t0)
@@ -235,9 +251,9 @@ def tile_search(policy, state, settings, base, session=None, checker=None,
     for k, f in enumerate(pending):
         g, geo = f["g"], f["geo"]
         gid = g.id
-        left = settings.time_left(state.started_at)
-        if left is not None and left <= 0:
-            decisions.append(f"time limit ({settings.time_limit_s:g} s) reached: {len(pending) - k} "
+        left = search_left()
+        if out_of_time[0] or (left is not None and left <= 0):
+            decisions.append(f"{limit_note} reached: {len(pending) - k} "
                              "kernel(s) keep their stage-1 configuration")
             break
         space = knowledge.config_space(f["template"], hw.arch, f["dtype"])
@@ -260,7 +276,7 @@ def tile_search(policy, state, settings, base, session=None, checker=None,
         if checker is not None and variants:
             limit = call_limit(getattr(settings, "compile_timeout_s", 300.0))
             if limit is None:
-                decisions.append(f"time limit ({settings.time_limit_s:g} s) reached: {gid} and the "
+                decisions.append(f"{limit_note} reached: {gid} and the "
                                  f"{len(pending) - k - 1} kernel(s) after it keep their stage-1 configuration")
                 break
             results = checker([str(p) for _c, p in variants], **({"timeout_s": limit} if own_checker else {}))
@@ -284,14 +300,18 @@ def tile_search(policy, state, settings, base, session=None, checker=None,
             continue
         pool = {i: (c, p, _Timings()) for i, (c, p) in enumerate(variants)}
         rounds = 0
-        while pool:
+        while pool and not out_of_time[0]:
             rounds += 1
             for i, (c, p, tm) in list(pool.items()):
                 t = timed(p)
-                if t is None:
-                    del pool[i]
-                else:
+                if t is not None:
                     tm.add(t)
+                elif out_of_time[0]:
+                    break
+                else:  # it failed to run
+                    del pool[i]
+            if out_of_time[0]:
+                break
             if rounds > 1:
                 t = timed(emit(current))
                 if t is not None:
@@ -300,14 +320,21 @@ def tile_search(policy, state, settings, base, session=None, checker=None,
                 break
             order = sorted(pool, key=lambda i: pool[i][2].median_ms)
             pool = {i: pool[i] for i in order[: max(1, len(order) // 2)]}
-        if out_of_time[0]:
-            decisions.append(f"time limit ({settings.time_limit_s:g} s) reached while searching {gid}: "
-                             f"its stage-1 configuration and the {len(pending) - k - 1} kernel(s) after it kept")
-            break
+        # cut by the time: the variants measured so far still compete (the best of them, by the
+        # same noise rule); the kernels after this one keep their stage-1 configuration
+        cut = out_of_time[0]
+        pool = {i: v for i, v in pool.items() if v[2].samples}
+        if cut:
+            decisions.append(f"{limit_note} reached while searching {gid}: "
+                             + ("the variants measured so far compete, " if pool else
+                                "its stage-1 configuration kept, ")
+                             + f"the {len(pending) - k - 1} kernel(s) after it keep their stage-1 configuration")
         if not pool:
+            if cut:
+                break
             decisions.append(f"{gid}: every variant failed to run; stage-1 configuration kept")
             continue
-        c, p, tm = next(iter(pool.values()))
+        c, p, tm = min(pool.values(), key=lambda v: v[2].median_ms)
         verdict = noise_verdict(tm.as_bench(), inc.as_bench())
         line = (f"{gid}: successive halving over {len(variants)} variants in {rounds} rounds: "
                 f"best {_fmt(c)} {tm.median_ms:.4f} ms vs incumbent {_fmt(current[gid])} "
@@ -316,8 +343,11 @@ def tile_search(policy, state, settings, base, session=None, checker=None,
         if verdict == "improved":
             current[gid] = c
             inc = tm
-        to_cache[f["key"]] = {"config": current[gid], "ms": inc.median_ms, "searched": len(variants),
-                              "gpu": gpu_model(hw), "template": f["template"]}
+        if not cut:  # a search cut short is not what the cache promises
+            to_cache[f["key"]] = {"config": current[gid], "ms": inc.median_ms, "searched": len(variants),
+                                  "gpu": gpu_model(hw), "template": f["template"]}
+        else:
+            break
     if to_cache:
         cache.put_many(to_cache)
     return _finish(prob, disabled, current, base_cfgs, tried, decisions, stats, state,

@@ -60,6 +60,10 @@ class Settings(BaseModel):
     profile_timeout_s: float = Field(900.0, description="wall-clock limit of one profiling call")
     # -- stage 2 search
     search_width: int = Field(6, description="tile configs measured per kernel by the tiler")
+    tile_search_share: float = Field(
+        0.5, description="with a time limit: the share of the run's time left when the tiler's "
+        "measured search starts that the search may spend (the roles after it and the report get "
+        "the rest, and a run ends sooner); 1: the whole budget", gt=0, le=1)
     tuning_cache: str = Field(
         "", description="tuning cache file; empty: ~/.cache/egg/tuning.json; 'off': no cache")
     search_compile_check: bool = Field(

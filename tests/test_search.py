@@ -240,7 +240,7 @@ def test_search_ends_inside_the_budget_when_it_runs_out_mid_search(setup, tmp_pa
             return out
 
     sess = Clock(faster_with_bigger_blocks)
-    run = settings.model_copy(update={"time_limit_s": limit})
+    run = settings.model_copy(update={"time_limit_s": limit, "tile_search_share": 1.0})
     state = st.model_copy(update={"started_at": start})
     real_left = type(run).time_left
 
@@ -256,5 +256,52 @@ def test_search_ends_inside_the_budget_when_it_runs_out_mid_search(setup, tmp_pa
     assert len(sess.calls) == 3  # 60 s: the incumbent and two variants, then under MIN_CALL_S
     assert all(t <= limit + 1e-6 for t in sess.timeouts) and sess.timeouts[-1] < 21 + MIN_CALL_S
     assert any("reached while searching g0" in x for x in d.decisions), d.decisions
-    assert type(d).__name__ == "Decline" or all(
-        c.params == c1.configs[0].params for c in d.configs)
+    # the two variants it timed still compete: the faster one (bigger blocks) is the answer
+    best = min(sess.calls[1:], key=lambda c: c[1])
+    assert type(d).__name__ == "Draft" and block_of_config(d) == best[0]
+
+
+def test_search_spends_its_share_of_the_time_left_and_keeps_what_it_measured(setup, tmp_path):
+    """tile_search_share 0.5 of a 120 s budget, 20 s per timing: the search stops after ~60 s
+    (the incumbent and two variants), leaving the rest of the budget to the roles after it; the
+    variants it measured still compete (the faster one beyond noise wins), and a search cut
+    short writes nothing to the tuning cache. With the whole budget it times more."""
+    import time
+
+    pol, st, settings, c1 = setup()
+
+    def run_with(share):
+        start = time.time()
+
+        class Clock(FakeSession):
+            def time_candidate(self, path):
+                nonlocal start
+                start -= 20.0
+                return super().time_candidate(path)
+
+        sess = Clock(faster_with_bigger_blocks)
+        run = settings.model_copy(update={"time_limit_s": 120.0, "tile_search_share": share})
+        real_left = type(run).time_left
+        type(run).time_left = lambda self, _s: self.time_limit_s - (time.time() - start)
+        cache = TuningCache(tmp_path / f"t{share}.json")
+        try:
+            d = search.tile_search(pol, st.model_copy(update={"started_at": start}), run, c1,
+                                   session=sess, checker=reject(set()), cache=cache)
+        finally:
+            type(run).time_left = real_left
+        return d, sess, cache
+
+    d, sess, cache = run_with(0.5)
+    assert len(sess.calls) == 3, sess.calls
+    assert any("share (0.5)" in x and "measured so far compete" in x for x in d.decisions), d.decisions
+    best = min(sess.calls[1:], key=lambda c: c[1])
+    assert best[1] < sess.calls[0][1]  # a measured variant beat the incumbent: it is the answer
+    assert type(d).__name__ == "Draft" and block_of_config(d) == best[0]
+    assert cache.entries() == {}
+    _d, more, _c = run_with(1.0)
+    assert len(more.calls) > 3
+
+
+def block_of_config(d) -> tuple[int, int]:
+    (cfg,) = [c.params for c in d.configs if c.group_id == "g0"]
+    return cfg["BLOCK"], cfg["num_warps"]
