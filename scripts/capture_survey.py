@@ -68,6 +68,10 @@ def _one(path: str, method: str) -> dict:
             finally:
                 C.capture_with_breaks = real
             out["groups"] = len(plan.groups) if plan else 0
+            kinds: dict = {}
+            for g in (plan.groups if plan else []):
+                kinds[g.kind] = kinds.get(g.kind, 0) + 1
+            out["group_kinds"] = kinds
             out["plan_error"] = (err or "")[:300] or None
         out["seconds"] = round(time.time() - t0, 3)
         return out
