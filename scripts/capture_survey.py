@@ -20,6 +20,7 @@ import pathlib
 import subprocess
 import sys
 import time
+from collections import Counter
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 METHODS = ("fx", "egg", "export-strict", "export-nonstrict", "dynamo")
@@ -68,10 +69,7 @@ def _one(path: str, method: str) -> dict:
             finally:
                 C.capture_with_breaks = real
             out["groups"] = len(plan.groups) if plan else 0
-            kinds: dict = {}
-            for g in (plan.groups if plan else []):
-                kinds[g.kind] = kinds.get(g.kind, 0) + 1
-            out["group_kinds"] = kinds
+            out["group_kinds"] = dict(Counter(g.kind for g in (plan.groups if plan else [])))
             out["plan_error"] = (err or "")[:300] or None
         out["seconds"] = round(time.time() - t0, 3)
         return out
