@@ -24,6 +24,11 @@ def main() -> int:
     if req.get("triton_cache"):
         os.environ["TRITON_CACHE_DIR"] = req["triton_cache"]
     if mode == "verify":
+        # untimed work: a timing of a parallel problem gets the CPU first (harness.gpulock); the
+        # candidate processes this judge starts inherit the priority
+        from harness import gpulock
+
+        gpulock.yield_cpu()
         req["nonce"] = sys.stdin.readline().strip()
         req["candidate_source"] = json.loads(sys.stdin.readline())  # the text that was checked
         null = os.open(os.devnull, os.O_RDONLY)

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 
-from harness import sandbox
+from harness import gpulock, sandbox
 
 PROJECT_ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -49,6 +49,7 @@ def says_out_of_memory(text: str | None) -> bool:
 
 
 def child_env(device: str) -> dict:
+    gpulock.background_nice()  # a bad EGG_BACKGROUND_NICE fails here, not inside a child
     env = dict(os.environ)
     paths = [str(PROJECT_ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))

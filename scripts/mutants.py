@@ -258,6 +258,11 @@ MUTANTS: list[Mutant] = [
            "    path = (lock_path() or pathlib.Path(tempfile.gettempdir()) / \"egg-gpu-off.lock\") "
            "if enabled else None\n    if path is None:\n",
            ("tests/test_gpulock.py",), "EGG_GPU_LOCK=off still takes a lock"),
+    Mutant("judge-keeps-cpu-priority", "harness/child.py",
+           "        gpulock.yield_cpu()\n", "        pass\n",
+           ("tests/test_gpulock.py::test_verification_judge_yields_the_cpu_to_timings",),
+           "verifications compete with a parallel problem's timing for the CPU and slow its "
+           "wall-clock bound (a 2.69 ms matmul timed 3.06 ms)"),
     Mutant("roofline-bmm-counted-once", "harness/roofline.py",
            "            self.cnt.counted_flops += delta\n",
            "            delta = delta / 2 if name == \"bmm\" else delta\n            self.cnt.counted_flops += delta\n",

@@ -196,3 +196,78 @@ def test_verification_holds_the_lock_per_trial_not_across_process_starts(tmp_pat
         depth += {"hold": 1, "release": -1}.get(e[0], 0)
         assert depth in (0, 1)
     assert depth == 0
+
+
+NICE_PROBLEM = '''
+import os
+import torch
+
+
+class Model(torch.nn.Module):
+    def forward(self, x):
+        return x + 1
+
+
+def get_inputs():
+    return [torch.randn(4)]
+
+
+def get_init_inputs():
+    raise RuntimeError(f"judge niceness={os.nice(0)}")
+'''
+
+NICE_CANDIDATE = '''
+import torch
+
+
+class ModelNew(torch.nn.Module):
+    def forward(self, x):
+        return x + 1
+'''
+
+
+def test_background_nice_setting(monkeypatch):
+    monkeypatch.delenv("EGG_BACKGROUND_NICE", raising=False)
+    assert gpulock.background_nice() == gpulock.BACKGROUND_NICE == 10
+    monkeypatch.setenv("EGG_BACKGROUND_NICE", "0")
+    assert gpulock.background_nice() == 0
+    for bad in ("ten", "-5", "25"):
+        monkeypatch.setenv("EGG_BACKGROUND_NICE", bad)
+        with pytest.raises(ValueError, match="EGG_BACKGROUND_NICE"):
+            gpulock.background_nice()
+        from harness.runner import child_env
+        with pytest.raises(ValueError, match="EGG_BACKGROUND_NICE"):  # before any child starts
+            child_env("cpu")
+
+
+@pytest.mark.parametrize("setting", ["", "7", "0"])
+def test_yield_cpu_lowers_the_priority_never_raises_it(setting):
+    code = ("import os; from harness import gpulock; a = gpulock.yield_cpu(); b = gpulock.yield_cpu(); "
+            "print(a, b, os.nice(0))")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": root, "EGG_BACKGROUND_NICE": setting}
+    base = os.nice(0)
+    want = max(base, {"": 10, "7": 7, "0": 0}[setting])
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [str(want)] * 3  # the second call changes nothing
+    # started above the target: stays there (os.nice cannot be undone without privileges)
+    out = subprocess.run(["nice", "-n", "15", sys.executable, "-c", code], capture_output=True,
+                         text=True, env=env, timeout=60)
+    assert out.stdout.split() == [str(min(19, base + 15))] * 3
+
+
+def test_verification_judge_yields_the_cpu_to_timings(tmp_path, monkeypatch):
+    """The judge process (and the candidates it starts) runs at the background niceness, so a
+    timing of a parallel problem, bounded by its judge's wall clock, is not slowed down by it;
+    the EGG process keeps its own priority."""
+    from harness.verify import verify
+
+    monkeypatch.setenv("EGG_BACKGROUND_NICE", "6")
+    (tmp_path / "p.py").write_text(NICE_PROBLEM)
+    (tmp_path / "c.py").write_text(NICE_CANDIDATE)
+    base = os.nice(0)
+    res = verify(str(tmp_path / "p.py"), str(tmp_path / "c.py"), device="cpu", trials=1, timeout_s=120)
+    assert not res["passed"]
+    assert f"judge niceness={max(6, base)}" in res["reason"], res["reason"]
+    assert os.nice(0) == base
