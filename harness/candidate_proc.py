@@ -195,6 +195,7 @@ def main(conn, creq: dict) -> None:
                        "defines no ModelNew(nn.Module) class"))
             return
         model = _build(cls, list(creq["init"]), creq["init_seed"], dev)
+        _sync(dev)  # the state sent is the state built (the judge opens it with our event too)
         conn.send(("ready", state_of(model)))
     except ProblemError as e:
         conn.send(("error", "memory" if "memory" in str(e).lower() else "compile", str(e)))
@@ -218,6 +219,7 @@ def main(conn, creq: dict) -> None:
         try:
             if kind == "load":
                 model.load_state_dict(msg[1], strict=False)
+                _sync(dev)  # the copies into the parameters are done before the judge reads them
                 conn.send(("loaded", state_of(model)))
                 continue
             if kind == "inputs":  # the timing judge's buffers for the next rounds

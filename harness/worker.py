@@ -191,9 +191,15 @@ class CandidateProcess:
             raise _Verdict("harness", refused)
 
     def send(self, msg) -> None:
+        if self.dev.type == "cuda" and _carries_tensor(msg):
+            # the candidate may read the CUDA tensors sent without waiting for the work that made
+            # them (see _fresh_ipc): everything this judge queued is done before they go
+            torch.cuda.synchronize(self.dev)
         self.conn.send(msg)
 
     def recv(self, what: str):
+        if self.dev.type == "cuda":
+            _fresh_ipc()
         return self.watch.recv(what)
 
     def expect(self, kind: str, what: str):
@@ -223,6 +229,29 @@ class CandidateProcess:
         else:
             sandbox.kill_descendants(self.proc.pid)
             shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+def _carries_tensor(x) -> bool:
+    if isinstance(x, torch.Tensor):
+        return True
+    if isinstance(x, dict):
+        return any(_carries_tensor(v) for v in x.values())
+    return isinstance(x, (list, tuple)) and any(_carries_tensor(v) for v in x)
+
+
+def _fresh_ipc() -> None:
+    """Every CUDA tensor the next message carries is opened anew, waiting for the work its sender
+    queued before sending it. torch reuses a storage this process still maps at the same IPC
+    handle and offset *without* waiting on the sender's event
+    (torch.multiprocessing.reductions.rebuild_cuda_tensor): a candidate's parameters, sent again
+    after ``load_state_dict``, were read while the copy into them was still running, and the
+    judge's snapshot of them differed from the values after the next call (on the H200:
+    "ModelNew's forward changed its parameter gemm.weight", a 256 MB weight, an honest kernel).
+    Forgetting the cache makes each storage be opened again (the CUDA mapping itself is reused)
+    with the sender's event."""
+    from torch.multiprocessing import reductions
+
+    reductions.shared_cache.clear()
 
 
 # ----------------------------------------------------------------------------- what may cross

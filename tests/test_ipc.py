@@ -1,0 +1,58 @@
+"""The judge's side of CUDA IPC (harness.worker.CandidateProcess): every CUDA tensor a candidate
+process sends is opened with the sender's event, and what the judge sends is finished first.
+
+torch reuses a storage it still maps at the same IPC handle and offset without waiting on the
+sender's event (torch.multiprocessing.reductions.rebuild_cuda_tensor). On the H200 the judge read
+a candidate's 256 MB weight, sent again after load_state_dict, while the copy into it was still
+running: its snapshot differed from the weight after the next call, and an honest kernel failed
+"ModelNew's forward changed its parameter gemm.weight". No GPU here: these tests check that the
+judge forgets the cache before each receive and synchronizes before sending tensors."""
+import types
+
+import pytest
+import torch
+from torch.multiprocessing import reductions
+
+from harness import worker
+
+
+def _fake(dev: str, got=("ok",)):
+    sent = []
+    conn = types.SimpleNamespace(send=sent.append)
+    watch = types.SimpleNamespace(recv=lambda what: got)
+    return types.SimpleNamespace(dev=torch.device(dev), conn=conn, watch=watch), sent
+
+
+@pytest.fixture
+def cached():
+    key = ("handle", 0)
+    dict.__setitem__(reductions.shared_cache, key, object())  # as if a storage were still mapped
+    yield key
+    dict.pop(reductions.shared_cache, key, None)
+
+
+def test_receive_on_cuda_opens_every_storage_anew(cached):
+    fake, _ = _fake("cuda")
+    assert worker.CandidateProcess.recv(fake, "the test") == ("ok",)
+    assert cached not in reductions.shared_cache
+
+
+def test_receive_on_cpu_leaves_the_cache(cached):
+    fake, _ = _fake("cpu")
+    worker.CandidateProcess.recv(fake, "the test")
+    assert cached in reductions.shared_cache
+
+
+def test_send_synchronizes_before_tensors_only(monkeypatch):
+    syncs = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda dev=None: syncs.append(dev))
+    fake, sent = _fake("cuda")
+    worker.CandidateProcess.send(fake, ("round", 5, True))  # no tensors: a timed round's start
+    worker.CandidateProcess.send(fake, ("ack",))
+    assert syncs == [] and len(sent) == 2
+    worker.CandidateProcess.send(fake, ("load", {"w": torch.zeros(2)}))
+    worker.CandidateProcess.send(fake, ("run", [1.0, [torch.zeros(1)]], "train", False, False))
+    assert len(syncs) == 2 and len(sent) == 4
+    fake_cpu, _ = _fake("cpu")
+    worker.CandidateProcess.send(fake_cpu, ("load", {"w": torch.zeros(2)}))
+    assert len(syncs) == 2
