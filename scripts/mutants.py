@@ -263,6 +263,11 @@ MUTANTS: list[Mutant] = [
            ("tests/test_gpulock.py::test_verification_judge_yields_the_cpu_to_timings",),
            "verifications compete with a parallel problem's timing for the CPU and slow its "
            "wall-clock bound (a 2.69 ms matmul timed 3.06 ms)"),
+    Mutant("judge-reuses-ipc-storages", "harness/worker.py",
+           "        if self.dev.type == \"cuda\":\n            _fresh_ipc()\n", "",
+           ("tests/test_ipc.py",),
+           "the judge reads a candidate's CUDA tensors without waiting for the work that made them "
+           "(an honest kernel failed 'changed its parameter gemm.weight' on the H200)"),
     Mutant("roofline-bmm-counted-once", "harness/roofline.py",
            "            self.cnt.counted_flops += delta\n",
            "            delta = delta / 2 if name == \"bmm\" else delta\n            self.cnt.counted_flops += delta\n",
