@@ -2,7 +2,8 @@
 
 planner: capture, count, roofline, fusion groups (codegen.fusion) with the principles behind
 them. algorithm_designer: emit the fused ModelNew; on a failed verification back out the group
-the error names (or the newest one), on a regression the group with the least expected saving.
+the error names (or the newest one; with more than HALVE_ABOVE groups and no culprit named, the
+half expected to save least), on a regression the group with the least expected saving.
 tiler / memory_optimizer: launch configurations from knowledge/heuristics.py; on a GPU the
 tiler measures a pruned shortlist (policies.search), also for a stage-1 kernel candidate that
 lost to the reference by less than NEAR_MISS; the memory optimizer tries pipelining depth,
@@ -30,6 +31,11 @@ from state import (Analysis, EggState, FusionGroup, KernelConfig, OpRecord, Plan
 PIPELINE_PRINCIPLE = "mem-pipelining"
 #: a verified stage-1 kernel candidate at most this much slower than the best is still tuned
 NEAR_MISS = 1.10
+#: a failed verification that names no group (a deep net's accumulated rounding, an output off
+#: somewhere) backs out half of the live groups when more than this many are live, not one: on
+#: the H200 ResNet-101 fused 26 groups, failed "lower precision than eager" and backed out one
+#: group per 60-70 s verification until its budget ran out; halving needs log2(26) ~ 5 at most
+HALVE_ABOVE = 4
 LAYOUT_PRINCIPLE = "mem-conv-channels-last"
 KIND_PRINCIPLES = {
     "pointwise": ["alg-fuse-pointwise-chain", "alg-fp32-accumulate"],
@@ -245,6 +251,23 @@ def _memory_outside_candidate(ver) -> bool:
 _STATE_NAMED = re.compile(r"\b(buffer|parameter) ([A-Za-z_][\w.]*)")
 
 
+def _expected_saving(g) -> float:
+    """A group's expected saving: microseconds when estimated, else bytes of traffic."""
+    v = g.est_us_saved if g.est_us_saved is not None else g.est_bytes_saved
+    return float(v or 0.0)
+
+
+def _least_saving_half(groups: list) -> list[str]:
+    """The ids of the half of ``groups`` (rounded down) expected to save least (ties: the
+    newest first)."""
+    order = sorted(range(len(groups)), key=lambda i: (_expected_saving(groups[i]), -i))
+    return [groups[i].id for i in sorted(order[:len(groups) // 2])]
+
+
+def _names(ids: list[str], most: int = 6) -> str:
+    return ", ".join(ids[:most]) + (f" and {len(ids) - most} more" if len(ids) > most else "")
+
+
 def _state_owner(state: EggState, disabled: list[str], live: set[str], reason: str
                  ) -> tuple[str, str] | None:
     """(group, what) for a failure that names one of Model's parameters or buffers: the live
@@ -418,15 +441,24 @@ class ExpertPolicy:
                 victim, how = owner[0], f"computes the {owner[1]} named in the error"
             elif ver.category == "precision" and products:
                 # only a matrix product changes how products round (3xTF32, alg-matmul-epilogue)
+                if len(products) > HALVE_ABOVE:
+                    half = _least_saving_half([g for g in enabled if g.kind == "matmul"])
+                    return disabled + half, (f"back out {_names(half)} (half of {len(products)} "
+                                             f"matrix products, after a precision failure) after: "
+                                             f"{ver.reason[:160]}")
                 victim, how = products[-1], "a matrix product, after a precision failure"
+            elif len(enabled) > HALVE_ABOVE:
+                half = _least_saving_half(enabled)
+                return disabled + half, (f"back out {_names(half)} (the half of {len(enabled)} groups "
+                                         f"expected to save least: the error names none) after: "
+                                         f"{ver.reason[:160]}")
             else:
                 victim, how = newest, "the newest group (the error names none)"
             return disabled + [victim], f"back out {victim} ({how}) after: {ver.reason[:160]}"
         tim = state.timing(last.id)
         if tim is not None and tim.verdict == "regressed":
             if enabled:
-                victim = min(enabled, key=lambda g: (g.est_us_saved if g.est_us_saved is not None
-                                                     else g.est_bytes_saved)).id
+                victim = min(enabled, key=_expected_saving).id
             else:
                 victim = newest
             return disabled + [victim], f"back out {victim} (least expected saving) after a regression"

@@ -302,3 +302,35 @@ def test_a_failure_naming_a_buffer_backs_out_the_group_that_computes_it(write_pr
     for reason in ("trial 1 (train): output 0: max abs error 0.5", "buffer nowhere.x differs"):
         disabled, why = backout(reason)
         assert disabled == [groups[-1].id] and "newest" in why
+
+
+def test_unnamed_failure_among_many_groups_backs_out_half(write_problem):
+    """A failure that names no group backs out the half of the live groups expected to save least
+    when more than HALVE_ABOVE are live (ResNet-101 on the H200: 26 groups, one backed out per
+    60-70 s verification until the budget ran out), then one at a time; a named group still
+    goes alone."""
+    from policies import expert
+    from policies.expert import ExpertPolicy
+    from state import Candidate, VerificationRecord
+
+    fwd = "x):\n" + "        x = torch.softmax(x, dim=-1).transpose(0, 1) * 2.0\n" * 7 + "        return x\n"
+    st = _planned_state(write_problem, fwd, "[torch.randn(64, 64)]", "        pass\n", "many")
+    groups = [g for g in st.plan.groups if g.kind != "library"]
+    assert len(groups) == 8 > expert.HALVE_ABOVE
+    saving = {g.id: expert._expected_saving(g) for g in groups}
+
+    def fail(disabled, reason, category="mismatch"):
+        cand = Candidate(id="c1", stage="algorithm", author="algorithm_designer", source="x",
+                         disabled_groups=disabled)
+        ver = VerificationRecord(candidate_id="c1", passed=False, category=category, reason=reason)
+        return ExpertPolicy()._backout(st.model_copy(update={"candidates": [cand], "verifications": [ver]}),
+                                       "algorithm")
+
+    disabled, why = fail([], "trial 3 (eval): output 0: max abs error 0.01 exceeds atol")
+    assert len(disabled) == 4 and "half of 8" in why
+    kept = [g for g in saving if g not in disabled]
+    assert max(saving[g] for g in disabled) <= min(saving[g] for g in kept)  # the least-saving half
+    again, why = fail(disabled, "trial 3 (eval): output 0: max abs error 0.01 exceeds atol")
+    assert again == disabled + [kept[-1]] and "newest" in why  # 4 live: one at a time
+    named, _ = fail([], f"trial 1 (train): output 0 of _egg_k_{groups[2].id} is wrong")
+    assert named == [groups[2].id]
