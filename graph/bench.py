@@ -58,6 +58,10 @@ PROBLEM_TIMEOUT_S = 900.0
 #: starts no new search and reports its best verified candidate, the rest is for that last
 #: verification and timing
 RUN_TIME_SHARE = 0.8
+#: the baselines of a run that timed nothing end this long before the problem's limit, and are
+#: not started with less than MIN_BASELINE_S left
+BASELINE_MARGIN_S = 10.0
+MIN_BASELINE_S = 20.0
 #: names of the problems queued to run alone (kept so that a resumed suite starts them alone)
 ALONE_FILE = "run_alone.txt"
 #: exit status of ``egg bench`` when no problem of the suite has a correct answer
@@ -158,7 +162,12 @@ def run_one(path: pathlib.Path, name: str, out_dir: pathlib.Path, settings: Sett
             _fill(rec, rep)
             _spreads(rec, st)
             if not rec["interpreter"] and rec["eager_ms"] is None:
-                _baselines_only(rec, run.dir, settings)
+                # the problem's limit is the run's budget / RUN_TIME_SHARE (start_suite): the
+                # baselines after a run that timed nothing end before it, so the record (the
+                # reference is the answer: correct) is written, not lost to the kill
+                end = t0 + settings.time_limit_s / RUN_TIME_SHARE - BASELINE_MARGIN_S \
+                    if settings.time_limit_s else None
+                _baselines_only(rec, run.dir, settings, end)
     except ProblemError as e:
         rec["failure"] = str(e)
     except LLMError:
@@ -227,17 +236,28 @@ def _spreads(rec: dict, st) -> None:
         rec.update(egg_p20_ms=t.p20_ms, egg_p80_ms=t.p80_ms)
 
 
-def _baselines_only(rec: dict, run_dir: pathlib.Path, settings: Settings) -> None:
+def _baselines_only(rec: dict, run_dir: pathlib.Path, settings: Settings,
+                    end: float | None = None) -> None:
     """A GPU run that timed nothing (no candidate verified, e.g. nothing to fuse): time eager and
-    torch.compile anyway, so every problem of the suite has both baselines."""
+    torch.compile anyway, so every problem of the suite has both baselines; by ``end`` (a
+    time.time()), else the record says they were cut (ResNet-101 on the H200: its run used its
+    288 s, torch.compile's first call took the problem past its 360 s limit: no record at all)."""
     from harness import profile as P
     from harness import roofline
 
+    def left() -> float:
+        return float("inf") if end is None else end - time.time()
+
+    if left() < MIN_BASELINE_S:
+        rec["failure"] = ((rec["failure"] or "") + f"; baselines: not timed, {max(0, left()):.0f} s "
+                          "left before the problem's time limit")[:600]
+        return
     try:
         problem = (run_dir / "problem.txt").read_text().strip()
-        s = P.ProfileSession(problem, "cuda", settings.timing_rep_ms, settings.profile_timeout_s,
-                             str(run_dir / "logs"))
+        s = P.ProfileSession(problem, "cuda", settings.timing_rep_ms,
+                             min(settings.profile_timeout_s, left()), str(run_dir / "logs"))
         try:
+            s.timeout_s = max(1.0, min(s.timeout_s, left()))
             base = s.baselines()
         finally:
             s.close()

@@ -614,3 +614,36 @@ def _alive(pid: int) -> bool:
         return pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def test_baselines_after_a_run_that_timed_nothing_respect_the_problem_limit(tmp_path, monkeypatch):
+    """A GPU run that verified nothing still gets eager and torch.compile timed, but not past the
+    problem's limit: with too little time left the record says so (and keeps the reference's
+    'correct') instead of the whole problem being killed without a record (ResNet-101 on the H200);
+    with time left the session's timeout is what is left."""
+    from harness import profile as P
+
+    (tmp_path / "problem.txt").write_text("p.py")
+    started = []
+
+    class Session:
+        def __init__(self, problem, device, rep_ms, timeout_s, log_dir):
+            started.append(timeout_s)
+            self.timeout_s = timeout_s
+
+        def baselines(self):
+            started.append(self.timeout_s)
+            raise P.ProfileError("profiling process timed out")
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(P, "ProfileSession", Session)
+    rec = {"failure": "", "correct": True, "eager_ms": None}
+    B._baselines_only(rec, tmp_path, Settings(device="cuda"), time.time() + 5)
+    assert started == [] and rec["correct"] and rec["eager_ms"] is None
+    assert "baselines: not timed" in rec["failure"] and "time limit" in rec["failure"]
+    rec = {"failure": "", "correct": True, "eager_ms": None}
+    B._baselines_only(rec, tmp_path, Settings(device="cuda"), time.time() + 100)
+    assert len(started) == 2 and all(50 < t <= 100 for t in started)
+    assert "timed out" in rec["failure"] and rec["correct"]
