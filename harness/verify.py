@@ -90,4 +90,9 @@ def verify(problem_path: str, candidate_path: str, *, device: str = "cpu", trial
                 "wall_s": time.time() - t0}
     res.pop("nonce", None)
     res["checks"] = checks + res.get("checks", [])
+    # where the seconds went: the judge's process start, then its own steps (worker.judge)
+    start = res.pop("started_at", None)
+    lag = round(start - t0, 3) if isinstance(start, (int, float)) else 0.0
+    res["phases"] = {"judge_started": lag, **{k: round(v + lag, 3) for k, v in res.get("phases", {}).items()},
+                     "done": round(time.time() - t0, 3)}
     return {**base, **res}

@@ -705,7 +705,12 @@ def judge(req: dict, chan) -> None:
     t_start = time.time()
     result = {"passed": False, "reason": "", "category": "", "trials": 0, "checks": [],
               "outputs": [], "flags": [], "launches": 0, "device": req["device"],
-              "trial_log": [], "sandbox": [], "sandbox_notes": []}
+              "trial_log": [], "sandbox": [], "sandbox_notes": [], "started_at": t_start, "phases": {}}
+    phases = result["phases"]  # seconds since the judge started, at the end of each step
+
+    def mark(step: str) -> None:
+        phases[step] = round(time.time() - t_start, 3)
+
     cand = None
     try:
         dev = _device(req["device"])
@@ -717,12 +722,14 @@ def judge(req: dict, chan) -> None:
         init_seed = secrets.randbits(62)
         with gpulock.hold("shared", _verify_lock(dev)):
             model = _build(prob, init, init_seed, dev)
+        mark("model")
         source = req["candidate_source"]
         result["candidate_sha256"] = hashlib.sha256(source.encode()).hexdigest()
         cand = CandidateProcess(source, req["candidate"], dev, init, init_seed, mem,
                                 _device_limit(req, dev), deadline, req.get("sandbox_mode"))
         cand.enter(result)
         msg = cand.expect("ready", "loading the candidate")
+        mark("candidate_ready")
         kmap = _key_map(model, msg[1], result)
         _check_same_init(model, msg[1], kmap)
         result["checks"].append("parameters")
@@ -732,7 +739,9 @@ def judge(req: dict, chan) -> None:
         msg = cand.expect("loaded", "load_state_dict")
         prev = _check_state(model, msg[1], kmap, {}, None, tol, "after load_state_dict")
         result["checks"].append("random-state")
+        mark("state_loaded")
         _run_trials(req, result, model, cand, kmap, prob, dev, tol, deadline, prev)
+        mark("trials")
         result["checks"].append("memory-limit" if mem else "no-memory-limit")
         if dev.type == "cuda":
             result["checks"].append("poisoned-memory")
@@ -789,6 +798,7 @@ def _run_trials(req, result, model, cand, kmap, prob, dev, tol, deadline, prev: 
     for tr in plan:
         # GPU work of a trial holds the lock shared (egg bench --jobs N): a timing of another
         # problem waits for one trial, not for this whole verification and its process starts
+        trial_t0 = time.time()
         with gpulock.hold("shared", lock):
             # the last trial's tensors go before this one's are made (peak memory: one trial's, not two)
             ref = got = priv = before = checks = xs = base = more = opts = first = None  # noqa: F841
@@ -870,7 +880,7 @@ def _run_trials(req, result, model, cand, kmap, prob, dev, tol, deadline, prev: 
                 if msg[0] == "error":
                     raise _Verdict(_cand_category(msg[1]), f"{where}: {msg[2]}")
                 if msg[0] == "raised" and expect:
-                    entry["note"] = f"raised as Model does ({raised})"
+                    entry.update(note=f"raised as Model does ({raised})", s=round(time.time() - trial_t0, 3))
                     result["trial_log"].append(entry)
                     prev = _resync(model, cand, kmap, tol, where)
                     continue
@@ -916,9 +926,10 @@ def _run_trials(req, result, model, cand, kmap, prob, dev, tol, deadline, prev: 
                 prev = _check_state(model, cstate, kmap, before, prev, tol, where,
                                     _state_door(m64, model, before, priv, tr.mode))
             except _Verdict as v:
-                entry.update(passed=False, note=v.reason)
+                entry.update(passed=False, note=v.reason, s=round(time.time() - trial_t0, 3))
                 result["trial_log"].append(entry)
                 raise
+            entry["s"] = round(time.time() - trial_t0, 3)  # the reference's call, the candidate's, the checks
             result["trial_log"].append(entry)
             result["trials"] = len(result["trial_log"])
             ran.update({"train-eval"} if tr.mode == "eval" else set())

@@ -22,7 +22,7 @@ def verification_evidence(v: VerificationRecord) -> dict:
             "reason": v.reason, "trials": v.trials, "device": v.device, "wall_s": v.wall_s,
             "checks": list(v.checks), "sandbox": list(v.sandbox), "flags": list(v.flags),
             "outputs": [o.model_dump() for o in v.outputs],
-            "trial_log": [t.model_dump() for t in v.trial_log]}
+            "trial_log": [t.model_dump() for t in v.trial_log], "phases": dict(v.phases)}
 
 
 def stage_outcome(state: EggState, stage: str) -> str:
@@ -124,6 +124,22 @@ def tuning_summary(state: EggState) -> dict:
     return out
 
 
+#: the verification's steps (worker.judge), in order, as VerificationRecord.phases names their ends
+_PHASES = ("judge_started", "model", "candidate_ready", "state_loaded", "trials")
+
+
+def _verification_seconds(ver: dict) -> str:
+    """'62.3 s = 4.1 + 2.0 + 9.1 + 0.8 + 45.9 (trial 8.1)': a verification's seconds per step."""
+    ph = ver.get("phases") or {}
+    if "done" not in ph:
+        return ""
+    ends = [ph[k] for k in _PHASES if k in ph]
+    steps = [b - a for a, b in zip([0.0] + ends, ends)]
+    slow = max((t.get("s", 0.0) for t in ver.get("trial_log", [])), default=0.0)
+    return (f"{ph['done']:.1f} s = " + " + ".join(f"{x:.1f}" for x in steps)
+            + (f" (trial {slow:.1f})" if slow else ""))
+
+
 def report_markdown(rep: dict) -> str:
     if rep.get("status") == "error":
         return f"# EGG run: error\n\n{rep['error']}\n"
@@ -161,6 +177,12 @@ def report_markdown(rep: dict) -> str:
                   + (f" in {tu['timing_s']:g} s: {tu.get('start_s', 0):g} s starting candidate processes, "
                      f"{tu.get('lock_wait_s', 0):g} s waiting for the GPU lock" if tu.get("timing_s") else "")
                   + ")."]
+    spent = [(c["id"], _verification_seconds(c["verification"])) for c in rep["candidates"]
+             if c.get("verification")]
+    if any(v for _, v in spent):
+        lines += ["", "Verification seconds (judge process start, Model built, candidate process and "
+                  "ModelNew, random state loaded, trials; slowest trial): "
+                  + "; ".join(f"{cid} {v}" for cid, v in spent if v) + "."]
     lines += ["", "## Stages", ""]
     for s, ctx in rep["stages"].items():
         decisions = "; ".join(d for d in ctx.get("decisions", [])[:4])

@@ -38,6 +38,7 @@ def verifier(state: EggState, runtime: Runtime[Settings]) -> dict:
         checks=res.get("checks", []), outputs=[OutputError(**o) for o in res.get("outputs", [])],
         wall_s=float(res.get("wall_s", 0.0)), flags=flags,
         trial_log=[TrialRecord(**t) for t in res.get("trial_log", [])],
+        phases={k: float(v) for k, v in (res.get("phases") or {}).items()},
         sandbox=list(res.get("sandbox", [])), candidate_sha256=res.get("candidate_sha256", ""))
     update = {"verifications": [rec]}
     if not rec.passed:

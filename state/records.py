@@ -186,6 +186,8 @@ class TrialRecord(BaseModel):
     passed: bool = True
     max_abs: float = 0.0
     note: str = ""
+    s: float = Field(0.0, description="seconds the trial took in the judge (the reference's call, "
+                     "the candidate's, the checks)")
 
 
 class VerificationRecord(BaseModel):
@@ -200,6 +202,10 @@ class VerificationRecord(BaseModel):
     wall_s: float = 0.0
     flags: list[str] = Field(default_factory=list)
     trial_log: list[TrialRecord] = Field(default_factory=list, description="one entry per trial")
+    phases: dict[str, float] = Field(default_factory=dict, description="seconds after the verification "
+                                     "started at which each step ended: judge_started (its process "
+                                     "up), model (Model built), candidate_ready (the candidate's "
+                                     "process started and ModelNew built), state_loaded, trials, done")
     candidate_sha256: str = Field("", description="hash of the candidate text that was verified "
                                   "(the timing judge refuses another)")
     sandbox: list[str] = Field(default_factory=list,

@@ -105,3 +105,29 @@ def test_a_candidate_that_launches_no_kernel_is_flagged(tmp_path):
         quiet, honest = pool.map(node, ("quiet", "honest"), (NO_LAUNCH, LAUNCH))
     assert quiet.passed and honest.passed, (quiet.reason, honest.reason)
     assert FLAG in quiet.flags and FLAG not in honest.flags
+
+
+def test_a_verification_says_where_its_seconds_went(tmp_path):
+    """The verdict's phases (judge process up, Model built, candidate process ready, state
+    loaded, trials, done) are in order and add up to the whole; each trial has its seconds; the
+    report renders them (on the H200 one verification took 76 s and nothing said where)."""
+    from harness.verify import verify
+    from nodes.reporter import _verification_seconds
+    from state import TrialRecord, VerificationRecord
+
+    (tmp_path / "p.py").write_text(PROBLEM)
+    (tmp_path / "c.py").write_text("import torch\nimport torch.nn as nn\n\n\nclass ModelNew(nn.Module):\n"
+                                   "    def forward(self, x):\n        return torch.relu(x) * 2.0\n")
+    res = verify(str(tmp_path / "p.py"), str(tmp_path / "c.py"), device="cpu", trials=3, timeout_s=300)
+    assert res["passed"], res["reason"]
+    ph = res["phases"]
+    order = ["judge_started", "model", "candidate_ready", "state_loaded", "trials", "done"]
+    assert list(ph) == order
+    assert all(ph[a] <= ph[b] for a, b in zip(order, order[1:])) and ph["judge_started"] > 0
+    assert ph["candidate_ready"] - ph["model"] > 0.5  # a process start: python, torch, the sandbox
+    assert all(t["s"] > 0 for t in res["trial_log"])
+    assert sum(t["s"] for t in res["trial_log"]) <= ph["trials"] - ph["state_loaded"] + 0.01
+    rec = VerificationRecord(candidate_id="c1", passed=True, phases=ph,
+                             trial_log=[TrialRecord(**t) for t in res["trial_log"]])
+    text = _verification_seconds(rec.model_dump())
+    assert text.startswith(f"{ph['done']:.1f} s = ") and text.count("+") == 4 and "(trial " in text
