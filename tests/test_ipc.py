@@ -56,3 +56,27 @@ def test_send_synchronizes_before_tensors_only(monkeypatch):
     fake_cpu, _ = _fake("cpu")
     worker.CandidateProcess.send(fake_cpu, ("load", {"w": torch.zeros(2)}))
     assert len(syncs) == 2
+
+
+def test_same_compares_large_tensors_in_chunks_with_the_same_verdict(monkeypatch):
+    """worker._same (inputs unchanged, parameters unchanged) compares large tensors chunk by chunk
+    (whole 8.6 GB inputs ran the judge out of device memory on the H200) and says what the
+    whole comparison says: a difference in the last chunk, NaN against NaN, another shape."""
+    monkeypatch.setattr(worker, "SAME_CHUNK", 16)
+    a = torch.randn(10, 10)
+    assert worker._same(a, a.clone())
+    b = a.clone()
+    b[-1, -1] += 1.0  # in the last, partial chunk
+    assert not worker._same(a, b)
+    a[3, 3] = b[3, 3] = float("nan")
+    b[-1, -1] = a[-1, -1]
+    assert worker._same(a, b)
+    b[5, 5] = float("nan")  # NaN where a has a number
+    assert not worker._same(a, b)
+    assert not worker._same(a, a.clone().reshape(100))
+    t = a.t()  # not contiguous: compared whole, the same verdicts
+    assert worker._same(t, t.clone()) and not worker._same(t, b.t())
+    ints = torch.arange(100)
+    other = ints.clone()
+    other[99] = 0
+    assert worker._same(ints, ints.clone()) and not worker._same(ints, other)
