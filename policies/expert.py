@@ -433,28 +433,25 @@ class ExpertPolicy:
             # an eval() kernel's group ("eg0", pipeline.EVAL_PREFIX) is not in the plan's records
             named = (m.group(1) if m and (m.group(1) in live or m.group(1).startswith("e")
                                           and m.group(1) not in disabled) else None)
-            products = [g.id for g in enabled if g.kind == "matmul"]
+            products = [g for g in enabled if g.kind == "matmul"]
             owner = None if named else _state_owner(state, disabled, live, ver.reason)
             if named:
-                victim, how = named, "named in the error"
+                victims, how = [named], "named in the error"
             elif owner:
-                victim, how = owner[0], f"computes the {owner[1]} named in the error"
+                victims, how = [owner[0]], f"computes the {owner[1]} named in the error"
             elif ver.category == "precision" and products:
                 # only a matrix product changes how products round (3xTF32, alg-matmul-epilogue)
                 if len(products) > HALVE_ABOVE:
-                    half = _least_saving_half([g for g in enabled if g.kind == "matmul"])
-                    return disabled + half, (f"back out {_names(half)} (half of {len(products)} "
-                                             f"matrix products, after a precision failure) after: "
-                                             f"{ver.reason[:160]}")
-                victim, how = products[-1], "a matrix product, after a precision failure"
+                    victims = _least_saving_half(products)
+                    how = f"half of {len(products)} matrix products, after a precision failure"
+                else:
+                    victims, how = [products[-1].id], "a matrix product, after a precision failure"
             elif len(enabled) > HALVE_ABOVE:
-                half = _least_saving_half(enabled)
-                return disabled + half, (f"back out {_names(half)} (the half of {len(enabled)} groups "
-                                         f"expected to save least: the error names none) after: "
-                                         f"{ver.reason[:160]}")
+                victims = _least_saving_half(enabled)
+                how = f"the half of {len(enabled)} groups expected to save least: the error names none"
             else:
-                victim, how = newest, "the newest group (the error names none)"
-            return disabled + [victim], f"back out {victim} ({how}) after: {ver.reason[:160]}"
+                victims, how = [newest], "the newest group (the error names none)"
+            return disabled + victims, f"back out {_names(victims)} ({how}) after: {ver.reason[:160]}"
         tim = state.timing(last.id)
         if tim is not None and tim.verdict == "regressed":
             if enabled:
