@@ -8,7 +8,7 @@
 # PRE (optional) runs first (at most PRE_MAX s, its output in pre.log); then one slice of
 # scripts/gpu_bench.sh on STATE until END seconds after the call started (30 s kept for the
 # report and the archive). Everything lands in OUT/all.tgz: bench/ (results.jsonl,
-# run_alone.txt, slices.txt, report, runs.tgz), bench/logs, pre.log, smi.txt. To resume in
+# run_alone.txt, slices.txt, report, runs.tgz with the run folders and logs), pre.log, smi.txt. To resume in
 # the next call, unpack it and copy bench/results.jsonl AND bench/run_alone.txt back into STATE
 # (the problems queued to run alone are started alone only if run_alone.txt comes along).
 T0=$(date +%s)
@@ -24,7 +24,6 @@ fi
 LEFT=$(( END - ($(date +%s) - T0) - 30 ))
 if [ "${BENCH:-1}" = 1 ] && [ "$LEFT" -gt 60 ]; then
   bash scripts/gpu_bench.sh "$KB" "$LIST" "$STATE" "$W/bench" "$LEFT" "$JOBS" > "$W/bench.log" 2>&1
-  cp -r "$STATE/logs" "$W/bench/" 2>/dev/null
 fi
 echo "total $(( $(date +%s) - T0 )) s" >> "$W/pre.log"
 tar czf "$OUT/all.tgz" -C "$W" .
