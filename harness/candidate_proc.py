@@ -6,7 +6,13 @@ enters the OS sandbox (harness.sandbox.candidate_process) and reports what held 
 module, torch or the candidate is imported. It
 never imports the problem module: the judge sends the constructor arguments, and the candidate
 file (a private copy the judge wrote into this process's scratch folder, from the source text the
-judge verified) defines ``ModelNew``. It answers the judge's requests on a pipe:
+judge verified) defines ``ModelNew``. The process may start before its candidate exists (a judge
+keeps a spare started: torch imported, the CUDA context open); its first request names it:
+
+- ("candidate", {candidate, label, init, init_seed}): load this file, build ``ModelNew`` with
+  these constructor arguments and seed; reply ("ready", state).
+
+It then answers the judge's requests on a pipe:
 
 - ("load", state): load these parameters and buffers (``load_state_dict``); reply its state;
 - ("inputs", tensors): the buffers the next timed rounds read (new values are written into
@@ -109,7 +115,7 @@ def _is_memory_error(e: BaseException) -> bool:
 
 def _send_failure(conn, e: BaseException, creq: dict, what_ran: str, category: str) -> None:
     """Report an exception of the candidate's code: out of memory, or the given category."""
-    what = _describe_exc(e, traceback.format_exc(), creq["candidate"])
+    what = _describe_exc(e, traceback.format_exc(), creq.get("candidate") or "?")
     if _is_memory_error(e):
         conn.send(("error", "memory", f"{what_ran} ran out of memory ({_limits(creq)}): {what}"))
     else:
@@ -176,6 +182,23 @@ def _build(cls, init: list, seed: int, dev: torch.device):
     return model.to(dev)
 
 
+#: what the judge's ("candidate", ...) message names: the file and the constructor's arguments
+CANDIDATE_KEYS = ("candidate", "label", "init", "init_seed")
+
+
+def _await_candidate(conn, creq: dict) -> bool:
+    """Wait for the judge to name the candidate (the process may have started as a spare); False
+    when the judge ends it first."""
+    try:
+        msg = conn.recv()
+    except EOFError:
+        return False
+    if not (isinstance(msg, tuple) and msg and msg[0] == "candidate"):
+        return False
+    creq.update({k: msg[1][k] for k in CANDIDATE_KEYS})
+    return True
+
+
 def main(conn, creq: dict) -> None:
     """Load, build, then answer the judge's requests until it says quit."""
     try:
@@ -188,6 +211,10 @@ def main(conn, creq: dict) -> None:
     launches = count_triton_launches()
     try:
         _limit_memory(creq, dev)
+        if dev.type == "cuda":  # the context, opened while the judge does other work
+            torch.empty(1, device=dev)
+        if not _await_candidate(conn, creq):
+            return
         mod = load_module(creq["candidate"], "candidate")
         cls = getattr(mod, "ModelNew", None)
         if not isinstance(cls, type) or not issubclass(cls, torch.nn.Module):
@@ -253,7 +280,7 @@ def main(conn, creq: dict) -> None:
             except Exception as e:  # noqa: BLE001 - the reference raises here too: so must we
                 if not expect_raise or _is_memory_error(e):
                     raise
-                conn.send(("raised", _describe_exc(e, traceback.format_exc(), creq["candidate"])))
+                conn.send(("raised", _describe_exc(e, traceback.format_exc(), creq.get("candidate") or "?")))
                 continue
             wall = time.perf_counter() - t0
             safe = [sendable(o) for o in flatten(out)]

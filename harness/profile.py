@@ -38,7 +38,9 @@ class ProfileRejected(ProfileError):
 class ProfileSession:
     def __init__(self, problem_path: str, device: str, rep_ms: float = 200.0,
                  timeout_s: float = 900.0, log_dir: str | None = None, tolerance: dict | None = None,
-                 memory_limit_gb: float = 0.0):
+                 memory_limit_gb: float = 0.0, spare: bool | None = None):
+        """``spare``: keep a candidate process started for the next candidate (default: on a
+        GPU; harness.worker._Spares)."""
         self.device, self.timeout_s = device, timeout_s
         try:
             self.problem_source = pathlib.Path(problem_path).read_text()
@@ -48,6 +50,8 @@ class ProfileSession:
                "timeout_s": timeout_s, "memory_limit_gb": memory_limit_gb}
         if tolerance:
             req["tolerance"] = tolerance
+        if spare is not None:
+            req["spare"] = bool(spare)
         self.proc, self.log = start_child("profile", req, log_dir, stdin=subprocess.PIPE)
         self.baseline: dict | None = None
         self.last_eager: dict | None = None

@@ -1012,9 +1012,6 @@ def candidate_process(conn, creq: dict) -> None:
     tell the judge what held, then load the worker and run the candidate. Nothing the candidate
     wrote has run when the report is sent."""
     refused = ""
-    for k in ("candidate",):  # the sandbox moves the working directory to the scratch folder
-        if creq.get(k):
-            creq[k] = os.path.abspath(creq[k])
     try:
         held, missing = enter(creq.get("sandbox") or {})
     except SandboxError as e:

@@ -133,6 +133,11 @@ def harden_judge() -> None:
 
 
 # ----------------------------------------------------------------------------- the candidate process
+#: how long a spare candidate process may wait for its candidate before a recv gives up on it
+#: (``give`` sets the candidate's own deadline)
+SPARE_WAIT_S = 3600.0
+
+
 class _Verdict(Exception):
     def __init__(self, category: str, reason: str):
         super().__init__(reason)
@@ -158,23 +163,38 @@ def _device_limit(req: dict, dev: torch.device) -> int:
 
 class CandidateProcess:
     """A candidate process of this judge: spawned in a scratch folder of its own holding a private
-    copy of the candidate's source, built with the reference's constructor arguments and seed."""
+    copy of the candidate's source, built with the reference's constructor arguments and seed.
+
+    The process starts before it is told its candidate (``spare``, then ``give``): it enters the
+    sandbox, imports torch and opens its CUDA context while the judge does other work (builds the
+    reference, times another candidate); the candidate's file and constructor arguments follow on
+    the pipe once the sandbox report is read (``enter``). Nothing of a candidate has run in a spare,
+    and a spare is given one candidate only."""
 
     def __init__(self, source: str, label: str, dev: torch.device, init: list, init_seed: int,
                  mem_limit: int, device_limit: int, deadline: float, sandbox_mode: str | None = None):
+        self._spawn(dev, mem_limit, device_limit, deadline, sandbox_mode)
+        self.give(source, label, init, init_seed, deadline)
+
+    @classmethod
+    def spare(cls, dev: torch.device, mem_limit: int, device_limit: int,
+              sandbox_mode: str | None = None) -> "CandidateProcess":
+        """A started candidate process without a candidate yet (``give`` names it)."""
+        self = cls.__new__(cls)
+        self._spawn(dev, mem_limit, device_limit, time.time() + SPARE_WAIT_S, sandbox_mode)
+        return self
+
+    def _spawn(self, dev, mem_limit, device_limit, deadline, sandbox_mode) -> None:
         # the scratch folder and the candidate's identity (harness.sandbox); the candidate file is
         # a private copy there, readable by that identity
         self.plan = sandbox.prepare(str(dev), memory_limit_bytes=mem_limit, mode_override=sandbox_mode)
         self.scratch = self.plan["scratch"]
-        path = os.path.join(self.scratch, "candidate.py")
-        with open(path, "w") as f:
-            f.write(source)
-        os.chmod(path, 0o444)
         self.deadline, self.dev = deadline, dev
+        self.pending: dict | None = None
+        self.given = False
         ctx = mp.get_context("spawn")
         self.conn, child = ctx.Pipe()
-        creq = {"candidate": path, "label": label, "device": str(dev), "init": list(init),
-                "init_seed": init_seed, "memory_limit_bytes": mem_limit if dev.type == "cpu" else 0,
+        creq = {"device": str(dev), "memory_limit_bytes": mem_limit if dev.type == "cpu" else 0,
                 "device_memory_limit_bytes": device_limit, "sandbox": self.plan}
         # the candidate process starts in sandbox.candidate_process: it enters the OS sandbox
         # before torch or the candidate is imported, reports what held, then runs candidate_proc
@@ -183,12 +203,28 @@ class CandidateProcess:
         child.close()
         self.watch = _Watch(self.conn, self.proc, deadline, mem_limit)
 
+    def give(self, source: str, label: str, init: list, init_seed: int, deadline: float) -> None:
+        """Name this process's candidate (sent by ``enter``, after the sandbox report)."""
+        if self.given:
+            raise RuntimeError("a candidate process is given one candidate only")
+        self.given = True
+        path = os.path.abspath(os.path.join(self.scratch, "candidate.py"))
+        with open(path, "x") as f:
+            f.write(source)
+        os.chmod(path, 0o444)
+        self.deadline = self.watch.deadline = deadline
+        self.pending = {"candidate": path, "label": label, "init": list(init), "init_seed": init_seed}
+
     def enter(self, result: dict) -> None:
         """The sandbox report (the first message, sent before any candidate code ran) into
-        ``result``; strict mode's refusal is a verdict."""
+        ``result``; strict mode's refusal is a verdict. Then the candidate goes to the process."""
+        if self.pending is None:
+            raise RuntimeError("enter() before give(): the process has no candidate")
         refused = sandbox.report(self.recv("entering the sandbox"), result, self.plan)
         if refused:
             raise _Verdict("harness", refused)
+        self.conn.send(("candidate", self.pending))
+        self.pending = None
 
     def send(self, msg) -> None:
         if self.dev.type == "cuda" and _carries_tensor(msg):
@@ -736,13 +772,15 @@ def judge(req: dict, chan) -> None:
         prob = load_problem(req["problem"])
         init = prob.init_inputs()
         init_seed = secrets.randbits(62)
+        # the candidate's process starts now (torch imported, CUDA opened, no candidate yet) and
+        # is told its candidate once the reference is built
+        cand = CandidateProcess.spare(dev, mem, _device_limit(req, dev), req.get("sandbox_mode"))
         with gpulock.hold("shared", _verify_lock(dev)):
             model = _build(prob, init, init_seed, dev)
         mark("model")
         source = req["candidate_source"]
         result["candidate_sha256"] = hashlib.sha256(source.encode()).hexdigest()
-        cand = CandidateProcess(source, req["candidate"], dev, init, init_seed, mem,
-                                _device_limit(req, dev), deadline, req.get("sandbox_mode"))
+        cand.give(source, req["candidate"], init, init_seed, deadline)
         cand.enter(result)
         msg = cand.expect("ready", "loading the candidate")
         mark("candidate_ready")
@@ -1174,6 +1212,37 @@ class _Timer:
             raise _Verdict("mismatch", f"timed calls are wrong: {why}")
 
 
+class _Spares:
+    """The timing judge's spare candidate process: each candidate takes the started spare and the
+    next one starts at once, so that a candidate's process start (interpreter, torch, the sandbox,
+    the CUDA context: 4-5 s of a 10 s tiler timing on the H200) overlaps the timing before it."""
+
+    def __init__(self, dev: torch.device, mem: int, device_limit: int, keep: bool):
+        self.dev, self.mem, self.device_limit, self.keep = dev, mem, device_limit, keep
+        self.spare: CandidateProcess | None = None
+
+    def _start(self) -> CandidateProcess:
+        return CandidateProcess.spare(self.dev, self.mem, self.device_limit)
+
+    def take(self) -> tuple[CandidateProcess, bool]:
+        """A process for the next candidate and whether it was started before it was asked for
+        (a spare that died, e.g. killed by the candidate timed before it, is replaced)."""
+        c, self.spare = self.spare, None
+        started = c is not None and c.proc.is_alive()
+        if not started:
+            if c is not None:
+                c.close(everything=False)
+            c = self._start()
+        if self.keep:
+            self.spare = self._start()
+        return c, started
+
+    def close(self) -> None:
+        if self.spare is not None:
+            self.spare.close(everything=False)
+            self.spare = None
+
+
 def profile_server(req: dict, chan, stdin) -> None:
     """The timing judge: eager, torch.compile and candidates timed on the same values; candidate
     code only ever runs in candidate processes of its own (harness.candidate_proc)."""
@@ -1196,6 +1265,8 @@ def profile_server(req: dict, chan, stdin) -> None:
     timer = _Timer(prob, init, seed, dev, float(req.get("rep_ms", 200)), tol)
     mem = memory_limit_bytes(req.get("memory_limit_gb"))
     cache: OrderedDict = OrderedDict()
+    # a started candidate process waits for the next candidate (on a GPU, or when asked)
+    spares = _Spares(dev, mem, _device_limit(req, dev), bool(req.get("spare", dev.type == "cuda")))
 
     def reply(obj: dict) -> None:
         chan.write(json.dumps(obj) + "\n")
@@ -1223,14 +1294,15 @@ def profile_server(req: dict, chan, stdin) -> None:
                         continue
                     cand = cache.pop(sha, None)
                     t0, waited0 = time.time(), gpulock.waited_s()
+                    prestarted = False
                     if cand is None or not cand.proc.is_alive():
                         while len(cache) >= PROFILE_CACHE:
                             cache.popitem(last=False)[1].close(everything=False)
                             if dev.type == "cuda":
                                 torch.cuda.empty_cache()
                         deadline = time.time() + float(req.get("timeout_s", 900))
-                        cand = CandidateProcess(source, r["path"], dev, init, seed, mem,
-                                                _device_limit(req, dev), deadline)
+                        cand, prestarted = spares.take()
+                        cand.give(source, r["path"], init, seed, deadline)
                         cand.enter({})
                         msg = cand.expect("ready", "loading the candidate")
                         kmap = _key_map(timer.model, msg[1], {"flags": []})
@@ -1241,7 +1313,8 @@ def profile_server(req: dict, chan, stdin) -> None:
                     res = timer.time_candidate(cand)
                     # where a timing's wall time went (the tiler's cost, shown in its stats)
                     res["candidate"].update(start_s=round(start_s, 3), call_s=round(time.time() - t0, 3),
-                                            lock_wait_s=round(gpulock.waited_s() - waited0, 3))
+                                            lock_wait_s=round(gpulock.waited_s() - waited0, 3),
+                                            prestarted=prestarted)
                     reply({"ok": True, "sha256": sha, **res})
                 else:
                     reply({"ok": False, "error": f"unknown op {r['op']}"})
@@ -1255,4 +1328,5 @@ def profile_server(req: dict, chan, stdin) -> None:
     finally:
         for c in cache.values():
             c.close(everything=False)
+        spares.close()
         sandbox.cleanup(None)  # whatever any candidate of this judge left: descendants, orphans

@@ -300,3 +300,28 @@ def test_a_message_the_candidate_process_cannot_open_is_its_reported_failure():
         assert "receiving the judge's tensors raised ZeroDivisionError" in str(e.value), e.value
     finally:
         cand.close()
+
+
+def test_a_spare_candidate_process_takes_one_candidate_after_its_sandbox_report():
+    """A spare is started without a candidate; the candidate goes to it after the sandbox report
+    (``enter``), once: a second ``give`` and an ``enter`` before ``give`` are errors."""
+    import time
+
+    import torch
+
+    from harness import worker as W
+
+    src = "import torch.nn as nn\n\n\nclass ModelNew(nn.Module):\n    def forward(self, x):\n        return x\n"
+    cand = W.CandidateProcess.spare(torch.device("cpu"), 0, 0)
+    try:
+        with pytest.raises(RuntimeError, match="before give"):
+            cand.enter({})
+        cand.give(src, "echo", [], 0, time.time() + 120)
+        with pytest.raises(RuntimeError, match="one candidate only"):
+            cand.give(src, "echo", [], 0, time.time() + 120)
+        result = {}
+        cand.enter(result)
+        assert "sandbox" in result
+        assert cand.expect("ready", "loading the candidate")[1] == {}
+    finally:
+        cand.close()

@@ -199,3 +199,79 @@ def test_calls_batched_two_at_a_time_are_rejected(session, tmp_path):
         for _ in range(4):
             session.time_candidate(str(path))
     assert e.value.category in ("mismatch", "cheat"), e.value
+
+
+# ----------------------------------------------------------------------------- the spare process
+KILLS_SIBLINGS = '''import os
+import signal
+
+import torch.nn as nn
+
+
+def _siblings():
+    me, parent = os.getpid(), os.getppid()
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == me:
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                cmd = f.read()
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == parent and b"multiprocessing" in cmd:
+            yield int(name)
+
+
+class ModelNew(nn.Module):
+    """Right, and it kills the other candidate processes of its judge (the spare among them)."""
+
+    def forward(self, x):
+        for pid in _siblings():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        return (x * x).sum(dim=-1, keepdim=True)
+'''
+
+
+@pytest.fixture()
+def spare_session():
+    s = P.ProfileSession(str(ROWSUM), "cpu", 20.0, spare=True)
+    yield s
+    s.close()
+
+
+def test_the_next_candidate_runs_in_a_process_started_before_it(spare_session, tmp_path):
+    """With a spare (the default on a GPU), the second candidate's process was started while the
+    first was timed; both are timed as usual."""
+    src = (C.CANDIDATES / "honest_triton_reduction.py").read_text()
+    a, b = tmp_path / "a.py", tmp_path / "b.py"
+    a.write_text(src)
+    b.write_text(src + "\n# another variant\n")
+    ta = spare_session.time_candidate(str(a))
+    tb = spare_session.time_candidate(str(b))
+    assert ta["n"] == tb["n"] == 3
+    assert ta["prestarted"] is False and tb["prestarted"] is True
+
+
+@pytest.mark.parametrize("sandbox", ["auto", "off"])
+def test_a_candidate_that_kills_the_spare_does_not_fail_the_next(sandbox, tmp_path, monkeypatch):
+    """A candidate (past the static check) kills its judge's other candidate processes, the spare
+    among them, while it is timed: the next honest candidate is still timed. Without the sandbox
+    the kill gets through and the next candidate gets a fresh process."""
+    monkeypatch.setenv("EGG_SANDBOX", sandbox)
+    bad, good = tmp_path / "kills.py", tmp_path / "honest.py"
+    bad.write_text(KILLS_SIBLINGS)
+    good.write_text((C.CANDIDATES / "honest_triton_reduction.py").read_text())
+    s = P.ProfileSession(str(ROWSUM), "cpu", 20.0, spare=True)
+    try:
+        s.time_candidate(str(bad), static=False)
+        t = s.time_candidate(str(good))
+    finally:
+        s.close()
+    assert t["n"] == 3 and t["median_ms"] > 0
+    if sandbox == "off":
+        assert t["prestarted"] is False
