@@ -147,15 +147,20 @@ def hold(mode, enabled=True):
             depth[0] -= 1
             events.append(("release", mode, time.time()))
 
-start = worker.CandidateProcess.__init__
+start, give = worker.CandidateProcess._spawn, worker.CandidateProcess.give
 
 def spy(self, *a, **k):
     events.append(("candidate start", depth[0], time.time()))
     start(self, *a, **k)
 
+def spy_give(self, *a, **k):
+    events.append(("candidate given", depth[0], time.time()))
+    give(self, *a, **k)
+
 gpulock.hold = hold
 worker._verify_lock = lambda dev: True  # the GPU's rule, on the CPU
-worker.CandidateProcess.__init__ = spy
+worker.CandidateProcess._spawn = spy
+worker.CandidateProcess.give = spy_give
 problem = sys.argv[1]
 src = pathlib.Path(problem).read_text() + "\\nclass ModelNew(Model):\\n    pass\\n"
 req = {"problem": problem, "candidate": "cand.py", "candidate_source": src, "device": "cpu",
@@ -190,7 +195,8 @@ def test_verification_holds_the_lock_per_trial_not_across_process_starts(tmp_pat
     holds = [e for e in ev if e[0] == "hold"]
     assert all(e[1] == "shared" for e in holds)
     assert len(holds) >= res["verdict"]["trials"] + 1 >= res["plan"] > 1  # one per trial at least
-    assert [e[1] for e in ev if e[0] == "candidate start"] == [0]  # started outside every hold
+    # started (and given its candidate) outside every hold
+    assert [e[1] for e in ev if e[0] in ("candidate start", "candidate given")] == [0, 0]
     depth = 0
     for e in ev:  # released in between: never one hold spanning two trials' holds
         depth += {"hold": 1, "release": -1}.get(e[0], 0)
