@@ -3,7 +3,11 @@
 Each case is a small problem whose generated ModelNew must use the template under test; the
 configurations are forced where a template has several mappings (rows/cols, one-pass/split)."""
 import pytest
+import torch
+import triton
+import triton.language as tl
 
+from knowledge.templates._runtime import _egg_tanh
 from tests.helpers import generated_matches
 
 HEAD = "import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n"
@@ -264,12 +268,6 @@ def test_max_min_of_all_negative_and_all_positive_rows(name, write_problem, tmp_
     assert {g.kind for g in comp.plan.groups} == {EXTREME_KINDS[name]}
 
 
-import triton
-import triton.language as tl
-
-from knowledge.templates._runtime import _egg_tanh
-
-
 @triton.jit
 def _tanh_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
     o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -281,8 +279,6 @@ def test_runtime_tanh_keeps_relative_precision_near_zero():
     """_egg_tanh (the generated kernels' tanh, GELU-tanh and Mish) holds a few ulps of relative
     error from 1e-8 to 20 and for both signs: the exp form alone cancels below |x| ~ 0.3 (1e-4:
     3e-4 relative), which the lower-precision guard catches on small inputs."""
-    import torch
-
     mag = torch.logspace(-8, 1.3, 2000, dtype=torch.float64)
     x = torch.cat([mag, -mag, torch.tensor([0.0, 0.2999, 0.3, 0.3001], dtype=torch.float64)]).float()
     y = torch.empty_like(x)
