@@ -7,6 +7,7 @@ call of its wrapper. Everything not fused stays the torch code it was.
 """
 from __future__ import annotations
 
+import hashlib
 import operator
 import re
 import types
@@ -340,10 +341,57 @@ class _Core:
     folds: dict[str, tuple[str, list[str]]] = field(default_factory=dict)
 
 
-def _emit_core(plan: FusionPlan, configs: dict[str, dict]) -> _Core:
-    """Render every group of the plan and rewrite its graph to call the wrappers (in place)."""
+_JIT_DEF = re.compile(r"^def (\w+)\(", re.M)
+_LOCAL = re.compile(r"\bv_\w+")  # a value computed inside a kernel (emit._stmts)
+
+
+def _canonical(kernel: str) -> tuple[str, list[str]]:
+    """A group's kernel text with its Triton functions' names replaced by placeholders, and
+    those names in order."""
+    names = _JIT_DEF.findall(kernel)
+    for i, n in enumerate(names):
+        kernel = re.sub(rf"\b{re.escape(n)}\b", f"__egg_kernel_{i}__", kernel)
+    # the values a kernel computes are named after the graph's nodes (v_relu_3): local to the
+    # kernel, so numbered in order of appearance they compare two kernels up to renaming
+    local: dict[str, str] = {}
+    kernel = _LOCAL.sub(lambda m: local.setdefault(m.group(0), f"__egg_v{len(local)}__"), kernel)
+    return kernel, names
+
+
+def kernel_key(plan: FusionPlan, g: Group) -> str:
+    """What share_kernels compares a group's kernels by (at the default configuration), as a
+    short hash: groups with one key compile one set of kernels."""
+    spec, _ins, _outs = build_spec(plan, g)
+    r = TEMPLATES[g.kind].render(spec, {}, f"_egg_k_{g.id}", f"_egg_{g.id}")
+    return hashlib.sha256(_canonical(r.kernel)[0].encode()).hexdigest()[:16]
+
+
+def share_kernels(r, seen: dict[str, list[str]]) -> tuple[str, str, list[str]]:
+    """One Triton function per distinct kernel text (principle alg-share-kernels): a group whose
+    kernels are, but for their names, those of a group rendered before calls that group's
+    kernels. Kernels take sizes and strides as arguments, so the repeated blocks of a deep net
+    (ResNet-18: 109 kernels, 29 distinct) compile once per launch configuration instead of once
+    per group, in every candidate process. ``seen`` maps a kernel text with its names replaced
+    by placeholders to the names it was first emitted under. Returns the kernel text to emit
+    ("" when shared), the wrapper calling the kept names, and the names the group launches."""
+    canon, names = _canonical(r.kernel)
+    first = seen.setdefault(canon, names)
+    if first is names:
+        return r.kernel, r.wrapper, names
+    wrapper = r.wrapper
+    for n, f in zip(names, first):
+        wrapper = re.sub(rf"\b{re.escape(n)}\b", f, wrapper)
+    return "", wrapper, list(first)
+
+
+def _emit_core(plan: FusionPlan, configs: dict[str, dict],
+               seen: dict[str, list[str]] | None = None) -> _Core:
+    """Render every group of the plan and rewrite its graph to call the wrappers (in place).
+    ``seen``: the kernels rendered so far (share_kernels), shared by the train() and eval()
+    plans of one file."""
     gm = plan.gm
     graph = gm.graph
+    seen = {} if seen is None else seen
     kernels_src, wrappers_src, kernel_names, infos = [], [], [], []
     rewrites: list[tuple[Group, fx.Node | None, list[fx.Node], list[fx.Node]]] = []
     for g in plan.groups:
@@ -352,12 +400,14 @@ def _emit_core(plan: FusionPlan, configs: dict[str, dict]) -> _Core:
             continue  # nothing of the group is used: dead code
         cfg = configs.get(g.id, {})
         r = TEMPLATES[g.kind].render(spec, cfg, f"_egg_k_{g.id}", f"_egg_{g.id}")
-        kernels_src.append(r.kernel)
-        wrappers_src.append(r.wrapper)
-        kernel_names.append(r.kernel_name)
+        kernel, wrapper, launched = share_kernels(r, seen)
+        if kernel:
+            kernels_src.append(kernel)
+            kernel_names.append(r.kernel_name)
+        wrappers_src.append(wrapper)
         infos.append({"id": g.id, "kind": g.kind, "template": g.template,
                       "nodes": [m.name for m in g.members] + [a.name for a in g.aliases],
-                      "config": r.config})
+                      "config": r.config, "kernels": launched})
         rewrites.append((g, None, ins, outs))
     stubs = {}
     order = {n: i for i, n in enumerate(graph.nodes)}
@@ -538,9 +588,10 @@ def emit_model(problem_source: str, plan: FusionPlan, configs: dict[str, dict] |
     its guards, and the runtime helpers the file calls."""
     configs = configs or {}
     dr = getattr(plan, "dropin", None)
-    core_t = _emit_core(plan, configs)
+    seen: dict[str, list[str]] = {}
+    core_t = _emit_core(plan, configs, seen)
     ev_plan = dr.eval_plan if dr is not None else None
-    core_e = _emit_core(ev_plan, configs) if ev_plan is not None else None
+    core_e = _emit_core(ev_plan, configs, seen) if ev_plan is not None else None
     cores = [c for c in (core_t, core_e) if c is not None]
     if dr is not None and ev_plan is not None:
         _share_constants(plan.gm, ev_plan.gm)

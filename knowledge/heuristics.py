@@ -204,6 +204,10 @@ def linear_ce_config(m: int, n: int, k: int, itemsize: int = 2, sm_count: int = 
 #: level-3 bench's per-problem wall times (docs/capture.md); the interpreter runs kernels program
 #: by program in Python.
 KERNEL_VERIFY_S = {"cuda": 3.0, "cpu": 4.0}
+#: ... and a group whose kernels another group of the candidate already has (codegen.emit.
+#: share_kernels): no compile (the same functions; ~0.4 s a compile of ResNet-18's kernels for
+#: sm_90 on the CPU machine, shared ones cost none), only its launches in every trial
+SHARED_KERNEL_VERIFY_S = {"cuda": 0.5, "cpu": 4.0}
 #: share of the time left that the first stage-1 candidate's kernels may take to verify: the
 #: rest is for its timing, the backing-out of a failed group, and stage 2
 STAGE1_BUDGET_SHARE = 0.3
@@ -211,7 +215,22 @@ STAGE1_BUDGET_SHARE = 0.3
 MIN_BUDGET_GROUPS = 4
 
 
-def stage1_group_budget(seconds_left: float, device: str) -> int:
-    """How many fused groups the first stage-1 candidate of a run with ``seconds_left`` may hold."""
+def stage1_group_budget(seconds_left: float, device: str, kernel_keys: list[str] | None = None) -> int:
+    """How many fused groups the first stage-1 candidate of a run with ``seconds_left`` may hold:
+    the first groups of ``kernel_keys`` (in the order they are kept: largest saving first), a
+    group whose key an earlier one has costing SHARED_KERNEL_VERIFY_S instead of KERNEL_VERIFY_S
+    (an empty key is a kernel of its own). Without keys, every group counts as its own."""
     per = KERNEL_VERIFY_S.get(device, KERNEL_VERIFY_S["cuda"])
-    return max(MIN_BUDGET_GROUPS, int(STAGE1_BUDGET_SHARE * max(0.0, seconds_left) / per))
+    shared = SHARED_KERNEL_VERIFY_S.get(device, SHARED_KERNEL_VERIFY_S["cuda"])
+    budget = STAGE1_BUDGET_SHARE * max(0.0, seconds_left)
+    if kernel_keys is None:
+        return max(MIN_BUDGET_GROUPS, int(budget / per))
+    seen: set[str] = set()
+    n, spent = 0, 0.0
+    for key in kernel_keys:
+        cost = shared if key and key in seen else per
+        if n >= MIN_BUDGET_GROUPS and spent + cost > budget:
+            break
+        n, spent = n + 1, spent + cost
+        seen.add(key)
+    return n

@@ -162,6 +162,15 @@ def benefit(g) -> tuple:
     return (saved or 0.0, g.est_ms or 0.0)
 
 
+def _kernel_key(fplan, g) -> str:
+    from codegen.emit import kernel_key
+
+    try:
+        return kernel_key(fplan, g)
+    except Exception:  # noqa: BLE001 - a group its template cannot render here counts as its own
+        return ""
+
+
 def budget_deferred(state: EggState, settings: Settings, off: set[str]) -> tuple[set[str], str]:
     """Groups the first stage-1 candidate leaves out so that its verification fits the run's
     time budget (knowledge.heuristics.stage1_group_budget): the groups with the largest expected
@@ -170,10 +179,10 @@ def budget_deferred(state: EggState, settings: Settings, off: set[str]) -> tuple
     groups = [g for g in state.plan.groups if g.kind != "library" and g.id not in off]
     if left is None:
         return set(), ""
-    n = H.stage1_group_budget(left, state.hardware.device)
+    ranked = sorted(groups, key=benefit, reverse=True)
+    n = H.stage1_group_budget(left, state.hardware.device, [g.kernel_key for g in ranked])
     if len(groups) <= n:
         return set(), ""
-    ranked = sorted(groups, key=benefit, reverse=True)
     keep, rest = ranked[:n], ranked[n:]
     total = sum(benefit(g)[0] for g in groups) or 1.0
     kept = sum(benefit(g)[0] for g in keep)
@@ -355,7 +364,7 @@ class ExpertPolicy:
                 principle_ids=group_principles(g), est_bytes_saved=bytes_saved(fplan, g),
                 est_us_saved=us_saved(fplan, g, hw),
                 est_ms=sum(m for m in ms if m) if any(m is not None for m in ms) else None,
-                region=fplan.regions.get(g.members[0], 0)))
+                region=fplan.regions.get(g.members[0], 0), kernel_key=_kernel_key(fplan, g)))
         analysis.regions = region_records(fplan, node_ms, cap)
         measured = measure_regions(state, settings, analysis.regions)
         if measured:
@@ -428,7 +437,10 @@ class ExpertPolicy:
                 return disabled, (f"retry unchanged: the GPU ran out of memory outside the candidate "
                                   f"(another process's memory, not a kernel's fault): {ver.reason[:120]}")
         if ver is not None and not ver.passed:
-            m = re.search(r"_egg_(?:k_)?(e?g\d+t?)", ver.reason)
+            # a group's wrapper (_egg_g3) is its own; its kernel (_egg_k_g3) may serve later
+            # groups with the same body too (emit.share_kernels): the wrapper's name comes first
+            m = (re.search(r"_egg_(e?g\d+t?)\b", ver.reason)
+                 or re.search(r"_egg_k_(e?g\d+t?)", ver.reason))
             live = {g.id for g in enabled} | set(tails)
             # an eval() kernel's group ("eg0", pipeline.EVAL_PREFIX) is not in the plan's records
             named = (m.group(1) if m and (m.group(1) in live or m.group(1).startswith("e")

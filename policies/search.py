@@ -186,6 +186,7 @@ def tile_search(policy, state, settings, base, session=None, checker=None,
     work = pathlib.Path(settings.run_dir or tempfile.mkdtemp(prefix="egg-search-")) / "search"
     work.mkdir(parents=True, exist_ok=True)
     counter = [0]
+    launched: dict[pathlib.Path, dict[str, list[str]]] = {}  # variant -> group -> its kernels
 
     def emit(configs: dict) -> pathlib.Path:
         p2, _, _ = pipeline.analyze(prob, disabled)  # emit_model rewrites the plan's graph
@@ -194,6 +195,7 @@ def tile_search(policy, state, settings, base, session=None, checker=None,
         path = work / f"{state.new_candidate_id()}_v{counter[0]}_{tag}.py"
         counter[0] += 1
         path.write_text(em.source)
+        launched[path] = {i["id"]: i.get("kernels", []) for i in em.groups}
         return path
 
     out_of_time = [False]
@@ -283,7 +285,8 @@ def tile_search(policy, state, settings, base, session=None, checker=None,
             stats["compiled"] += len(variants)
             ok = []
             for (c, p), res in zip(variants, results):
-                kres = [k for k in res.kernels if k.kernel == f"_egg_k_{gid}"]
+                mine = set(launched.get(p, {}).get(gid) or [f"_egg_k_{gid}"])
+                kres = [k for k in res.kernels if k.kernel in mine]
                 good = res.ok if not kres else all(k.ok for k in kres)
                 good = good and res.category not in ("run", "crash", "timeout")
                 if good:

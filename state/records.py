@@ -126,6 +126,8 @@ class FusionGroup(BaseModel):
     est_ms: float | None = Field(
         None, description="eager's time on the group's ops (each at its own roofline)")
     region: int = Field(0, description="the graph region it is in")
+    kernel_key: str = Field("", description="hash of its kernel text but for names (codegen.emit."
+                                            "kernel_key): groups with one key share their kernels")
     enabled: bool = Field(
         True, description="False: turned off at plan review; its ops stay in PyTorch")
 

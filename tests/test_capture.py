@@ -312,6 +312,30 @@ def test_budget_keeps_the_largest_savings_first():
     assert len(more) < len(deferred)
 
 
+def test_budget_counts_shared_kernels_once():
+    """Groups with one kernel key compile one set of kernels (emit.share_kernels): a budget
+    that holds 12 distinct groups holds more groups of a repeated block, and the groups kept
+    are still the largest savings first."""
+    from knowledge import heuristics as H
+    from policies.expert import budget_deferred
+    from state import Settings
+
+    distinct = H.stage1_group_budget(120.0, "cuda", [f"k{i}" for i in range(40)])
+    assert distinct == H.stage1_group_budget(120.0, "cuda") == 12
+    repeated = H.stage1_group_budget(120.0, "cuda", [f"k{i % 3}" for i in range(40)])
+    assert repeated > 2 * distinct
+    assert H.stage1_group_budget(120.0, "cuda", [""] * 40) == distinct  # no key: its own kernel
+    st = _state_with_groups(40)
+    for g in st.plan.groups:
+        g.kernel_key = "" if g.kind == "library" else f"k{int(g.id[1:]) % 3}"
+    deferred, _ = budget_deferred(st, Settings(time_limit_s=60.0), set())
+    alone = H.stage1_group_budget(60.0, "cuda")  # 6 distinct groups
+    assert deferred and 40 - len(deferred) > 2 * alone  # 3 kernels + ~18 repeats
+    kept = [g for g in st.plan.groups if g.kind != "library" and g.id not in deferred]
+    assert all(g.est_us_saved <= min(k.est_us_saved for k in kept)
+               for g in st.plan.groups if g.id in deferred)
+
+
 def test_no_verification_starts_once_the_budget_is_spent(tmp_path):
     """A candidate made just before the time limit is not verified past it: the verifier says
     so at once (a run ends inside its budget with its best verified candidate)."""

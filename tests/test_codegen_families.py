@@ -257,3 +257,73 @@ def test_broadcast_reduction_leaves_long_rows_to_two_kernels(write_problem, tmp_
     plan, _rw, err = pipeline.analyze(load_problem(write_problem(src, "long")))
     assert err is None
     assert sorted(g.kind for g in plan.groups) == ["pointwise", "reduction"]
+
+
+REPEATED_BLOCKS = '''
+import torch, torch.nn as nn
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l1 = nn.Linear(24, 40)
+        self.l2 = nn.Linear(40, 56)
+        self.l3 = nn.Linear(56, 56)
+        self.b1 = nn.Parameter(torch.randn(40))
+        self.b2 = nn.Parameter(torch.randn(56))
+        self.b3 = nn.Parameter(torch.randn(56))
+    def forward(self, x):
+        h = torch.relu(torch.sort(self.l1(x), dim=-1)[0] * 0.5 + self.b1)
+        h = torch.relu(torch.sort(self.l2(h), dim=-1)[0] * 0.5 + self.b2)
+        h = torch.relu(torch.sort(self.l3(h), dim=-1)[0] * 0.25 + self.b3)
+        return h
+def get_inputs():
+    return [torch.randn(33, 24)]
+def get_init_inputs():
+    return []
+'''
+
+
+def test_repeated_blocks_share_their_kernels(write_problem, tmp_path):
+    """Groups whose kernels differ only in names (and the graph's value names) call one Triton
+    function (emit.share_kernels): three linears of other shapes one matmul kernel, the two
+    blocks scaled by 0.5 one pointwise kernel; the block scaled by 0.25 keeps its own. Each
+    block's values stay its own: the module matches Model."""
+    import re
+
+    comp = generated_matches(write_problem(REPEATED_BLOCKS, "blocks"), tmp_path,
+                             launched=("_egg_k_g0", "_egg_k_g1", "_egg_k_g5"))
+    kinds = [(g.id, g.kind) for g in comp.plan.groups]
+    assert kinds == [("g0", "matmul"), ("g1", "pointwise"), ("g2", "matmul"), ("g3", "pointwise"),
+                     ("g4", "matmul"), ("g5", "pointwise")]
+    src = comp.emitted.source
+    defined = set(re.findall(r"@triton.jit\ndef (_egg_k_\w+)", src))
+    assert defined == {"_egg_k_g0", "_egg_k_g0_sum", "_egg_k_g1", "_egg_k_g5"}
+    launched = {i["id"]: i["kernels"] for i in comp.emitted.groups}
+    assert launched["g2"] == launched["g4"] == launched["g0"] and launched["g3"] == ["_egg_k_g1"]
+    assert launched["g5"] == ["_egg_k_g5"]
+    assert comp.emitted.kernels == ["_egg_k_g0", "_egg_k_g1", "_egg_k_g5"]
+    for wrapper, kernel in (("_egg_g3", "_egg_k_g1"), ("_egg_g4", "_egg_k_g0")):
+        body = src[src.index(f"def {wrapper}("):]
+        body = body[:body.index("\ndef ")]
+        assert f"{kernel}[" in body and f"_egg_k_{wrapper[5:]}" not in body
+
+
+def test_kernels_differing_in_more_than_names_are_not_shared():
+    """What share_kernels compares: names of functions and of computed values are not the
+    kernel; a constant, an operand's role or a dtype is."""
+    from codegen.emit import _canonical, share_kernels
+    from knowledge.templates import Rendered
+
+    k = ("@triton.jit\ndef {k}(P0, O0, N, BLOCK: tl.constexpr):\n    x0 = tl.load(P0)\n"
+         "    {v} = x0 * {c}\n    tl.store(O0, {v}.to({t}))\n")
+    a = k.format(k="_egg_k_g1", v="v_mul", c="0.5", t="tl.float32")
+    b = k.format(k="_egg_k_g7", v="v_mul_3", c="0.5", t="tl.float32")
+    assert _canonical(a)[0] == _canonical(b)[0]
+    for other in (k.format(k="_egg_k_g7", v="v_mul_3", c="0.25", t="tl.float32"),
+                  k.format(k="_egg_k_g7", v="v_mul_3", c="0.5", t="tl.bfloat16")):
+        assert _canonical(a)[0] != _canonical(other)[0]
+    seen: dict = {}
+    w = "def _egg_g{i}(a0):\n    _egg_k_g{i}[(1,)](a0, o0, 1, BLOCK=8)\n"
+    assert share_kernels(Rendered(a, w.format(i=1), "_egg_k_g1", "_egg_g1"), seen)[0] == a
+    kernel, wrapper, names = share_kernels(Rendered(b, w.format(i=7), "_egg_k_g7", "_egg_g7"), seen)
+    assert kernel == "" and names == ["_egg_k_g1"]
+    assert wrapper == "def _egg_g7(a0):\n    _egg_k_g1[(1,)](a0, o0, 1, BLOCK=8)\n"
