@@ -979,6 +979,7 @@ def _run_trials(req, result, model, cand, kmap, prob, dev, tol, deadline, prev: 
                         raise _Verdict(chk.category, f"{where}: {chk.reason}")
                 prev = _check_state(model, cstate, kmap, before, prev, tol, where,
                                     _state_door(m64, model, before, priv, tr.mode))
+                prev = _sync_updated(model, cand, kmap, before, tol, where) or prev
             except _Verdict as v:
                 entry.update(passed=False, note=v.reason, s=round(time.time() - trial_t0, 3))
                 result["trial_log"].append(entry)
@@ -1000,6 +1001,24 @@ def _log(tr: TR.Trial, xs: list, variant: str) -> dict:
     return {"index": tr.index + 1, "mode": tr.mode, "grad": tr.grad, "inputs": tr.inputs,
             "shapes": TR.shapes(xs), "shape_variant": variant, "calls": 1, "passed": True,
             "max_abs": 0.0, "note": ""}
+
+
+def _sync_updated(model, cand, kmap: dict, before: dict, tol: Tolerance, where: str) -> dict | None:
+    """After a call that updated Model's buffers (batch norm's running statistics), checked by
+    _check_state: ModelNew gets Model's values of them (``load_state_dict``), so that every call
+    starts from the state eager and the float64 reference start from. Without it the candidate's
+    own rounding of an update (eager's, as large, stays in eager's state and the reference's)
+    counts as its error in every later call: an eval() output reads the statistics, a deep net
+    amplifies them, and a candidate computing batch norm in float64, more accurate than eager,
+    failed the first eval() trial as "lower precision" (0.58 vs eager's 0.013 from float64;
+    tests/test_verifier_suite.py). Returns ModelNew's state after the load (None: nothing
+    updated)."""
+    upd = {k: v for k, v in _state(model).items() if k in before and not torch.equal(before[k], v)}
+    if not upd:
+        return None
+    cand.send(("load", {kmap[k]: v.clone() for k, v in upd.items()}))
+    msg = cand.expect("loaded", f"{where}: load_state_dict")
+    return _check_state(model, msg[1], kmap, {}, None, tol, f"{where}: after load_state_dict")
 
 
 def _resync(model, cand, kmap: dict, tol: Tolerance, where: str) -> dict:

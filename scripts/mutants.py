@@ -129,6 +129,11 @@ MUTANTS: list[Mutant] = [
            "                prev = _check_state(model, cstate, kmap, before, prev, tol, where,\n"
            "                                    _state_door(m64, model, before, priv, tr.mode))\n",
            "                pass\n", VERIFIER, "a forward that changes its parameters, or running stats off, pass"),
+    Mutant("judge-keeps-candidate-statistics", "harness/worker.py",
+           "                prev = _sync_updated(model, cand, kmap, before, tol, where) or prev\n",
+           "                pass\n", VERIFIER,
+           "the candidate carries its own running statistics into eval(): an honest float64 batch "
+           "norm fails as lower precision"),
     Mutant("worker-buffer-door-open", "harness/worker.py",
            "                chk = fp64_door(chk, ref64, exp, c, tol)\n",
            "                chk.ok = True\n", VERIFIER,

@@ -55,6 +55,8 @@ HONEST = [
     Case("honest_fp64_inside", "variance", "passed", note="float64 inside: passes by the fp64 door"),
     Case("honest_buffer_fp64", "running_var_far", "passed",
          note="a running buffer more accurate than eager's: passes by the fp64 door"),
+    Case("honest_batchnorm_fp64", "batchnorm_far", "passed",
+         note="batch norm in float64: each call starts from Model's running statistics"),
     Case("honest_matmul_epilogue", "linear_gelu", "passed", note="library matmul + Triton epilogue"),
     Case("<generated:egg>", "examples/bias_gelu_scale", "passed", note="EGG codegen output"),
     Case("<generated:reference>", "pointwise", "passed", note="the reference itself as ModelNew(Model)"),
