@@ -64,6 +64,31 @@ def test_attention_kernels_match_torch(name, write_problem, tmp_path):
     assert {g.kind for g in comp.plan.groups} == {"attention"}
 
 
+def test_attention_refuses_what_sdpa_refuses(write_problem, tmp_path):
+    """Query heads that the key/value heads do not divide (a shape trial changed 32 query heads
+    to 17 next to 8 key/value heads: the decode kernel returned a result where SDPA raises),
+    and operands that do not match: the module raises as Model does, and so does the kernel's
+    wrapper called directly (past the module's route)."""
+    src, configs, _ = ATTN["decode"]
+    comp = generated_matches(write_problem(src, "decode"), tmp_path, seeds=(0,), atol=1e-2, rtol=1e-2,
+                             configs=configs)
+    mod = load_module(tmp_path / "cand_decode.py", "candidate_refuses")
+    prob = load_problem(tmp_path / "decode.py")
+    ref, new = prob.Model(), mod.ModelNew()
+    bf = torch.bfloat16
+    q, k, v = torch.randn(2, 5, 3, 16, dtype=bf), torch.randn(2, 2, 77, 16, dtype=bf), torch.randn(2, 2, 77, 16, dtype=bf)
+    qf, kf = torch.randn(1, 2, 2, 24), torch.randn(1, 2, 45, 24)
+    for m in (ref, new):
+        with pytest.raises(RuntimeError):
+            m(q, k, v, qf, kf)
+    wrapper = next(getattr(mod, f"_egg_{g.id}") for g in comp.plan.groups)
+    with pytest.raises(RuntimeError, match="must divide"):
+        wrapper(q, k, v)
+    with pytest.raises(RuntimeError, match="do not match"):
+        wrapper(torch.randn(2, 6, 3, 16, dtype=bf), k, v[:, :, :40])
+    assert wrapper(torch.randn(2, 6, 3, 16, dtype=bf), k, v).shape == (2, 6, 3, 16)
+
+
 #: hand-written attention the rule turns into sdpa: (forward args, body, inputs)
 HAND = {
     "masked_fill_triu": ("q, k, v", """        s = q.shape[-2]

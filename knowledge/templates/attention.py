@@ -271,6 +271,14 @@ def render(spec: AttentionSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         "q4, k4, v4 = (t if t.dim() == 4 else t.unsqueeze(1) for t in (q, k, v))",
         "B, H, M, D = q4.shape",
         "HKV, N = k4.shape[1], k4.shape[2]",
+        # the shapes scaled_dot_product_attention refuses are refused here too (a drop-in never
+        # returns a result where PyTorch raises): heads that do not divide, mismatched operands
+        f"if HKV == 0 or H % HKV{'' if spec.gqa else ' or H != HKV'}:",
+        "    raise RuntimeError(f'Number of heads in key and value must divide the number of heads "
+        "in query (query {H}, key/value {HKV})')",
+        "if k4.shape[0] != B or k4.shape[3] != D or tuple(v4.shape) != tuple(k4.shape):",
+        "    raise RuntimeError(f'scaled_dot_product_attention: query {tuple(q.shape)}, key "
+        "{tuple(k.shape)} and value {tuple(v.shape)} do not match')",
         "o = torch.empty(q4.shape, device=q.device, dtype=q.dtype)",
         "if o.numel() == 0:",
         "    return o if q.dim() == 4 else o.squeeze(1)",
