@@ -505,9 +505,11 @@ def _guard_value(g) -> dict | None:
     return None if g is None else {"args": g.args, "lead": g.lead}
 
 
-def _dispatch(dr, fast: dict[bool, str | None], ref: dict[bool, str], sig: str) -> list[str]:
+def _dispatch(dr, fast: dict[bool, str | None], ref: dict[bool, str], sig: str,
+              graph: bool = False) -> list[str]:
     """ModelNew.forward: the route of this call (cached per mode, shapes, dtypes, devices and
-    values), then the kernels or Model's traced ops."""
+    values), then the kernels (``graph``: replayed from a CUDA graph per route, _egg_graphed) or
+    Model's traced ops."""
     names = dr.arg_names
     plain = all(n.isidentifier() for n in names)
     guard_args = (dr.train.args if dr.train is not None else [])
@@ -520,7 +522,11 @@ def _dispatch(dr, fast: dict[bool, str | None], ref: dict[bool, str], sig: str) 
     args = ", ".join(names)
     call_args = f"({args},)" if len(names) == 1 else f"({args})"
 
-    def pick(table: dict[bool, str | None]) -> str:
+    def pick(table: dict[bool, str | None], graphed: bool = False) -> str:
+        if graphed:
+            fn = (f"self.{table[True]}" if table[True] == table[False] else
+                  f"(self.{table[True]} if self.training else self.{table[False]})")
+            return f"_egg_graphed(self, key, {fn}, {call_args})"
         if table[True] == table[False]:
             return f"self.{table[True]}({args})"
         return f"self.{table[True]}({args}) if self.training else self.{table[False]}({args})"
@@ -544,11 +550,12 @@ def _dispatch(dr, fast: dict[bool, str | None], ref: dict[bool, str], sig: str) 
         lines.append(f"    return {pick(ref)}")
         return lines
     if fast[True] is not None and fast[False] is not None:
-        lines += ["    if fast:", f"        return {pick(fast)}"]
+        lines += ["    if fast:", f"        return {pick(fast, graph)}"]
     else:
         mode = "self.training" if fast[True] is not None else "not self.training"
+        one = fast[True] or fast[False]
         lines += [f"    if fast and {mode}:",
-                  f"        return self.{fast[True] or fast[False]}({args})"]
+                  f"        return {pick({True: one, False: one}, graph)}"]
     lines.append(f"    return {pick(ref)}")
     return lines
 
@@ -581,7 +588,7 @@ def _what(dr, n_train: int, n_eval: int) -> list[str]:
 
 
 def emit_model(problem_source: str, plan: FusionPlan, configs: dict[str, dict] | None = None,
-               header: str = "", init_lines: list[str] | None = None) -> Emitted:
+               header: str = "", init_lines: list[str] | None = None, graph: bool = False) -> Emitted:
     """Render every group (of the train() plan, and of the eval() plan when eval() has kernels
     of its own), rewrite the graphs to call the wrappers, and assemble the file: the problem,
     a header, the kernels, the wrappers, ModelNew (dispatch, fast forwards, traced references),
@@ -622,7 +629,7 @@ def emit_model(problem_source: str, plan: FusionPlan, configs: dict[str, dict] |
                 False: "_egg_fast" if dr.same else ("_egg_fast_eval" if core_e else None)}
         ref = ({True: "_egg_reference", False: "_egg_reference"} if len(refs) == 1
                else {True: "_egg_reference_train", False: "_egg_reference_eval"})
-        fwd = "\n".join(_dispatch(dr, fast, ref, _signature(core_t.forward)))
+        fwd = "\n".join(_dispatch(dr, fast, ref, _signature(core_t.forward), graph))
         methods.append(_renamed(core_t.forward, fast[True]))
         if core_e is not None:
             methods.append(_renamed(core_e.forward, fast[False]))
@@ -684,6 +691,9 @@ def emit_model(problem_source: str, plan: FusionPlan, configs: dict[str, dict] |
     top += ["import torch", "import triton", "import triton.language as tl"]
     top += [i for i in fwd_imports if i not in top]
     what = _what(dr, len(core_t.names), len(core_e.names) if core_e else 0) if dr else []
+    if graph and dr is not None:
+        what.append("#   on a GPU the kernel path is replayed from a CUDA graph, one per call shape and "
+                    "mode (the first call of each runs plainly; _egg_graphed)")
     head = "\n".join([MARK] + [ln for ln in (header.rstrip(),) if ln] + what)
     parts = [head, "\n".join(top), code.rstrip()]
     if runtime:

@@ -234,3 +234,37 @@ def stage1_group_budget(seconds_left: float, device: str, kernel_keys: list[str]
         n, spent = n + 1, spent + cost
         seen.add(key)
     return n
+
+
+# ---- CUDA graphs (principle alg-cuda-graph: policies.expert decides, _egg_graphed replays) ----
+#: host time of one fused group's call from the generated forward (its wrapper's layout and
+#: stride helpers, output allocation, Triton's launcher): ResNet-101's fast path with its kernels
+#: and convolutions stubbed out spent 30 ms of Python per call on 128 groups (310 launches) on
+#: the CPU machine, ~230 us a group, ~95 us a launch (docs/results/level3_h200.md); the lower
+#: figure, so that a graph is chosen where launches clearly dominate
+HOST_US_PER_GROUP = 95.0
+#: the kernel path is replayed from a CUDA graph when its estimated host time is above this share
+#: of eager's time on the GPU (measured per region on a GPU, else the planner's estimate): the
+#: host, not the GPU, would set the call's time (ResNet-101 on the H200: 33.9 ms against eager's
+#: 8.7 ms, candidates that verified and regressed)
+GRAPH_HOST_SHARE = 0.5
+#: ... unless copying the inputs into the graph's static buffers and cloning its outputs (two
+#: passes over each) costs more than this share of that time (a memory-bound operator: the copy
+#: would be a third of its work)
+GRAPH_COPY_SHARE = 0.1
+
+
+def use_cuda_graph(groups: int, gpu_ms: float | None, io_bytes: float,
+                   bandwidth_gbs: float | None) -> tuple[bool, str]:
+    """Replay the kernel path of a candidate with ``groups`` fused groups from a CUDA graph?
+    (decision, why)."""
+    if groups <= 0 or not gpu_ms or gpu_ms <= 0:
+        return False, "no estimate of the GPU time"
+    host_ms = groups * HOST_US_PER_GROUP / 1e3
+    if host_ms <= GRAPH_HOST_SHARE * gpu_ms:
+        return False, f"host ~{host_ms:.2f} ms against {gpu_ms:.2f} ms on the GPU"
+    copy_ms = 2 * io_bytes / (bandwidth_gbs * 1e6) if bandwidth_gbs else 0.0
+    if copy_ms > GRAPH_COPY_SHARE * gpu_ms:
+        return False, f"copies in and out ~{copy_ms:.3f} ms against {gpu_ms:.3f} ms on the GPU"
+    return True, (f"{groups} groups cost the host ~{host_ms:.1f} ms a call against ~{gpu_ms:.2f} ms "
+                  "on the GPU: the kernel path is replayed from a CUDA graph")

@@ -6,6 +6,10 @@ from typing import Protocol
 
 from state import Analysis, EggState, KernelConfig, Plan, Settings
 
+#: principle id of a candidate whose kernel path replays from a CUDA graph (codegen.emit graph=,
+#: policies.expert.graph_choice); the tiler's variants of such a candidate are graphed too
+GRAPH_PRINCIPLE = "alg-cuda-graph"
+
 
 @dataclass
 class Draft:

@@ -24,7 +24,7 @@ from harness.problem import load_problem
 from harness.runner import says_out_of_memory
 from knowledge import heuristics as H
 from knowledge.templates import all_templates
-from policies.base import Decline, Draft
+from policies.base import GRAPH_PRINCIPLE, Decline, Draft
 from state import (Analysis, EggState, FusionGroup, KernelConfig, OpRecord, Plan, RegionRecord,
                    Settings)
 
@@ -37,6 +37,9 @@ NEAR_MISS = 1.10
 #: group per 60-70 s verification until its budget ran out; halving needs log2(26) ~ 5 at most
 HALVE_ABOVE = 4
 LAYOUT_PRINCIPLE = "mem-conv-channels-last"
+#: in a candidate's disabled groups: its kernel path is not replayed from a CUDA graph (a graph
+#: candidate failed verification: the next one is built without it before any group goes)
+NO_GRAPH = "nograph"
 KIND_PRINCIPLES = {
     "pointwise": ["alg-fuse-pointwise-chain", "alg-fp32-accumulate"],
     "reduction": ["alg-reduction-prologue", "alg-reduction-epilogue", "alg-fp32-accumulate"],
@@ -160,6 +163,29 @@ def benefit(g) -> tuple:
     ops breaks ties (where the time goes)."""
     saved = g.est_us_saved if g.est_us_saved is not None else g.est_bytes_saved
     return (saved or 0.0, g.est_ms or 0.0)
+
+
+def graph_choice(state: EggState, fplan, disabled) -> tuple[bool, str]:
+    """Is a candidate of this plan launch-bound enough to replay its kernel path from a CUDA
+    graph (principle alg-cuda-graph, knowledge.heuristics.use_cuda_graph)? On a GPU only, never
+    after a graph candidate failed (NO_GRAPH). (decision, why)."""
+    hw = state.hardware
+    if hw is None or hw.device != "cuda" or hw.interpreter or NO_GRAPH in (disabled or ()):
+        return False, ""
+    a = state.analysis
+    regions = a.regions if a is not None else []
+    measured = [r.measured_ms for r in regions if r.measured_ms is not None]
+    estimated = [r.est_ms for r in regions if r.est_ms is not None]
+    gpu_ms = (sum(measured) if measured and len(measured) == len(regions) else
+              sum(estimated) if estimated else (a.floor_ms if a is not None else None))
+    io = 0.0
+    for t in list(state.problem.inputs if state.problem else []) + list(state.problem.outputs if state.problem else []):
+        if not isinstance(t, str):
+            n = 1
+            for d in t.shape:
+                n *= int(d)
+            io += n * torch.empty((), dtype=getattr(torch, t.dtype, torch.float32)).element_size()
+    return H.use_cuda_graph(len(fplan.groups), gpu_ms, io, hw.mem_bandwidth_gbs or None)
 
 
 def _kernel_key(fplan, g) -> str:
@@ -436,6 +462,10 @@ class ExpertPolicy:
             if before is None or not _memory_outside_candidate(before):
                 return disabled, (f"retry unchanged: the GPU ran out of memory outside the candidate "
                                   f"(another process's memory, not a kernel's fault): {ver.reason[:120]}")
+        if (ver is not None and not ver.passed and GRAPH_PRINCIPLE in last.principle_ids
+                and NO_GRAPH not in disabled):
+            return disabled + [NO_GRAPH], (f"build again without the CUDA graph ({GRAPH_PRINCIPLE}) "
+                                           f"after: {ver.reason[:160]}")
         if ver is not None and not ver.passed:
             # a group's wrapper (_egg_g3) is its own; its kernel (_egg_k_g3) may serve later
             # groups with the same body too (emit.share_kernels): the wrapper's name comes first
@@ -493,12 +523,15 @@ class ExpertPolicy:
         header = f"# candidate {cid} (stage {stage}, expert policy); rewrites: {', '.join(rewrites) or 'none'}"
         from codegen.emit import EmitError, emit_model
 
+        graph, why_graph = graph_choice(state, fplan, disabled)
         try:
-            em = emit_model(prob.source, fplan, configs, header)
+            em = emit_model(prob.source, fplan, configs, header, graph=graph)
         except EmitError as e:
             return Decline(f"cannot write a standalone ModelNew: {e}")
+        if graph:
+            decisions = list(decisions) + [f"{why_graph} [{GRAPH_PRINCIPLE}]"]
         principles = sorted({p for g in fplan.groups for p in group_principles(g)} | set(rewrites)
-                            | set(principles_extra))
+                            | set(principles_extra) | ({GRAPH_PRINCIPLE} if graph else set()))
         return Draft(
             source=em.source,
             configs=[KernelConfig(group_id=i["id"], template=i["template"], params=i["config"])

@@ -37,7 +37,7 @@ from pydantic import BaseModel, Field
 
 import knowledge
 from policies import prompts as PR
-from policies.base import Decline, Draft
+from policies.base import GRAPH_PRINCIPLE, Decline, Draft
 from policies.llm_io import BudgetExhausted, LLMClient
 from state import (Analysis, EggState, FusionGroup, KernelConfig, LLMUsage, Plan, Settings,
                    STAGE_NODE)
@@ -426,6 +426,8 @@ class LLMPolicy:
             return Decline(f"the proposal cannot be applied: {e}")
         draft.rationale = f"{self.name} tiling: {changes}. {prop.rationale}"[:600]
         draft.principle_ids = cited_principles(prop.rationale + json.dumps(prop.model_dump()))
+        if GRAPH_PRINCIPLE in (base.principle_ids or []) and is_expert_built(base):
+            draft.principle_ids = sorted(set(draft.principle_ids) | {GRAPH_PRINCIPLE})
         draft.decisions = [f"tiler ({self.name}): {changes}"[:300]]
         return draft
 
@@ -446,7 +448,8 @@ class LLMPolicy:
             if fplan is None:
                 raise CodeError(f"capture failed: {err}")
             header = f"# candidate {state.new_candidate_id()} (stage tiling, launch configs by the {self.name} policy)"
-            em = emit_model(prob.source, fplan, new, header)
+            em = emit_model(prob.source, fplan, new, header,
+                            graph=GRAPH_PRINCIPLE in (base.principle_ids or []))
             return Draft(source=em.source, disabled_groups=list(base.disabled_groups), kernels=em.kernels,
                          configs=[KernelConfig(group_id=i["id"], template=i["template"], params=i["config"])
                                   for i in em.groups])

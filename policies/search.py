@@ -38,7 +38,7 @@ from harness.timing import noise_verdict
 from harness.tuning_cache import TuningCache, make_key
 from knowledge import pruning as R
 from knowledge.schema import dtype_key
-from policies.base import Decline, Draft
+from policies.base import GRAPH_PRINCIPLE, Decline, Draft
 from state import KernelConfig
 from state.settings import MIN_CALL_S
 
@@ -117,6 +117,8 @@ def tile_search(policy, state, settings, base, session=None, checker=None,
     check for the run's GPU and the cache file of the settings."""
     prob = load_problem(state.problem.path)
     disabled = set(base.disabled_groups)
+    # the base's kernel path replayed from a CUDA graph: so are its variants (timed alike)
+    graph = GRAPH_PRINCIPLE in (base.principle_ids or [])
     fplan, _rw, err = pipeline.analyze(prob, disabled)
     if fplan is None or not fplan.groups:
         return Decline(f"nothing to tile ({err or 'no groups'})")
@@ -168,7 +170,7 @@ def tile_search(policy, state, settings, base, session=None, checker=None,
     pending.sort(key=lambda f: -weight.get(f["g"].id, 0.0))
 
     if not pending:
-        return _finish(prob, disabled, current, base_cfgs, tried, decisions, stats, state,
+        return _finish(prob, disabled, current, base_cfgs, tried, decisions, stats, state, graph,
                        why_same="the tuning cache holds the stage-1 configurations")
 
     # 2) measured search of the kernels the cache does not know
@@ -190,7 +192,7 @@ def tile_search(policy, state, settings, base, session=None, checker=None,
 
     def emit(configs: dict) -> pathlib.Path:
         p2, _, _ = pipeline.analyze(prob, disabled)  # emit_model rewrites the plan's graph
-        em = emit_model(prob.source, p2, configs, "# tiling variant")
+        em = emit_model(prob.source, p2, configs, "# tiling variant", graph=graph)
         tag = hashlib.sha256(repr(sorted((k, sorted(v.items())) for k, v in configs.items())).encode()).hexdigest()[:8]
         path = work / f"{state.new_candidate_id()}_v{counter[0]}_{tag}.py"
         counter[0] += 1
@@ -353,7 +355,7 @@ def tile_search(policy, state, settings, base, session=None, checker=None,
             break
     if to_cache:
         cache.put_many(to_cache)
-    return _finish(prob, disabled, current, base_cfgs, tried, decisions, stats, state,
+    return _finish(prob, disabled, current, base_cfgs, tried, decisions, stats, state, graph,
                    why_same=f"measured {stats['timed']} timings: the stage-1 configurations are "
                             "best within noise")
 
@@ -382,7 +384,8 @@ def _tried_configs(state) -> list[tuple[dict, str]]:
     return out
 
 
-def _finish(prob, disabled, current, base_cfgs, tried, decisions, stats, state, why_same) -> Draft | Decline:
+def _finish(prob, disabled, current, base_cfgs, tried, decisions, stats, state, graph,
+            why_same) -> Draft | Decline:
     if all(current.get(k) == v for k, v in base_cfgs.items()):
         return Decline(why_same, decisions, stats=stats)
     for cfgs, how in tried:
@@ -390,10 +393,11 @@ def _finish(prob, disabled, current, base_cfgs, tried, decisions, stats, state, 
             return Decline(f"the tuned configurations were tried already ({how})", decisions, stats=stats)
     fplan, _, _ = pipeline.analyze(prob, disabled)
     em = emit_model(prob.source, fplan, current,
-                    f"# candidate {state.new_candidate_id()} (stage tiling, expert policy)")
+                    f"# candidate {state.new_candidate_id()} (stage tiling, expert policy)", graph=graph)
     return Draft(source=em.source,
                  configs=[KernelConfig(group_id=i["id"], template=i["template"], params=i["config"])
                           for i in em.groups],
                  disabled_groups=sorted(disabled), kernels=em.kernels,
-                 rationale="; ".join(decisions)[:2000], principle_ids=list(PRINCIPLES),
+                 rationale="; ".join(decisions)[:2000],
+                 principle_ids=list(PRINCIPLES) + ([GRAPH_PRINCIPLE] if graph else []),
                  decisions=decisions, stats=stats)
