@@ -195,7 +195,7 @@ def render(spec: NormSpec, cfg: dict, kname: str, gname: str) -> Rendered:
     w = [
         f"ts = [{args}]",
         f"x = ts[{spec.pro_inputs[0] if spec.pro_inputs else 0}]",
-        "shape = list(torch.broadcast_shapes(*[ts[i].shape for i in "
+        "shape = list(_egg_broadcast_shape([ts[i] for i in "
         f"{[i for i in range(n_in) if spec.patterns[i] == 'full']}]))",
         *spec.checks,
         f"for i, pat in enumerate({spec.patterns}):",

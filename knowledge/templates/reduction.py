@@ -118,7 +118,7 @@ def wrapper_prelude(n_in: int, pro: list[int], epi: list[int], rdims: list[int] 
     lines = [
         f"KEEPDIM = {bool(keepdim)}",
         f"ts = [{', '.join(f'a{i}' for i in range(n_in))}]",
-        f"shape = list(torch.broadcast_shapes(*[ts[i].shape for i in {pro}]))",
+        f"shape = list(_egg_broadcast_shape([ts[i] for i in {pro}]))",
         "dev = ts[0].device",
         "nd = len(shape)",
         f"rdims = sorted(d + nd if d < 0 else d for d in {list(rdims)!r})" if rdims is not None
