@@ -76,8 +76,8 @@ def _egg_empty(shape, order, dtype, device):
 
 def _egg_broadcast_shape(ts):
     """``torch.broadcast_shapes`` of the tensors' shapes in plain Python: torch's own goes through
-    symbolic-shape checks (~190 us a call on the CPU machine, a third of a generated ResNet-101
-    forward's host time), this one a few microseconds. Raises as torch does."""
+    symbolic-shape checks (27 us a call for two 4-d shapes on the CPU machine, 3.5 us here).
+    Raises as torch does."""
     shapes = [tuple(t.shape) for t in ts]
     n = max(len(s) for s in shapes)
     out = [1] * n
