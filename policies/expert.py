@@ -178,13 +178,8 @@ def graph_choice(state: EggState, fplan, disabled) -> tuple[bool, str]:
     estimated = [r.est_ms for r in regions if r.est_ms is not None]
     gpu_ms = (sum(measured) if measured and len(measured) == len(regions) else
               sum(estimated) if estimated else (a.floor_ms if a is not None else None))
-    io = 0.0
-    for t in list(state.problem.inputs if state.problem else []) + list(state.problem.outputs if state.problem else []):
-        if not isinstance(t, str):
-            n = 1
-            for d in t.shape:
-                n *= int(d)
-            io += n * torch.empty((), dtype=getattr(torch, t.dtype, torch.float32)).element_size()
+    spec = state.problem
+    io = sum(t.nbytes for t in (spec.inputs + spec.outputs if spec else []) if not isinstance(t, str))
     return H.use_cuda_graph(len(fplan.groups), gpu_ms, io, hw.mem_bandwidth_gbs or None)
 
 

@@ -27,6 +27,16 @@ class TensorSpec(BaseModel):
     shape: list[int]
     dtype: str  # torch dtype name without the "torch." prefix, e.g. "float32"
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of a dense tensor of this shape and dtype (a dtype of unknown size: 4)."""
+        n = 1
+        for d in self.shape:
+            n *= int(d)
+        bits = "".join(c for c in self.dtype if c.isdigit())
+        size = {"bool": 1, "uint8": 1, "int8": 1}.get(self.dtype, int(bits) // 8 if bits else 4)
+        return n * max(1, size)
+
 
 class ProblemSpec(BaseModel):
     """A KernelBench-format problem file, as loaded."""
