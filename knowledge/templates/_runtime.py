@@ -511,6 +511,8 @@ def _egg_graphed(module, key, fn, args):
         return fn(*args)
     if entry is None or not _egg_state_same(entry[0]):
         if entry is None and key not in module._egg_graph_seen:
+            if len(module._egg_graph_seen) >= 64:  # as the route cache: many shapes, few repeats
+                module._egg_graph_seen.clear()
             module._egg_graph_seen.add(key)
             return fn(*args)
         entry = graphs[key] = _egg_capture(module, fn, args)
