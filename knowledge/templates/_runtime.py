@@ -500,8 +500,8 @@ def _egg_graphed(module, key, fn, args):
     capture's call updates (running statistics) are restored, so a call updates them once.
     A graph is captured anew when the module no longer holds what it read, where it read it (a
     replaced submodule or parameter, ``.data`` set; in-place loads keep it) and dropped on
-    ``.to()``; a route whose capture fails
-    (an op that cannot be captured) runs plainly from then on."""
+    ``.to()``; a route whose capture fails (an op that cannot be captured) runs plainly from
+    then on."""
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
     if key is None or not tensors or any(a.device.type not in _EGG_GRAPH_DEVICES for a in tensors):
         return fn(*args)
