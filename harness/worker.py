@@ -1014,17 +1014,20 @@ def _sync_updated(model, cand, kmap: dict, before: dict, tol: Tolerance, where: 
     tests/test_verifier_suite.py). Returns ModelNew's state after the load (None: nothing
     updated)."""
     upd = {k: v for k, v in _state(model).items() if k in before and not torch.equal(before[k], v)}
-    if not upd:
-        return None
-    cand.send(("load", {kmap[k]: v.clone() for k, v in upd.items()}))
-    msg = cand.expect("loaded", f"{where}: load_state_dict")
-    return _check_state(model, msg[1], kmap, {}, None, tol, f"{where}: after load_state_dict")
+    return _load_from_model(model, cand, kmap, upd, tol, where) if upd else None
 
 
 def _resync(model, cand, kmap: dict, tol: Tolerance, where: str) -> dict:
     """After a call that raised: ModelNew gets Model's state again (either may have updated
     buffers before raising)."""
-    cand.send(("load", {kmap[k]: v.clone() for k, v in _state(model).items()}))
+    return _load_from_model(model, cand, kmap, _state(model), tol, where)
+
+
+def _load_from_model(model, cand, kmap: dict, state: dict, tol: Tolerance, where: str) -> dict:
+    """ModelNew loads these of Model's parameters and buffers (``load_state_dict``); its whole
+    state after the load must then be Model's, bit for bit. Returns that state (the next
+    call's ``prev``)."""
+    cand.send(("load", {kmap[k]: v.clone() for k, v in state.items()}))
     msg = cand.expect("loaded", f"{where}: load_state_dict")
     return _check_state(model, msg[1], kmap, {}, None, tol, f"{where}: after load_state_dict")
 

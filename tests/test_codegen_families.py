@@ -355,7 +355,6 @@ def test_pointwise_rows_of_the_inner_dim(name, write_problem, tmp_path):
     outer index split once per program (no division per element); shorter rows keep the flat
     walk. Values match torch either way."""
     from harness.problem import load_module, load_problem
-    from codegen.pipeline import compile_problem
 
     args, body, inputs, rows = ROWS_CASES[name]
     src = (f"import torch, torch.nn as nn\nclass Model(nn.Module):\n    def forward(self, {args}):\n{body}"

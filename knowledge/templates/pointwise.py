@@ -7,9 +7,9 @@ after collapsing mergeable dims. When such an input exists and the innermost col
 at least 128 elements, each program takes a block of one row of that dim (ROWS): the outer
 index is split once per program and the strided index is a multiply-add per element, with no
 integer division by a runtime size (three of them per element took RoPE's tables to 0.33 ms on
-the H200 against torch.compile's 0.048 ms). A rotate-half operand (RoPE) is loaded at the column rolled by
-half its last dim, an interleaved-RoPE operand at the other column of its (even, odd) pair, with
-the domain walked in its standard order.
+the H200 against torch.compile's 0.048 ms). A rotate-half operand (RoPE) is loaded at the
+column rolled by half its last dim, an interleaved-RoPE operand at the other column of its
+(even, odd) pair, with the domain walked in its standard order.
 
 Outputs asked for in the standard layout (a convolution's channels-last result converted back
 for the caller, codegen.layout) are written in it directly when the walk is channels-last: a
