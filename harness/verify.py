@@ -22,6 +22,10 @@ CATEGORIES = ("problem", "candidate", "cheat", "compile", "params", "timeout", "
               "runtime", "mismatch", "precision", "reference", "harness")
 #: categories that mean "this input cannot be used" rather than "this candidate is wrong"
 UNUSABLE = ("problem", "candidate")
+#: seconds past ``timeout_s`` before the judge's process is killed from outside: the judge keeps
+#: the same wall-clock deadline (``deadline_at``, counted from here, its start-up included) and
+#: reports a timeout itself; this is only for a judge stuck in a step it cannot interrupt
+KILL_GRACE_S = 30.0
 
 
 def static_findings(candidate_path: str, problem_source: str | None) -> list[str]:
@@ -62,16 +66,16 @@ def verify(problem_path: str, candidate_path: str, *, device: str = "cpu", trial
     tol = tol or Tolerance()
     req = {"problem": str(problem_path), "candidate": str(candidate_path), "device": device,
            "trials": trials, "tolerance": tol.__dict__, "memory_limit_gb": memory_limit_gb,
-           "timeout_s": timeout_s, "sandbox_mode": sandbox_mode}
+           "timeout_s": timeout_s, "deadline_at": time.time() + timeout_s, "sandbox_mode": sandbox_mode}
     nonce = secrets.token_hex(16)
     proc, log = start_child("verify", req, log_dir, stdin=subprocess.PIPE)
     checks = ["static"] if static else []
     try:
-        out, _ = proc.communicate(nonce + "\n" + json.dumps(src) + "\n", timeout=timeout_s + 120)
+        out, _ = proc.communicate(nonce + "\n" + json.dumps(src) + "\n", timeout=timeout_s + KILL_GRACE_S)
     except subprocess.TimeoutExpired:
         kill_group(proc)
         return {**base, "category": "timeout", "checks": checks,
-                "reason": f"verification did not finish within {timeout_s:g} s",
+                "reason": f"verification did not finish within {timeout_s:g} s (the judge was stopped)",
                 "wall_s": time.time() - t0}
     finally:
         kill_group(proc)  # anything the judge left behind

@@ -449,26 +449,63 @@ def _is_mask(t: torch.Tensor) -> bool:
     return t.numel() > 1 and bool(((t == 0) | (t == 1)).all()) and bool((t == 0).any()) and bool((t == 1).any())
 
 
+#: above this many elements a tensor's values are shuffled by rows, columns and a roll instead of
+#: a full random permutation (randperm of 10^9 elements takes minutes on one CPU core and 16 GB as
+#: device indices; a 2-layer MLP of 32768-wide layers has 2 x 10^9 weights)
+EXACT_PERM_MAX = 1 << 24
+
+
 def random_state(model, gen: torch.Generator) -> dict:
     """Random values for every floating parameter and buffer of Model (0/1 masks kept): a
     tensor with spread keeps its values' distribution exactly (a random permutation) times a
     sign-preserving jitter; a constant one (ones, zeros: a seeded init hides a dropped weight or
-    bias) gets values around it of the same sign (running variances stay positive)."""
+    bias) gets values around it of the same sign (running variances stay positive). Drawn on each
+    tensor's own device (a generator seeded from ``gen``): a GPU model's weights never go
+    through the host."""
     out = {}
     params = {k for k, _ in model.named_parameters()}
+    gens: dict = {}
     for k, v in _state(model).items():
         if not v.dtype.is_floating_point or (k not in params and _is_mask(v)):
             continue
-        x = v.detach().float().cpu()
-        r = torch.rand(x.shape, generator=gen)
-        if x.numel() > 1 and float(x.std()) > 0:
-            perm = torch.randperm(x.numel(), generator=gen)
-            new = x.reshape(-1)[perm].view_as(x) * (0.75 + 0.5 * r)
-        else:
-            m = float(x.mean()) if x.numel() else 0.0
-            new = (m * (0.5 + r)) if m != 0 else 0.5 * torch.randn(x.shape, generator=gen)
-        out[k] = new.to(dtype=v.dtype, device=v.device)
+        g = gens.get(v.device)
+        if g is None:
+            g = gens[v.device] = torch.Generator(device=v.device).manual_seed(
+                int(torch.randint(1 << 62, (1,), generator=gen)))
+        with torch.no_grad():
+            x = v.detach().float()
+            r = torch.rand(x.shape, generator=g, device=x.device)
+            if x.numel() > 1 and float(x.std()) > 0:
+                new = _shuffled(x, g).mul_(r.mul_(0.5).add_(0.75))
+            else:
+                m = float(x.mean()) if x.numel() else 0.0
+                new = (r.add_(0.5).mul_(m)) if m != 0 else 0.5 * torch.randn(x.shape, generator=g, device=x.device)
+        out[k] = new.to(dtype=v.dtype)
     return out
+
+
+def _shuffled(x: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+    """``x``'s values at random places, same shape: a uniform random permutation up to
+    EXACT_PERM_MAX elements; above it, a random roll of the flat values, then random
+    permutations of the rows and of the columns of a (rows, last dim) view (every value moves,
+    no index tensor as large as ``x``)."""
+    flat = x.reshape(-1)
+    n = flat.numel()
+    if n <= EXACT_PERM_MAX:
+        return flat[torch.randperm(n, generator=g, device=x.device)].view_as(x)
+    cols = x.shape[-1] if x.dim() > 1 and 1 < x.shape[-1] < n else 1 << 12
+    rows = -(-n // cols)
+    shift = int(torch.randint(n, (1,), generator=g, device=x.device))
+    rolled = torch.roll(flat, shift)
+    if rows * cols != n:  # a 1-D tensor whose size is not a multiple of the width: pad, drop after
+        rolled = torch.cat([rolled, rolled.new_full((rows * cols - n,), float("nan"))])
+    grid = rolled.view(rows, cols)
+    del rolled  # one copy of the values alive at a time, besides x
+    grid = grid[torch.randperm(rows, generator=g, device=x.device)]
+    grid = grid[:, torch.randperm(cols, generator=g, device=x.device)].reshape(-1)
+    if rows * cols != n:
+        grid = grid[~torch.isnan(grid)]
+    return grid.view_as(x)
 
 
 def _buffers(model) -> dict:
@@ -766,7 +803,7 @@ def judge(req: dict, chan) -> None:
     cand = None
     try:
         dev = _device(req["device"])
-        deadline = t_start + float(req.get("timeout_s", 600))
+        deadline = float(req.get("deadline_at") or t_start + float(req.get("timeout_s", 600)))
         tol = Tolerance(**req.get("tolerance", {}))
         mem = memory_limit_bytes(req.get("memory_limit_gb"))
         prob = load_problem(req["problem"])
@@ -778,6 +815,7 @@ def judge(req: dict, chan) -> None:
         with gpulock.hold("shared", _verify_lock(dev)):
             model = _build(prob, init, init_seed, dev)
         mark("model")
+        _in_time(deadline, "building the reference model")
         source = req["candidate_source"]
         result["candidate_sha256"] = hashlib.sha256(source.encode()).hexdigest()
         cand.give(source, req["candidate"], init, init_seed, deadline)
@@ -788,6 +826,7 @@ def judge(req: dict, chan) -> None:
         _check_same_init(model, msg[1], kmap)
         result["checks"].append("parameters")
         state = random_state(model, torch.Generator().manual_seed(secrets.randbits(62)))
+        _in_time(deadline, "drawing random parameters")
         model.load_state_dict(state, strict=False)
         cand.send(("load", {kmap[k]: v.clone() for k, v in state.items()}))
         msg = cand.expect("loaded", "load_state_dict")
@@ -813,6 +852,12 @@ def judge(req: dict, chan) -> None:
     if req.get("nonce"):
         result["nonce"] = req["nonce"]
     chan.write(json.dumps(result) + "\n")
+
+
+def _in_time(deadline: float, step: str) -> None:
+    """A timeout verdict when the judge's own step ran past the verification's deadline."""
+    if time.time() > deadline:
+        raise _Verdict("timeout", f"the verification did not finish within the time limit ({step})")
 
 
 #: what each kind of trial shows, for the verdict's list of checks
