@@ -523,3 +523,25 @@ def test_scalar_constants(write_problem, body, constants_left):
     nodes = list(plan.gm.graph.nodes) + [n for f in plan.folds for n in f.graph.nodes]
     left = [n for n in nodes if n.target is torch.tensor]
     assert len(left) == constants_left
+
+
+MHA = "        self.attn = nn.MultiheadAttention(16, 4)\n"
+
+
+@pytest.mark.parametrize("body, applies", [
+    ("        out, _ = self.attn(x, x, x)\n        return out * 2.0\n", True),
+    ("        return self.attn(x, x, x, need_weights=True)[0] + x\n", True),
+    ("        return self.attn(x, x, x, None, True)[0] + x\n", True),  # need_weights given by place
+    # the weights are read, or the tuple goes out whole
+    ("        out, w = self.attn(x, x, x)\n        return out * 2.0, w\n", False),
+    ("        return self.attn(x, x, x)\n", False),
+])
+def test_mha_weights_unused(write_problem, body, applies):
+    """rw-mha-no-weights: the call asks for no weights when nothing reads them (level 3's
+    VisionAttention: eager writes a 2 x 4 x 16384 x 16384 fp32 softmax to average it)."""
+    src = _problem(body, "torch.randn(10, 3, 16)", members=MHA)
+    applied = _run(write_problem, src, "mha")
+    assert ("rw-mha-no-weights" in applied) is applies
+    plan, _applied, _err = pipeline.analyze(load_problem(write_problem(src, "mha2")))
+    text = emit_model(src, plan, {}, "# test").source
+    assert ("need_weights = False" in text or "x, None, False)" in text) is applies

@@ -8,7 +8,8 @@ tensors with shapes known from the trace. Canonical forms (``CANONICAL``, not al
 same math one way for the planner. Both lists are read here, in this order, by ``apply_all`` and
 ``canonicalize`` (codegen.pipeline). The families:
 
-- ``attention``: softmax over a size-1 dim, attention written out, GQA head repeats
+- ``attention``: softmax over a size-1 dim, attention written out, GQA head repeats,
+  multi-head attention modules whose weights nothing reads
 - ``lmhead``: LM head + cross-entropy;  ``losses``: losses decomposed
 - ``rope``: rotate_half by halves or by pairs;  ``conv``: conv bias as an epilogue
 - ``norms``: RMS norm written out; batch norm, vector norms, rsqrt forms
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 from torch import fx
 
-from codegen.rewrites.attention import attention_pattern, gqa_repeats, softmax_size1
+from codegen.rewrites.attention import attention_pattern, gqa_repeats, mha_weights_unused, softmax_size1
 from codegen.rewrites.conv import conv_bias_epilogue
 from codegen.rewrites.deadcode import drop_dead_code, drop_value_copies
 from codegen.rewrites.lmhead import linear_cross_entropy_pattern
@@ -37,7 +38,7 @@ from codegen.rewrites.scalars import fold_scalar_chains, merge_clamps, scalar_co
 from codegen.rewrites.scans import exclusive_scans, flipped_scans
 
 
-RULES = [("rw-attention", attention_pattern),
+RULES = [("rw-attention", attention_pattern), ("rw-mha-no-weights", mha_weights_unused),
          ("rw-linear-cross-entropy", linear_cross_entropy_pattern),
          ("rw-loss-decompose", loss_decompose), ("rw-rotate-half", rotate_half_pattern),
          ("rw-rotate-half", rotate_pairs_pattern),

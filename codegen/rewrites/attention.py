@@ -474,3 +474,41 @@ def gqa_repeats(gm: fx.GraphModule) -> bool:
         _erase_unused_above([old_k, old_v], stop=None)
         changed = True
     return changed
+
+
+#: nn.MultiheadAttention.forward's positional parameters, need_weights's place among them
+_MHA_NEED_WEIGHTS_ARG = 4
+
+
+def mha_weights_unused(gm: fx.GraphModule) -> bool:
+    """rw-mha-no-weights: an ``nn.MultiheadAttention`` call whose attention weights (its second
+    output) nothing reads is asked not to return them (``need_weights=False``): PyTorch then runs
+    its fused scaled-dot-product attention instead of materialising the (batch, heads, L, S)
+    softmax to average it over heads. The attended output is the same math."""
+    import operator
+
+    import torch.nn as nn
+
+    changed = False
+    for n in gm.graph.nodes:
+        if n.op != "call_module" or not isinstance(gm.get_submodule(n.target), nn.MultiheadAttention):
+            continue
+        if len(n.args) > _MHA_NEED_WEIGHTS_ARG:
+            given = n.args[_MHA_NEED_WEIGHTS_ARG]
+        else:
+            given = n.kwargs.get("need_weights", True)
+        if given is False:
+            continue
+        if not all(u.op == "call_function" and u.target is operator.getitem and len(u.args) == 2
+                   and (u.args[1] == 0 or (u.args[1] in (1, -1) and not u.users)) for u in n.users):
+            continue  # the weights are read, or the tuple itself is passed on
+        for u in [u for u in n.users if u.args[1] != 0]:
+            gm.graph.erase_node(u)  # unused reads of the weights (None once they are not made)
+        if len(n.args) > _MHA_NEED_WEIGHTS_ARG:
+            args = list(n.args)
+            args[_MHA_NEED_WEIGHTS_ARG] = False
+            n.args = tuple(args)
+        else:
+            n.kwargs = {**n.kwargs, "need_weights": False}
+        changed = True
+    return changed
