@@ -105,9 +105,18 @@ def canonical(kind: str, cfg: dict, geo: dict) -> dict:
 def identity_key(kind: str, cfg: dict, geo: dict) -> tuple:
     """Configs with equal keys run the same kernel: a one-pass softmax ignores BLOCK_R and
     num_stages, a single loop iteration ignores num_stages, ONE_PASS_MAX only matters through
-    the one-pass decision."""
+    the one-pass decision; a norm's one pass ignores BLOCK and SPLIT_CHUNK, its split kernels
+    BLOCK_O, and ONE_MAX matters through the decision and the rows it lets a program hold."""
     c = canonical(kind, cfg, geo)
     m = _kind(kind, geo)
+    if m == "rows" and kind == "norm" and geo.get("r"):
+        bo, br, one = norm_tile(c, geo)
+        keep = {"num_warps": c.get("num_warps"), "one": one}
+        if one:
+            keep["BLOCK_O"] = bo  # BLOCK and SPLIT_CHUNK are the split kernels'
+        else:
+            keep.update(BLOCK=br, SPLIT_CHUNK=c.get("SPLIT_CHUNK"))
+        return tuple(sorted(keep.items()))
     if m in ("rows", "cols") and geo.get("r"):
         single = kind == "softmax" and one_pass(c, geo)
         if "ONE_PASS_MAX" in c:
@@ -117,6 +126,17 @@ def identity_key(kind: str, cfg: dict, geo: dict) -> tuple:
         if single or c.get("BLOCK_R", 0) >= int(geo["r"]):
             c.pop("num_stages", None)
     return tuple(sorted(c.items()))
+
+
+def norm_tile(cfg: dict, geo: dict) -> tuple[int, int, bool]:
+    """(rows, values of a row, one pass) a norm program holds per step, as the norm template's
+    wrapper decides: BLOCK_O whole rows (at most ONE_MAX values in all) when the row's next power
+    of two fits ONE_MAX; else BLOCK values of one row (the split statistics and apply kernels)."""
+    br = next_pow2(int(geo.get("r", 1) or 1))
+    one_max = int(cfg.get("ONE_MAX", 4096))
+    if br <= one_max:
+        return max(1, min(int(cfg.get("BLOCK_O", 1)), one_max // br)), br, True
+    return 1, min(int(cfg.get("BLOCK", 2048)), br), False
 
 
 def one_pass(cfg: dict, geo: dict) -> bool:
@@ -131,6 +151,9 @@ def tile_elems(kind: str, cfg: dict, geo: dict) -> int:
     m = _kind(kind, geo)
     if m == "pointwise":
         return int(cfg.get("BLOCK", 1024))
+    if m == "rows" and kind == "norm":
+        bo, br, _one = norm_tile(cfg, geo)
+        return bo * br
     if m in ("rows", "cols"):
         r = int(geo.get("r", 1) or 1)
         br = next_pow2(r) if (kind == "softmax" and one_pass(cfg, geo)) else min(int(cfg.get("BLOCK_R", 1)), next_pow2(r))
@@ -152,6 +175,12 @@ def programs(kind: str, cfg: dict, geo: dict) -> int:
     m = _kind(kind, geo)
     if m == "pointwise":
         return math.ceil(geo.get("numel", 1) / max(1, cfg.get("BLOCK", 1024)))
+    if m == "rows" and kind == "norm":
+        bo, br, one = norm_tile(cfg, geo)
+        if one:
+            return math.ceil(geo.get("nrows", 1) / bo)
+        chunk = int(cfg.get("SPLIT_CHUNK", 16384))  # the statistics kernel: chunks of each row
+        return int(geo.get("nrows", 1)) * math.ceil(int(geo.get("r", 1) or 1) / max(br, chunk))
     if m == "rows":
         return math.ceil(geo.get("nrows", 1) / max(1, cfg.get("BLOCK_O", 1)))
     if m == "cols":
@@ -180,6 +209,9 @@ def mask_efficiency(kind: str, cfg: dict, geo: dict) -> float:
     m = _kind(kind, geo)
     if m == "pointwise":
         return eff(geo.get("numel", 1), cfg.get("BLOCK", 1024))
+    if m == "rows" and kind == "norm":
+        bo, br, _one = norm_tile(cfg, geo)
+        return eff(int(geo.get("r", 1) or 1), br) * eff(geo.get("nrows", 1), bo)
     if m in ("rows", "cols"):
         r = int(geo.get("r", 1) or 1)
         br = next_pow2(r) if (kind == "softmax" and one_pass(cfg, geo)) else min(int(cfg.get("BLOCK_R", 1)), next_pow2(r))

@@ -77,3 +77,26 @@ def test_shortlist_spans_tile_shapes_and_starts_with_the_incumbent():
 def test_device_from_hardware_profile():
     dev = R.device_of(knowledge.hardware_profiles()["h200"])
     assert dev.sm_count == 132 and dev.smem_per_block == 232448 and dev.regs_per_sm == 65536
+
+
+def test_norm_configs_are_read_as_the_norm_wrapper_runs_them():
+    """The norm template names its tiles BLOCK_O / ONE_MAX (whole rows) and BLOCK (the split
+    kernels), not BLOCK_R: read as a reduction's BLOCK_R (1), every config of the space but the
+    incumbent was "lanes idle", so the tiler never timed a norm variant (H200, 2026-12-03:
+    "rules pruned 1727 (idle: 1727)" on Llama RMSNorm, left at 43% of its roofline)."""
+    space = knowledge.config_space("norm", "sm_90", "bf16")
+    inc = {"BLOCK_O": 1, "BLOCK": 2048, "num_warps": 8, "ONE_MAX": 4096, "SPLIT_CHUNK": 16384}
+    kept, pruned = R.rank_space(space, inc, "norm", ROWS, H200, 2)
+    assert len(kept) > 20 and not any("idle" in (r.pruned or "") for r in pruned)
+    assert R.tile_elems("norm", inc, ROWS) == 4096 and R.programs("norm", inc, ROWS) == 8192
+    two = {**inc, "BLOCK_O": 2, "ONE_MAX": 8192}
+    assert R.tile_elems("norm", two, ROWS) == 8192 and R.programs("norm", two, ROWS) == 4096
+    assert R.norm_tile({**inc, "BLOCK_O": 4}, ROWS) == (1, 4096, True)  # capped: 1 x 4096 <= ONE_MAX
+    split = {**inc, "ONE_MAX": 2048}  # a 4096-wide row over ONE_MAX: statistics and apply kernels
+    assert R.norm_tile(split, ROWS) == (1, 2048, False)
+    # one pass ignores BLOCK and SPLIT_CHUNK; the split kernels ignore BLOCK_O
+    assert R.identity_key("norm", inc, ROWS) == R.identity_key("norm", {**inc, "BLOCK": 512, "SPLIT_CHUNK": 8192}, ROWS)
+    assert R.identity_key("norm", split, ROWS) == R.identity_key("norm", {**split, "BLOCK_O": 8}, ROWS)
+    assert R.identity_key("norm", inc, ROWS) != R.identity_key("norm", split, ROWS)
+    keys = [R.identity_key("norm", r.config, ROWS) for r in kept]
+    assert len(keys) == len(set(keys))
