@@ -153,7 +153,7 @@ def run_one(path: pathlib.Path, name: str, out_dir: pathlib.Path, settings: Sett
         # leaves no report: this is where its time went)
         for node, _upd in R.stream(run, {"problem_path": str(path.resolve())},
                                    on_start=lambda n, _s: _log_step(t0, n, "start")):
-            _log_step(t0, node, "done")
+            _log_step(t0, node, _plain_summary(node, _upd))
         st = R.final_state(run)
         rep = st.report
         if rep.get("status") != "ok":
@@ -181,6 +181,19 @@ def run_one(path: pathlib.Path, name: str, out_dir: pathlib.Path, settings: Sett
 
 def _log_step(t0: float, node: str, what: str) -> None:
     print(f"[{time.time() - t0:7.1f} s] {node}: {what}", flush=True)
+
+
+def _plain_summary(node: str, upd) -> str:
+    """The step's summary as egg run prints it, without markup: a problem cut off by its
+    timeout (or a slice's end) still says which candidates failed, why, and what was timed."""
+    from rich.text import Text
+
+    from graph.output import step_summary
+
+    try:
+        return Text.from_markup(step_summary(node, upd if isinstance(upd, dict) else {})).plain
+    except Exception:  # noqa: BLE001 - a log line never stops a run
+        return "done"
 
 
 def memory_failed(rep: dict) -> set[str]:

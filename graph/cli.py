@@ -26,7 +26,7 @@ from typing import Any, Callable, List, Optional
 import typer
 from rich.markup import escape
 
-from graph.output import Col, EggConsole, StatusLine, doing, print_table, unique_prefixes
+from graph.output import Col, EggConsole, StatusLine, doing, print_table, step_summary, unique_prefixes
 
 EXIT_OK = 0
 EXIT_REJECTED = 1
@@ -198,36 +198,7 @@ def _step_line(node: str, upd: dict, t0: float) -> str:
         return f"[{time.time() - t0:6.1f}s] [bold]review[/bold]: paused for a person to review the plan"
     if node == "review" and not upd:
         return f"[{time.time() - t0:6.1f}s] [bold]review[/bold]: skipped (review is off)"
-    bits = []
-    if upd.get("error"):
-        bits.append(f"[red]{escape(upd['error'])}[/red]")
-    for c in upd.get("candidates", []) or []:
-        bits.append(f"candidate {c.id} ({len(c.kernels)} kernel(s))")
-    for v in upd.get("verifications", []) or []:
-        bits.append(f"{v.candidate_id} [green]verified[/green] ({v.trials} trials)" if v.passed
-                    else f"{v.candidate_id} [red]rejected[/red] {escape(f'[{v.category}] {v.reason[:140]}')}")
-    for t in upd.get("timings", []) or []:
-        if t.candidate_id == "c0":
-            continue
-        if t.interpreter:
-            bits.append(f"{t.candidate_id}: {t.candidate_ms:.2f} ms in the interpreter (not a GPU timing)")
-        elif t.candidate_ms is not None:
-            bits.append(f"{t.candidate_id}: {t.candidate_ms:.4f} ms, {t.verdict}"
-                        + (f", {t.speedup_eager:.2f}x eager" if t.speedup_eager else ""))
-        else:
-            bits.append(f"{t.candidate_id}: {escape(t.note)}")
-    for stage, ctx in (upd.get("stage_context") or {}).items():
-        if node in ("tiler", "memory_optimizer", "algorithm_designer") and ctx.finished and not upd.get("candidates"):
-            bits.append(f"{stage} stage done: {escape(ctx.finish_reason)}")
-    if node == "review" and upd.get("plan") is not None:
-        p = upd["plan"]
-        off = [g.id for g in p.groups if not g.enabled]
-        bits.append(f"plan {p.reviewed}" + (f" (off: {', '.join(off)})" if off else ""))
-    if node == "planner" and upd.get("plan") is not None:
-        p = upd["plan"]
-        bits.append(f"{sum(g.kind != 'library' for g in p.groups)} fused group(s), "
-                    f"{sum(g.kind == 'library' for g in p.groups)} library op(s)")
-    return f"[{time.time() - t0:6.1f}s] [bold]{node}[/bold]: " + ("; ".join(bits) or "done")
+    return f"[{time.time() - t0:6.1f}s] [bold]{node}[/bold]: " + step_summary(node, upd)
 
 
 class _Live:

@@ -154,6 +154,44 @@ DOING = {
 }
 
 
+def step_summary(node: str, upd: dict) -> str:
+    """What a finished step did, in rich markup (values escaped): candidates written, verdicts
+    with their reasons, timings, a stage's end, the plan; "done" when nothing of that. The live
+    run's line (egg run) and the bench's per-problem log (plain) both print it."""
+    from rich.markup import escape
+
+    bits = []
+    if upd.get("error"):
+        bits.append(f"[red]{escape(upd['error'])}[/red]")
+    for c in upd.get("candidates", []) or []:
+        bits.append(f"candidate {c.id} ({len(c.kernels)} kernel(s))")
+    for v in upd.get("verifications", []) or []:
+        bits.append(f"{v.candidate_id} [green]verified[/green] ({v.trials} trials)" if v.passed
+                    else f"{v.candidate_id} [red]rejected[/red] {escape(f'[{v.category}] {v.reason[:140]}')}")
+    for t in upd.get("timings", []) or []:
+        if t.candidate_id == "c0":
+            continue
+        if t.interpreter:
+            bits.append(f"{t.candidate_id}: {t.candidate_ms:.2f} ms in the interpreter (not a GPU timing)")
+        elif t.candidate_ms is not None:
+            bits.append(f"{t.candidate_id}: {t.candidate_ms:.4f} ms, {t.verdict}"
+                        + (f", {t.speedup_eager:.2f}x eager" if t.speedup_eager else ""))
+        else:
+            bits.append(f"{t.candidate_id}: {escape(t.note)}")
+    for stage, ctx in (upd.get("stage_context") or {}).items():
+        if node in ("tiler", "memory_optimizer", "algorithm_designer") and ctx.finished and not upd.get("candidates"):
+            bits.append(f"{stage} stage done: {escape(ctx.finish_reason)}")
+    if node == "review" and upd.get("plan") is not None:
+        p = upd["plan"]
+        off = [g.id for g in p.groups if not g.enabled]
+        bits.append(f"plan {p.reviewed}" + (f" (off: {', '.join(off)})" if off else ""))
+    if node == "planner" and upd.get("plan") is not None:
+        p = upd["plan"]
+        bits.append(f"{sum(g.kind != 'library' for g in p.groups)} fused group(s), "
+                    f"{sum(g.kind == 'library' for g in p.groups)} library op(s)")
+    return "; ".join(bits) or "done"
+
+
 def doing(node: str, state: Any) -> str:
     cand = None
     if isinstance(state, dict):
