@@ -287,3 +287,26 @@ def test_runtime_tanh_keeps_relative_precision_near_zero():
     rel = ((y.double() - ref).abs() / ref.abs().clamp_min(1e-30))
     assert y[x == 0].eq(0).all()
     assert rel[x != 0].max().item() < 4 * torch.finfo(torch.float32).eps, rel.max().item()
+
+
+def test_wrappers_compute_launch_sizes_in_plain_python():
+    """The host code the templates write sizes grids with _egg_cdiv / _egg_pow2, not triton.cdiv /
+    triton.next_power_of_2: since triton 3.5 those are constexpr functions, ~2.5 us a call on
+    the CPU machine, several per launch (a bf16 softmax's kernel path: 46 -> 17 us a call with
+    its kernel stubbed). The helpers give triton's values."""
+    import ast
+    import pathlib
+
+    from knowledge.templates._runtime import _egg_cdiv, _egg_pow2
+
+    folder = pathlib.Path(__file__).resolve().parent.parent / "knowledge" / "templates"
+    for f in sorted(folder.glob("*.py")):
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                assert "triton.cdiv(" not in node.value and "triton.next_power_of_2(" not in node.value, f.name
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "triton":
+                assert node.attr not in ("cdiv", "next_power_of_2"), (f.name, node.lineno)
+    for n in list(range(0, 2100)) + [2**31 - 1, 2**31, 2**40 + 3]:
+        assert _egg_pow2(n) == triton.next_power_of_2(n), n
+        for d in (1, 3, 64, 1024):
+            assert _egg_cdiv(n, d) == triton.cdiv(n, d), (n, d)

@@ -197,14 +197,14 @@ def render(spec: LinearCESpec, cfg: dict, kname: str, gname: str) -> Rendered:
         empty = 'float("nan")' if spec.reduction == "mean" else "0.0"  # torch: 0/0, an empty sum
         w.append(f"    return torch.full((), {empty}, device=dev, dtype=torch.float32)")
     w += [
-        f"nt = triton.cdiv(V, {bn})",
+        f"nt = _egg_cdiv(V, {bn})",
         "pm = torch.empty((nt, M), device=dev, dtype=torch.float32)",
         "ps = torch.empty_like(pm)",
         "pt = torch.empty((M,), device=dev, dtype=torch.float32)",
         "t = t.contiguous()",
         f"if {int(cfg['MODE'])} == 1 and V > 0:  # fused: the tiles of logits made in registers",
         # the interpreter (CPU tensors) emulates 16-bit dots wrongly: fp32 copies of the tiles
-        f"    grid = (triton.cdiv(M, {bm}) * nt,)",
+        f"    grid = (_egg_cdiv(M, {bm}) * nt,)",
         f"    {kname}_mm[grid](x, w, {'b' if spec.has_bias else 'x'}, t, pm, ps, pt, M, V, K,",
         "        x.stride(0), x.stride(1), w.stride(0), w.stride(1),",
         f"        EVEN_K=K % {bk} == 0, DOT_F32=dev.type == 'cpu', BLOCK_M={bm}, BLOCK_N={bn},",
@@ -222,10 +222,10 @@ def render(spec: LinearCESpec, cfg: dict, kname: str, gname: str) -> Rendered:
     else:
         w.append("        out = torch.mm(xd, wd[n0:n1].t())")
     w += [
-        f"        {kname}_lse[(triton.cdiv(M, 64), triton.cdiv(n1 - n0, {bn}))](out, t, pm, ps, pt, M, V,",
+        f"        {kname}_lse[(_egg_cdiv(M, 64), _egg_cdiv(n1 - n0, {bn}))](out, t, pm, ps, pt, M, V,",
         f"            n0, out.stride(0), BLOCK_M=64, BLOCK_N={bn}, num_warps=4)",
         "loss = torch.empty((M,), device=dev, dtype=torch.float32)",
-        f"{kname}_row[(triton.cdiv(M, 16),)](t, pm, ps, pt, loss, M, V, nt, {ii}, BLOCK_R=16,",
+        f"{kname}_row[(_egg_cdiv(M, 16),)](t, pm, ps, pt, loss, M, V, nt, {ii}, BLOCK_R=16,",
         "    BLOCK_T=32, num_warps=4)",
     ]
     if spec.reduction == "none":

@@ -203,13 +203,13 @@ def render(spec: MatmulSpec, cfg: dict, kname: str, gname: str) -> Rendered:
                      + ["M", "N", bias_stride] + estr)
     w += [
         # split-K: K cut into SPLIT_K ranges of whole BLOCK_K steps (principle alg-matmul-epilogue)
-        f"steps = triton.cdiv(K, {bk})",
+        f"steps = _egg_cdiv(K, {bk})",
         f"split = max(1, min({int(cfg.get('SPLIT_K', 1))}, steps))",
-        f"k_split = triton.cdiv(steps, split) * {bk}",
-        "split = triton.cdiv(K, k_split) if K else 1",
+        f"k_split = _egg_cdiv(steps, split) * {bk}",
+        "split = _egg_cdiv(K, k_split) if K else 1",
         "part = torch.empty((split, BT, M, N), device=A.device, dtype=torch.float32) if split > 1 else o0",
         "big = max(A3.numel(), B3.numel(), part.numel()) >= 2**31 - 1",
-        f"grid = (triton.cdiv(M, {bm}) * triton.cdiv(N, {bn}), BT * split)",
+        f"grid = (_egg_cdiv(M, {bm}) * _egg_cdiv(N, {bn}), BT * split)",
         f"{kname}[grid]({head}, part, K, sab, sam, sak, sbb, sbk, sbn, k_split, I64=big, "
         f"EVEN_K=K % {bk} == 0, DOT_F32=A.device.type == 'cpu' and A.dtype != torch.float32, "
         f"SPLIT_K=split, BLOCK_M={bm}, BLOCK_N={bn}, BLOCK_K={bk}, "
@@ -217,7 +217,7 @@ def render(spec: MatmulSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         f"num_stages={int(cfg['num_stages'])})",
         "if split > 1:",
         "    total = BT * M * N",
-        f"    {kname}_sum[(triton.cdiv(total, 1024),)]({head}, part, total, split, "
+        f"    {kname}_sum[(_egg_cdiv(total, 1024),)]({head}, part, total, split, "
         "I64=part.numel() >= 2**31 - 1, BLOCK=1024, num_warps=4)",
         f"return {ret}",
     ]

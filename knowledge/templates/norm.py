@@ -217,21 +217,21 @@ def render(spec: NormSpec, cfg: dict, kname: str, gname: str) -> Rendered:
     w += [
         "if rows * R == 0:",
         f"    return {ret}",
-        f"if triton.next_power_of_2(R) <= {int(cfg['ONE_MAX'])}:",
-        "    BR = triton.next_power_of_2(R)",
+        f"if _egg_pow2(R) <= {int(cfg['ONE_MAX'])}:",
+        "    BR = _egg_pow2(R)",
         f"    BO = max(1, min({int(cfg['BLOCK_O'])}, {int(cfg['ONE_MAX'])} // BR))",
-        f"    {kname}_one[(triton.cdiv(rows, BO),)]({launch_common}, BLOCK_O=BO, BLOCK_R=BR, num_warps={nw})",
+        f"    {kname}_one[(_egg_cdiv(rows, BO),)]({launch_common}, BLOCK_O=BO, BLOCK_R=BR, num_warps={nw})",
         f"    return {ret}",
-        f"BLOCK = min({int(cfg['BLOCK'])}, triton.next_power_of_2(R))",
-        f"splits = max(1, min(triton.cdiv(R, {int(cfg['SPLIT_CHUNK'])}), 1024))",
-        "chunk = triton.cdiv(triton.cdiv(R, splits), BLOCK) * BLOCK",
-        "splits = triton.cdiv(R, chunk)",
+        f"BLOCK = min({int(cfg['BLOCK'])}, _egg_pow2(R))",
+        f"splits = max(1, min(_egg_cdiv(R, {int(cfg['SPLIT_CHUNK'])}), 1024))",
+        "chunk = _egg_cdiv(_egg_cdiv(R, splits), BLOCK) * BLOCK",
+        "splits = _egg_cdiv(R, chunk)",
         "pm = torch.empty(rows * splits, device=dev, dtype=torch.float32)",
         "p2 = torch.empty_like(pm)",
         "pn = torch.empty_like(pm)",
         f"{kname}_stats[(rows * splits,)]({launch_common}, pm, p2, pn, splits, chunk, BLOCK=BLOCK, num_warps={nw})",
-        f"{kname}_apply[(rows * triton.cdiv(R, BLOCK),)]({launch_common}, pm, p2, pn, splits, "
-        f"SPLITS_P2=triton.next_power_of_2(splits), BLOCK=BLOCK, num_warps={nw})",
+        f"{kname}_apply[(rows * _egg_cdiv(R, BLOCK),)]({launch_common}, pm, p2, pn, splits, "
+        f"SPLITS_P2=_egg_pow2(splits), BLOCK=BLOCK, num_warps={nw})",
         f"return {ret}",
     ]
     wrapper = f"def {gname}({args}):\n{indent(w, 4)}\n"

@@ -133,10 +133,10 @@ def render(spec: PointwiseSpec, cfg: dict, kname: str, gname: str) -> Rendered:
             "    N, C, S, st3 = ncs",
             *[f"    o{j} = torch.empty(shape, device=dev, dtype=torch.{dt})"
               for j, (_v, dt) in enumerate(spec.outputs)],
-            "    BC = min(64, triton.next_power_of_2(C))",
+            "    BC = min(64, _egg_pow2(C))",
             "    BS = max(16, BLOCK // BC)",
-            "    nct = triton.cdiv(C, BC)",
-            f"    {kname}_t[(nct * triton.cdiv(S, BS), N)]({t_args})",
+            "    nct = _egg_cdiv(C, BC)",
+            f"    {kname}_t[(nct * _egg_cdiv(S, BS), N)]({t_args})",
             f"    return {ret}",
         ]
     wbody += [
@@ -147,7 +147,7 @@ def render(spec: PointwiseSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         # rows of the innermost collapsed dim when an operand needs a strided index and the rows
         # are long enough to fill a block (_egg_pointwise_rows); else the flat walk
         "rows, B = _egg_pointwise_rows(dims, flat, BLOCK)",
-        "grid = ((n // dims[3]) * triton.cdiv(dims[3], B),) if rows else (triton.cdiv(n, B),)",
+        "grid = ((n // dims[3]) * _egg_cdiv(dims[3], B),) if rows else (_egg_cdiv(n, B),)",
         f"{kname}[grid]({launch_args})",
     ]
     wbody += [f"o{j} = _egg_standard_layout(o{j})" for j in spec.std_outputs]

@@ -170,7 +170,7 @@ def render(spec: PoolSpec, cfg: dict, kname: str, gname: str) -> Rendered:
            "dims, sts, flat, _ = lay"]
           if spec.epi_inputs else ["dims, sts, flat = [1, 1, 1, 1], [], []"]),
         f"BLOCK = {int(cfg['BLOCK'])}",
-        f"{kname}[(triton.cdiv(n_out, BLOCK),)](*ts, "
+        f"{kname}[(_egg_cdiv(n_out, BLOCK),)](*ts, "
         + "".join(f"o{j}, " for j in range(len(spec.outputs)))
         + "n_out, x.shape[1], I3[0], I3[1], I3[2], O3[0], O3[1], O3[2], dims[1], dims[2], dims[3], "
         + "*[s for st in sts for s in st], *flat, I64=max(x.numel(), n_out + BLOCK) >= 2**31, BLOCK=BLOCK, "

@@ -94,11 +94,11 @@ def launch_tail(rows_variant: bool, cfg: dict) -> tuple[list[str], str, str]:
     """Constexpr parameters of the kernel, its grid expression and launch keywords."""
     if rows_variant:
         params = ["I64: tl.constexpr", "BLOCK_O: tl.constexpr", "BLOCK_R: tl.constexpr"]
-        grid = f"(triton.cdiv(nrows, {int(cfg['BLOCK_O'])}),)"
+        grid = f"(_egg_cdiv(nrows, {int(cfg['BLOCK_O'])}),)"
         kw = f"BLOCK_O={int(cfg['BLOCK_O'])}, BLOCK_R=BLOCK_R"
     else:
         params = ["I64: tl.constexpr", "BLOCK_R: tl.constexpr", "BLOCK_I: tl.constexpr"]
-        grid = f"(nrows * triton.cdiv(inner, {int(cfg['BLOCK_I'])}),)"
+        grid = f"(nrows * _egg_cdiv(inner, {int(cfg['BLOCK_I'])}),)"
         kw = f"BLOCK_R=BLOCK_R, BLOCK_I={int(cfg['BLOCK_I'])}"
     return params, grid, kw
 
@@ -301,27 +301,27 @@ def render(spec: ReductionSpec, cfg: dict, kname: str, gname: str) -> Rendered:
     w += [
         "if o0.numel() == 0 or R == 0:",
         "    raise RuntimeError('EGG: empty reduction domain')",
-        f"BLOCK_R = min({int(cfg['BLOCK_R'])}, triton.next_power_of_2(R))",
+        f"BLOCK_R = min({int(cfg['BLOCK_R'])}, _egg_pow2(R))",
     ]
     if splittable:
         # few programs over long reductions: split the reduced dim over SPLITS programs, then
         # merge (tile-split-rows); rows: few rows, cols: few (outer index x inner block) tiles
         outs = "".join(f", o{j}" for j in range(len(spec.outputs)))
         flat = "*[s for st in sts for s in st]"
-        tiles = "nrows" if rows_v else f"nrows * triton.cdiv(inner, {int(cfg['BLOCK_I'])})"
+        tiles = "nrows" if rows_v else f"nrows * _egg_cdiv(inner, {int(cfg['BLOCK_I'])})"
         w += [
-            f"splits = min(1024, triton.cdiv(R, {int(cfg['SPLIT_CHUNK'])})) if {tiles} < {int(cfg['SPLIT_ROWS'])} else 1",
+            f"splits = min(1024, _egg_cdiv(R, {int(cfg['SPLIT_CHUNK'])})) if {tiles} < {int(cfg['SPLIT_ROWS'])} else 1",
             "if splits > 1:",
-            "    chunk = triton.cdiv(triton.cdiv(R, splits), BLOCK_R) * BLOCK_R",
-            "    splits = triton.cdiv(R, chunk)",
+            "    chunk = _egg_cdiv(_egg_cdiv(R, splits), BLOCK_R) * BLOCK_R",
+            "    splits = _egg_cdiv(R, chunk)",
             "    part = torch.empty(nrows * splits * inner, device=dev, dtype=torch.float32)",
         ]
         if rows_v:
             w += [
                 f"    {kname}_part[(nrows * splits,)](*ts, part, nrows, outer[1], outer[2], R, inner, {flat}, "
                 f"splits, chunk, BLOCK_R=BLOCK_R, num_warps={int(cfg['num_warps'])})",
-                f"    {kname}_fin[(triton.cdiv(nrows, 4),)](*ts{outs}, part, nrows, outer[1], outer[2], R, inner, "
-                f"{flat}, splits, SPLITS_P2=triton.next_power_of_2(splits), BLOCK_O=4, num_warps=4)",
+                f"    {kname}_fin[(_egg_cdiv(nrows, 4),)](*ts{outs}, part, nrows, outer[1], outer[2], R, inner, "
+                f"{flat}, splits, SPLITS_P2=_egg_pow2(splits), BLOCK_O=4, num_warps=4)",
             ]
         else:
             bi = int(cfg["BLOCK_I"])
@@ -329,7 +329,7 @@ def render(spec: ReductionSpec, cfg: dict, kname: str, gname: str) -> Rendered:
                 f"    {kname}_part[({tiles} * splits,)](*ts, part, nrows, outer[1], outer[2], R, inner, {flat}, "
                 f"splits, chunk, BLOCK_R=BLOCK_R, BLOCK_I={bi}, num_warps={int(cfg['num_warps'])})",
                 f"    {kname}_fin[({tiles},)](*ts{outs}, part, nrows, outer[1], outer[2], R, inner, "
-                f"{flat}, splits, SPLITS_P2=triton.next_power_of_2(splits), BLOCK_I={bi}, num_warps=4)",
+                f"{flat}, splits, SPLITS_P2=_egg_pow2(splits), BLOCK_I={bi}, num_warps=4)",
             ]
         w.append(f"    return {ret}")
     w += [

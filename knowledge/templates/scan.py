@@ -81,8 +81,8 @@ def render(spec: ScanSpec, cfg: dict, kname: str, gname: str) -> Rendered:
     w += [
         "if o0.numel() == 0:",
         f"    return {ret}",
-        f"BLOCK_R = min({int(cfg['BLOCK_R'])}, triton.next_power_of_2(R))",
-        f"{kname}[(triton.cdiv(nrows, {int(cfg['BLOCK_O'])}),)](*ts, "
+        f"BLOCK_R = min({int(cfg['BLOCK_R'])}, _egg_pow2(R))",
+        f"{kname}[(_egg_cdiv(nrows, {int(cfg['BLOCK_O'])}),)](*ts, "
         + "".join(f"o{j}, " for j in range(len(spec.outputs)))
         + "nrows, outer[1], outer[2], R, inner, *[s for st in sts for s in st], "
         + f"I64=nrows * R >= 2**31, BLOCK_O={int(cfg['BLOCK_O'])}, BLOCK_R=BLOCK_R, "

@@ -127,8 +127,8 @@ def render(spec: SoftmaxSpec, cfg: dict, kname: str, gname: str) -> Rendered:
     w += [
         "if o0.numel() == 0:",
         f"    return {ret}",
-        f"ONE = triton.next_power_of_2(R) * {int(cfg['BLOCK_O'] if rows_v else cfg['BLOCK_I'])} <= {one_max}",
-        f"BLOCK_R = triton.next_power_of_2(R) if ONE else min({int(cfg['BLOCK_R'])}, triton.next_power_of_2(R))",
+        f"ONE = _egg_pow2(R) * {int(cfg['BLOCK_O'] if rows_v else cfg['BLOCK_I'])} <= {one_max}",
+        f"BLOCK_R = _egg_pow2(R) if ONE else min({int(cfg['BLOCK_R'])}, _egg_pow2(R))",
         launch_line(kname, len(spec.outputs), grid, kw + ", ONE_PASS=ONE", cfg),
         f"return {ret}",
     ]
