@@ -474,10 +474,11 @@ def random_state(model, gen: torch.Generator) -> dict:
                 int(torch.randint(1 << 62, (1,), generator=gen)))
         with torch.no_grad():
             x = v.detach().float()
-            r = torch.rand(x.shape, generator=g, device=x.device)
             if x.numel() > 1 and float(x.std()) > 0:
-                new = _shuffled(x, g).mul_(r.mul_(0.5).add_(0.75))
+                new = _shuffled(x, g)  # then the jitter: two copies of a large weight alive, not three
+                new.mul_(torch.rand(x.shape, generator=g, device=x.device).mul_(0.5).add_(0.75))
             else:
+                r = torch.rand(x.shape, generator=g, device=x.device)
                 m = float(x.mean()) if x.numel() else 0.0
                 new = (r.add_(0.5).mul_(m)) if m != 0 else 0.5 * torch.randn(x.shape, generator=g, device=x.device)
         out[k] = new.to(dtype=v.dtype)
