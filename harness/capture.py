@@ -420,6 +420,13 @@ class _BreakTracer(fx.Tracer):
         return super().getattr(attr, attr_val, parameter_proxy_cache)
 
     def call_module(self, m, forward, args, kwargs):
+        try:
+            self.path_of_module(m)
+        except NameError:
+            # a module that is not one of the model's submodules: a function made a module at
+            # import (transformers >= 5.25 with the `kernels` package wraps apply_rotary_pos_emb
+            # so), called like a function: its ops are traced inline, as the function's were
+            return forward(*args, **kwargs)
         fn = _unwrapped_forward(m)
         rw = self.rewrites.get(fn)
         if rw is not None and rw.breaks and not self.is_leaf_module(m, self.path_of_module(m)):

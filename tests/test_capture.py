@@ -426,3 +426,53 @@ def test_a_value_computed_from_a_buffer_is_read_at_run_time(write_problem):
     assert comp.emitted is not None and comp.emitted.kernels, comp.error
     report = check_dropin(src, comp.emitted.source, calls=1, variants=("own", "x3"), grad=False)
     assert report.fast("own", "train")
+
+
+FUNCTION_MODULE = '''import torch
+import torch.nn as nn
+
+
+class _Rotate(nn.Module):
+    """A function made a module at import, as the `kernels` package makes transformers'
+    apply_rotary_pos_emb (transformers >= 5.25 installs it)."""
+
+    def forward(self, x, c):
+        return x * c + torch.cat((-x[..., 4:], x[..., :4]), -1) * (1.0 - c)
+
+
+rotate = _Rotate()
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return torch.relu(rotate(self.lin(x), 0.25))
+
+
+def get_inputs():
+    return [torch.randn(4, 8)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
+def test_a_module_that_is_not_a_submodule_is_traced_like_a_function(write_problem, tmp_path):
+    """fx refuses a call of a module the model does not own ("module is not installed as a
+    submodule"): with transformers 5.25 and `kernels`, LlamaAttention's RoPE became such a call
+    and a third graph break. Its ops are traced inline now: no break, and a kernel covers them."""
+    prob = load_problem(write_problem(FUNCTION_MODULE, "fnmod"))
+    cap = capture(prob)
+    assert cap.gm is not None and not cap.breaks, (cap.error, [b.reason for b in cap.breaks])
+    comp, mod = _new_module(prob, tmp_path)
+    assert comp.emitted.kernels
+    torch.manual_seed(0)
+    ref = mod.Model()
+    torch.manual_seed(0)
+    new = mod.ModelNew()
+    x = torch.randn(4, 8)
+    torch.testing.assert_close(new(x), ref(x))
