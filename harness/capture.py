@@ -421,7 +421,7 @@ class _BreakTracer(fx.Tracer):
 
     def call_module(self, m, forward, args, kwargs):
         try:
-            self.path_of_module(m)
+            path = self.path_of_module(m)
         except NameError:
             # a module that is not one of the model's submodules: a function made a module at
             # import (transformers >= 5.25 with the `kernels` package wraps apply_rotary_pos_emb
@@ -429,7 +429,7 @@ class _BreakTracer(fx.Tracer):
             return forward(*args, **kwargs)
         fn = _unwrapped_forward(m)
         rw = self.rewrites.get(fn)
-        if rw is not None and rw.breaks and not self.is_leaf_module(m, self.path_of_module(m)):
+        if rw is not None and rw.breaks and not self.is_leaf_module(m, path):
             built = rw.build(self)
             forward = types.MethodType(built, m)
         return super().call_module(m, forward, args, kwargs)

@@ -127,8 +127,9 @@ def render(spec: SoftmaxSpec, cfg: dict, kname: str, gname: str) -> Rendered:
     w += [
         "if o0.numel() == 0:",
         f"    return {ret}",
-        f"ONE = _egg_pow2(R) * {int(cfg['BLOCK_O'] if rows_v else cfg['BLOCK_I'])} <= {one_max}",
-        f"BLOCK_R = _egg_pow2(R) if ONE else min({int(cfg['BLOCK_R'])}, _egg_pow2(R))",
+        "BLOCK_R = _egg_pow2(R)",
+        f"ONE = BLOCK_R * {int(cfg['BLOCK_O'] if rows_v else cfg['BLOCK_I'])} <= {one_max}",
+        f"BLOCK_R = BLOCK_R if ONE else min({int(cfg['BLOCK_R'])}, BLOCK_R)",
         launch_line(kname, len(spec.outputs), grid, kw + ", ONE_PASS=ONE", cfg),
         f"return {ret}",
     ]
