@@ -106,6 +106,44 @@ def test_layer_norm_other_leading_dims_and_a_wrong_width(write_problem):
     assert report.fast("rank") and report.fast("batch")
 
 
+FLATTEN_LINEAR = problem("        self.fc = nn.Linear(3 * 4, 5)\n        self.mp = nn.MaxPool2d(4)\n",
+                         "    def forward(self, x):\n"
+                         "        return torch.relu(self.fc(torch.flatten(self.mp(torch.relu(x * 2.0)), 1)))\n",
+                         "[torch.randn(4, 3, 8, 8)]")
+
+
+def test_a_product_behind_a_flatten_refuses_what_linear_refuses(write_problem):
+    """AlexNet on the H200: the guard frees the image size (a pooling floor gives the same file
+    at 8 and 10), but at 12 the flattened width no longer matches the linear layer's: Model
+    raises, and the matrix-product kernel (K read from A alone) returned a result: every
+    candidate failed its verification. The wrapper refuses it as torch does."""
+    comp = compiled(write_problem, FLATTEN_LINEAR, "flatlin")
+    assert [g.kind for g in comp.plan.groups] == ["pool", "matmul"]
+    prob, cand = load_sources(FLATTEN_LINEAR, comp.emitted.source)
+    torch.manual_seed(0)
+    ref, new = prob.Model(), cand.ModelNew()
+    new.load_state_dict(ref.state_dict())
+    with torch.no_grad():
+        for size in (8, 10):  # a size the guard frees: the kernels, matching eager
+            x = torch.randn(2, 3, size, size)
+            torch.testing.assert_close(new(x), ref(x), atol=1e-4, rtol=1e-4)
+        for shape in ((2, 3, 12, 12), (2, 3, 12, 8)):
+            x = torch.randn(shape)
+            with pytest.raises(RuntimeError, match="cannot be multiplied"):
+                ref(x)
+            with pytest.raises(RuntimeError, match="cannot be multiplied"):
+                new(x)
+    # the kernel itself refuses operands that do not fit: K, a 3-d weight, the bias
+    g = cand._egg_g1  # the plan's second group: the product with its ReLU
+    w, b = new.fc.weight, new.fc.bias
+    with pytest.raises(RuntimeError, match=r"\(2x13 and 12x5\)"):
+        g(torch.randn(2, 13), w, b)
+    with pytest.raises(RuntimeError, match="cannot be multiplied"):
+        g(torch.randn(2, 12), w.unsqueeze(0), b)
+    with pytest.raises(RuntimeError, match="bias has 4 elements"):
+        g(torch.randn(2, 12), w, b[:4])
+
+
 def test_log_softmax_of_a_3d_input(write_problem):
     """Raised "kernel built for innermost reduction, got strided" for a 3-d input: the reduced
     dim was the traced rank's, not the last."""

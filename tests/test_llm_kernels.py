@@ -239,6 +239,28 @@ def test_lm_head_cross_entropy_gives_nan_for_a_target_outside_the_vocabulary(wri
         assert torch.isnan(m(torch.randn(37, 72, dtype=torch.bfloat16), t))
 
 
+def test_lm_head_cross_entropy_refuses_what_eager_refuses(write_problem, tmp_path):
+    """The kernel reads K from the hidden states and walks the weight, the targets and the bias
+    with their own strides: operands that do not fit raise as eager does, never a loss."""
+    fwd, inputs, bias, dtype = LM["bias_ignore_sum"]
+    path = write_problem(lm_problem(fwd, inputs, bias, dtype), "lm_refuse")
+    comp = generated_matches(path, tmp_path, seeds=(0,), configs={"g0": {"CHUNK_N": 128, "BLOCK_N": 64}})
+    cand = tmp_path / "lm_refuse_new.py"
+    cand.write_text(comp.emitted.source)
+    mod = load_module(cand, "candidate")
+    m = mod.ModelNew()
+    w, b = m.head.weight, m.head.bias
+    x, t = torch.randn(5, 72, dtype=torch.bfloat16), torch.randint(0, 501, (5,))
+    with torch.no_grad():
+        assert torch.isfinite(mod._egg_g0(x, w, t, b))
+        with pytest.raises(RuntimeError, match=r"\(5x71 and 72x501\)"):
+            mod._egg_g0(x[:, :71], w, t, b)
+        with pytest.raises(ValueError, match="target batch_size"):
+            mod._egg_g0(x, w, t[:4], b)
+        with pytest.raises(RuntimeError, match="bias has 500 elements"):
+            mod._egg_g0(x, w, t, b[:500])
+
+
 @pytest.mark.parametrize("why,forward", [
     ("label smoothing", "        return F.cross_entropy(self.head(h).float(), t, label_smoothing=0.1)\n"),
     ("the logits returned too", "        lg = self.head(h)\n        return F.cross_entropy(lg.float(), t), lg\n"),

@@ -367,6 +367,28 @@ def _egg_params_channels_last(module, names):
         p.data = _egg_channels_last(p.data)
 
 
+def _egg_mm_check(a, b, bias, b_nk, batched):
+    """Raise as torch does when the operands of a matrix product do not fit: the kernel reads K
+    from A and walks B and the bias with their strides, so a B or bias of another size would be
+    read out of bounds or in part. A ModelNew guard may free a dim that reaches a product only
+    through a reshape (a spatial size before a flatten): at a size Model refuses, ModelNew must
+    refuse too, not return a result."""
+    k = a.shape[-1]
+    if batched:
+        ok = (a.dim() >= 3 and b.dim() == a.dim() and b.shape[-2] == k
+              and tuple(b.shape[:-2]) == tuple(a.shape[:-2]))
+    else:
+        ok = b.dim() == 2 and b.shape[1 if b_nk else 0] == k
+    if not ok:
+        m = a.numel() // k if k else 0
+        bs = "x".join(str(d) for d in (tuple(b.shape)[::-1] if b_nk and b.dim() == 2 else b.shape))
+        raise RuntimeError(f"mat1 and mat2 shapes cannot be multiplied ({m}x{k} and {bs})")
+    if bias is not None:
+        n = b.shape[0] if b_nk else b.shape[-1]
+        if bias.numel() != n:
+            raise RuntimeError(f"the bias has {bias.numel()} elements, the product's rows {n}")
+
+
 def _egg_mm_operand(t, shape, bt, m, n):
     """An epilogue input of a matrix product as a (BT, M, N) view of its broadcast to the
     output's shape: stride 0 along broadcast dims, a copy only when the folded dims cannot be

@@ -188,6 +188,17 @@ def render(spec: LinearCESpec, cfg: dict, kname: str, gname: str) -> Rendered:
     w = [
         "M, K = x.shape",
         "V = w.shape[0]",
+        # the shapes eager refuses are refused here too (the kernels read K from x and walk w,
+        # the targets and the bias with their own strides): never a result where torch raises
+        "if w.dim() != 2 or w.shape[1] != K:",
+        "    raise RuntimeError(f'mat1 and mat2 shapes cannot be multiplied ({M}x{K} and "
+        "{w.shape[-1]}x{V})')",
+        "if t.dim() != 1 or t.shape[0] != M:",
+        "    raise ValueError(f'Expected input batch_size ({M}) to match target batch_size "
+        "({t.shape[0] if t.dim() else 0}).')",
+        *(["if b.numel() != V:",
+           "    raise RuntimeError(f'the bias has {b.numel()} elements, the logits {V}')"]
+          if spec.has_bias else []),
         "dev = x.device",
         "if M == 0:",
     ]

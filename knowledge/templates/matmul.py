@@ -166,7 +166,9 @@ def render(spec: MatmulSpec, cfg: dict, kname: str, gname: str) -> Rendered:
     args = ", ".join(f"a{i}" for i in range(n_in))
     ret = ", ".join(f"o{j}" for j in range(len(spec.outputs)))
     # A3 is (BT, M, K) and B3 (BT, K, N) (views: a linear weight is read through its transpose)
-    w = [f"A, B = a{spec.a}, a{spec.b}", "K = A.shape[-1]"]
+    bias = f"a{spec.bias}" if spec.bias is not None else "None"
+    w = [f"A, B = a{spec.a}, a{spec.b}",
+         f"_egg_mm_check(A, B, {bias}, {bool(spec.b_nk)}, {bool(spec.batched)})", "K = A.shape[-1]"]
     if spec.batched:
         w += ["M, N = A.shape[-2], B.shape[-1]",
               "A3, B3 = A.reshape(-1, M, K), B.reshape(-1, K, N)"]
