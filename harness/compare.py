@@ -1,7 +1,8 @@
 """The precision contract (DESIGN.md): compare candidate outputs with eager's.
 
 An output passes when it matches eager within KernelBench's tolerance for its dtype, or when its
-error against a float64 reference is no larger than eager's own. NaN or Inf where eager has
+error against a float64 reference is no larger than eager's own (up to DEEP_DOOR_FACTOR x in the
+deep-net regime and in the rounding regime of 16-bit outputs, under their conditions). NaN or Inf where eager has
 none fails; so does a different shape, dtype, or a tensor subclass.
 """
 from __future__ import annotations
@@ -40,6 +41,16 @@ NOISE_MIN_ELEMENTS = 64
 #: factor above eager's (honest reorderings: ratios of maxima of two like error distributions,
 #: measured 0.5-1.6, docs/verifier.md); a downcast to bf16 is ~8x above TF32's error.
 DEEP_DOOR_FACTOR = 2.0
+#: the rounding regime of 16-bit outputs: eager rounds its intermediates to bf16 / fp16 (a residual
+#: stream of magnitude 4-8 carries bf16 steps of 0.031), and an honest kernel that rounds at
+#: other points (a fused add kept in fp32) lands an intermediate step away where the output is
+#: small, beyond atol; its max error vs float64 then exceeds eager's as often as not (the Llama-3
+#: layer on the H200: 0.0301 vs 0.0291, 0.0312 vs 0.030, four candidates rejected). There the door
+#: admits DEEP_DOOR_FACTOR x eager's max error when the error is rounding-like (no bias, no
+#: correlation with the values) and its RMS is at most this factor of eager's: two like rounding
+#: distributions have RMS ratios near 1, a coarser format (fp8 intermediates, a 16-bit
+#: accumulator) several times, a dropped term shows as bias.
+LOWP_RMS_FACTOR = 1.5
 
 
 @dataclass
@@ -197,7 +208,10 @@ def fp64_door(chk: OutputCheck, ref64: torch.Tensor, eager: torch.Tensor, cand: 
     if "NaN" in chk.reason or "non-finite" in chk.reason:
         return chk
     deep = not chk.within_tol and tol is not None and _eager_outside_tolerance(eager, ref64, tol)
-    factor = DEEP_DOOR_FACTOR if deep else 1.0
+    rounding = (not chk.within_tol and not deep and eager.dtype in LOW_PRECISION
+                and c["n"] >= NOISE_MIN_ELEMENTS and c["bias"] < NOISE_STAT and c["corr"] < NOISE_STAT
+                and c["rms"] <= LOWP_RMS_FACTOR * e["rms"])
+    factor = DEEP_DOOR_FACTOR if deep or rounding else 1.0
     if chk.within_tol or c["max"] <= factor * e["max"]:
         lower = (eager.dtype not in LOW_PRECISION and eager.dtype != torch.float64
                  and c["rms"] > LOWER_PRECISION_FACTOR * e["rms"]
@@ -211,9 +225,13 @@ def fp64_door(chk: OutputCheck, ref64: torch.Tensor, eager: torch.Tensor, cand: 
             chk.ok, chk.passed_by, chk.reason = True, "fp64", ""
             if deep:
                 chk.extra["deep_regime"] = True
+            elif rounding and c["max"] > e["max"]:
+                chk.extra["rounding_regime"] = True
         return chk
-    chk.reason += (f"; error vs fp64 {c['max']:.3g} > " + (f"{factor:g}x " if deep else "")
+    chk.reason += (f"; error vs fp64 {c['max']:.3g} > " + (f"{factor:g}x " if deep or rounding else "")
                    + f"eager's {e['max']:.3g}")
+    if eager.dtype in LOW_PRECISION and not deep:  # which condition of the rounding regime failed
+        chk.reason += f" (RMS {c['rms']:.3g} vs eager's {e['rms']:.3g})"
     noise = (c["n"] >= NOISE_MIN_ELEMENTS and c["bias"] < NOISE_STAT and c["corr"] < NOISE_STAT)
     if c["max"] <= PRECISION_CLOSE * max(c["scale"], 1e-30) and noise:
         chk.category = "precision"

@@ -109,6 +109,49 @@ def test_deep_regime_admits_a_like_error_and_rejects_a_larger_one():
     assert not bad.ok and f"{CMP.DEEP_DOOR_FACTOR:g}x eager's" in bad.reason
 
 
+def _bf16_rounded(t, step, k, seed, offset=0.0):
+    """bf16 outputs over values of magnitude 1-2 that carry the rounding of an intermediate of
+    step ``step`` (a residual stream of magnitude 4-8 in bf16: 0.031), scaled by ``k``."""
+    g = torch.Generator().manual_seed(seed)
+    e = (torch.rand(t.shape, generator=g, dtype=torch.float64) - 0.5) * step * k
+    return (t + e + offset).to(torch.bfloat16)
+
+
+def _judge16(t, eager, cand):
+    chk = compare_output(0, eager, cand, Tolerance())
+    return fp64_door(chk, t, eager, cand, Tolerance())
+
+
+def test_rounding_regime_of_bf16_outputs():
+    """The Llama-3 layer on the H200: eager within the tolerance of float64, an honest candidate
+    (its intermediates rounded at other points: the same error distribution, drawn anew) is
+    outside the tolerance of eager where the output is small and its max error vs float64 is a
+    few percent above eager's: it passes (the strict door rejected it). One element 2.5x eager's
+    max error (beyond the 2x door), rounding 1.8x coarser (inside the door, RMS 1.8x eager's) and
+    a small systematic offset (inside the door and the RMS bound, but a bias) are rejected."""
+    g = torch.Generator().manual_seed(11)
+    t = 1 + torch.rand(N, generator=g, dtype=torch.float64)
+    eager = _bf16_rounded(t, 0.031, 1.0, 1)
+    e_max = float((eager.double() - t).abs().max())
+    seeds = [s for s in range(2, 40)
+             if float((_bf16_rounded(t, 0.031, 1.0, s).double() - t).abs().max()) > e_max]
+    honest = _judge16(t, eager, _bf16_rounded(t, 0.031, 1.0, seeds[0]))
+    assert not honest.within_tol and honest.cand_err_fp64 > honest.eager_err_fp64
+    assert honest.ok and honest.passed_by == "fp64" and honest.extra.get("rounding_regime"), honest.reason
+    outlier = _bf16_rounded(t, 0.031, 1.0, seeds[0]).double()
+    outlier[17] = t[17] + 2.5 * e_max  # like rounding elsewhere, one element beyond the 2x door
+    wide = _judge16(t, eager, outlier.to(torch.bfloat16))
+    assert not wide.ok and f"{CMP.DEEP_DOOR_FACTOR:g}x eager's" in wide.reason, wide.reason
+    assert not _judge16(t, eager, _bf16_rounded(t, 0.031, 2.5, 3)).ok
+    coarse = _judge16(t, eager, _bf16_rounded(t, 0.031, 1.8, 3))
+    assert coarse.cand_err_fp64 <= CMP.DEEP_DOOR_FACTOR * coarse.eager_err_fp64
+    assert not coarse.ok and "RMS" in coarse.reason, coarse.reason
+    biased = _judge16(t, eager, _bf16_rounded(t, 0.031, 1.0, 3, offset=0.006))
+    assert biased.cand_err_fp64 <= CMP.DEEP_DOOR_FACTOR * biased.eager_err_fp64
+    assert biased.extra["cand_rms_fp64"] <= CMP.LOWP_RMS_FACTOR * biased.extra["eager_rms_fp64"]
+    assert not biased.ok, biased.reason
+
+
 def test_close_noise_is_precision_but_a_systematic_error_is_a_mismatch():
     """Both outside the tolerance and close to the truth: rounding-like noise (TF32 for fp32
     work) is 'precision'; a wrong eps (error proportional to the values) or a constant offset
