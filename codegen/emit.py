@@ -756,12 +756,28 @@ ROOT_REF = "_egg_self"
 
 
 def has_effect(n: fx.Node) -> bool:
-    """Kept though nothing reads its result: fx's own rule, and in-place methods (fx keeps
-    ``copy_`` into a buffer as a call_method it calls pure: ``self.h.copy_(x)`` would vanish)."""
+    """Kept though nothing reads its result: fx's own rule, in-place methods (fx keeps
+    ``copy_`` into a buffer as a call_method it calls pure: ``self.h.copy_(x)`` would vanish),
+    random draws (later draws depend on them) and modules that are not pure (fx calls every
+    module pure: a dead batch norm's statistics update in train() would vanish)."""
+    from codegen.rewrites.deadcode import RANDOM_OPS, pure_module
+
     if n.is_impure():
         return True
+    if n.op == "call_module":
+        gm = n.graph.owning_module
+        try:
+            return gm is None or not pure_module(gm.get_submodule(n.target))
+        except AttributeError:
+            return True
     name = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", "")
-    return n.op in ("call_method", "call_function") and name.endswith("_") and not name.endswith("__")
+    return n.op in ("call_method", "call_function") and (
+        name.endswith("_") and not name.endswith("__") or name in RANDOM_OPS
+        or name in EFFECT_HELPERS)
+
+
+#: runtime helpers called for what they write (a dead batch norm's running statistics)
+EFFECT_HELPERS = {"_egg_bn_update"}
 
 
 def root_ref_fix(forward: str) -> str:

@@ -545,3 +545,39 @@ def test_mha_weights_unused(write_problem, body, applies):
     plan, _applied, _err = pipeline.analyze(load_problem(write_problem(src, "mha2")))
     text = emit_model(src, plan, {}, "# test").source
     assert ("need_weights = False" in text or "x, None, False)" in text) is applies
+
+
+DEAD_MEMBERS = ("        self.conv = nn.Conv1d(4, 4, 3)\n        self.bn = nn.BatchNorm1d(4)\n"
+                "        self.drop = nn.Dropout(0.5)\n")
+
+
+def test_dead_library_ops_are_dropped_and_effects_kept(write_problem):
+    """rw-dead-code drops library ops nothing reads (an einsum, a convolution, a cat: Mamba-2's
+    forward that returns only the final state still computes its diagonal blocks' einsum in
+    eager) but keeps what has an effect: batch norm's statistics update in train(), a dropout's
+    draw (the random numbers of later draws depend on it), an in-place op."""
+    body = ("        y = torch.relu(x)\n"
+            "        _a = torch.einsum('bcl,bdl->bcd', x, y)\n"
+            "        _b = self.conv(x)\n"
+            "        _c = torch.cat([x, y], dim=1)\n"
+            "        _d = self.bn(x)\n"
+            "        _e = F.dropout(x, 0.5, training=True)\n"
+            "        return y * 2.0\n")
+    src = _problem(body, "torch.randn(2, 4, 9)", members=DEAD_MEMBERS)
+    path = write_problem(src, "dead_lib")
+    plan, applied, err = pipeline.analyze(load_problem(path))
+    assert err is None and "rw-dead-code" in applied
+    code = plan.gm.code
+    for gone in ("einsum", "self.conv", "torch.cat"):
+        assert gone not in code, gone
+    for kept in ("self.bn", "dropout"):
+        assert kept in code, kept
+    # the emitted module keeps batch norm's running statistics in step with Model's
+    cand = path.with_name("dead_lib_new.py")
+    cand.write_text(emit_model(load_problem(path).source, plan, {}, "# test").source)
+    mod = load_module(cand, "candidate")
+    ref, new = mod.Model(), mod.ModelNew()
+    new.load_state_dict(ref.state_dict())
+    x = torch.randn(2, 4, 9)
+    torch.testing.assert_close(new(x), ref(x))
+    torch.testing.assert_close(new.bn.running_mean, ref.bn.running_mean)

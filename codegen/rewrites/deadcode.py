@@ -8,8 +8,48 @@ from codegen.ops import classify
 from codegen.rewrites.common import _op_name, _replace
 
 
+#: PyTorch functions and tensor methods whose results are random draws: dropping a dead one
+#: would change the random numbers every later draw in the forward gets
+RANDOM_OPS = {"dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout",
+              "rand", "rand_like", "randn", "randn_like", "randint", "randint_like", "randperm",
+              "bernoulli", "multinomial", "normal", "poisson", "rrelu", "gumbel_softmax",
+              "fractional_max_pool2d", "fractional_max_pool3d", "native_dropout"}
+
+
+def _pure_library(n: fx.Node, gm: fx.GraphModule) -> bool:
+    """A library op (one EGG has no template for: einsum, a convolution, cat, zeros_like, an
+    nn module) that only computes its result: a PyTorch function or tensor method, not in place,
+    no ``out=``, no random draw; a module from torch.nn that keeps no buffers (batch norm updates
+    its statistics in train()) and draws nothing."""
+    import torch
+
+    if n.op == "call_function":
+        mod = getattr(n.target, "__module__", None) or ""
+        name = getattr(n.target, "__name__", "")
+        return (mod == "torch" or mod.startswith("torch.")) and not mod.startswith("torch.fx") \
+            and name not in RANDOM_OPS and "out" not in n.kwargs and not n.kwargs.get("inplace")
+    if n.op == "call_method":
+        return n.target not in RANDOM_OPS and "out" not in n.kwargs
+    if n.op == "call_module":
+        return pure_module(gm.get_submodule(n.target))
+    return False
+
+
+def pure_module(m) -> bool:
+    """A torch.nn module whose call only computes its result: no buffers (batch norm updates
+    its running statistics in train()), not in place, no random draw."""
+    import torch
+
+    return (type(m).__module__.startswith("torch.nn.modules") and not list(m.buffers())
+            and not getattr(m, "inplace", False)
+            and not isinstance(m, (torch.nn.Dropout, torch.nn.Dropout1d, torch.nn.Dropout2d,
+                                   torch.nn.Dropout3d, torch.nn.AlphaDropout,
+                                   torch.nn.FeatureAlphaDropout, torch.nn.RReLU)))
+
+
 def drop_dead_code(gm: fx.GraphModule) -> bool:
-    """rw-dead-code: pure ops whose result reaches no output."""
+    """rw-dead-code: pure ops whose result reaches no output (Mamba-2's forward that returns only
+    the final state still computes the diagonal blocks' einsum; eager pays for it)."""
     graph = gm.graph
     changed = False
     for n in reversed(list(graph.nodes)):
@@ -17,7 +57,8 @@ def drop_dead_code(gm: fx.GraphModule) -> bool:
                 str(n.target).endswith("_") and not str(n.target).endswith("__"):
             continue  # (an in-place op, a graph break: its effect is its point)
         op = classify(n, gm)
-        if op.kind in ("pointwise", "reduction", "softmax", "view", "identity", "getitem", "param"):
+        if op.kind in ("pointwise", "reduction", "softmax", "view", "identity", "getitem", "param") \
+                or op.kind == "library" and _pure_library(n, gm):
             graph.erase_node(n)
             changed = True
     return changed
