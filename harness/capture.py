@@ -131,7 +131,8 @@ def capture_model(make, inputs: list) -> Captured:
     first = None
     concrete = unsupplied_defaults(model, inputs)
     try:
-        gm = fx.symbolic_trace(model, concrete_args=concrete or None)
+        with _FactorySizes():
+            gm = fx.symbolic_trace(model, concrete_args=concrete or None)
         assigned = _proxy_attrs(model)
         if assigned:  # fx would drop the update of module state the forward makes
             first = f"forward assigns {', '.join(assigned[:3])}: a trace would drop the update"
@@ -402,6 +403,46 @@ class _Assigns:
         return False
 
 
+#: factories that take a size as varargs (``torch.ones(T, T)``)
+SIZE_FACTORIES = ("ones", "zeros", "empty", "rand", "randn")
+#: Python types given as a dtype, and the torch dtype they mean
+_PY_DTYPES = {bool: torch.bool, int: torch.int64, float: torch.float32}
+
+
+class _FactorySizes:
+    """While a trace runs: ``torch.ones(T, T, dtype=bool)`` with a traced size T (a causal mask
+    built in forward, Mamba-2's segment sum) is recorded as ``torch.ones((T, T), dtype=torch.bool)``.
+    fx records a factory called with traced values in one size argument, but the varargs form
+    reaches PyTorch's argument parser, which refuses it ("ones() takes 1 positional argument
+    but 2 were given"), and a Python type as the dtype is not an fx argument. Calls without
+    traced values go to PyTorch unchanged."""
+
+    def __enter__(self):
+        self.saved = {n: getattr(torch, n) for n in SIZE_FACTORIES}
+        for n, f in self.saved.items():
+            setattr(torch, n, self._sized(f))
+        return self
+
+    @staticmethod
+    def _sized(f):
+        def call(*args, **kwargs):
+            if not _has_proxy((args, kwargs)):
+                return f(*args, **kwargs)
+            if len(args) != 1 or not isinstance(args[0], (tuple, list, torch.Size)):
+                args = (tuple(args),)
+            if kwargs.get("dtype") in _PY_DTYPES:
+                kwargs = {**kwargs, "dtype": _PY_DTYPES[kwargs["dtype"]]}
+            return f(*args, **kwargs)
+        call.__name__ = getattr(f, "__name__", "factory")
+        call.__wrapped__ = f
+        return call
+
+    def __exit__(self, *exc):
+        for n, f in self.saved.items():
+            setattr(torch, n, f)
+        return False
+
+
 class _BreakTracer(fx.Tracer):
     proxy_buffer_attributes = True
 
@@ -477,12 +518,12 @@ def capture_with_breaks(model: torch.nn.Module, inputs: list, concrete: dict | N
                 model.__class__ = shim
                 tracer.traced_func_name = "_egg_traced_forward"
                 try:
-                    with _Assigns():
+                    with _Assigns(), _FactorySizes():
                         graph = tracer.trace(model, concrete_args=concrete or None)
                 finally:
                     model.__class__ = orig_cls
             else:
-                with _Assigns():
+                with _Assigns(), _FactorySizes():
                     graph = tracer.trace(model, concrete_args=concrete or None)
             object.__setattr__(model, ROOT_REF, ROOT_VALUE)  # the stand-in get_attr target
             gm = fx.GraphModule(model, graph, type(model).__name__)

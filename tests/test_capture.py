@@ -476,3 +476,29 @@ def test_a_module_that_is_not_a_submodule_is_traced_like_a_function(write_proble
     new = mod.ModelNew()
     x = torch.randn(4, 8)
     torch.testing.assert_close(new(x), ref(x))
+
+
+def test_a_mask_built_in_forward_from_traced_sizes_is_captured(write_problem, tmp_path):
+    """``torch.ones(T, T, device=x.device, dtype=bool)`` with T = x.size(-1) (a causal mask built
+    in forward; Mamba-2's segment sum) made fx fail ("ones() takes 1 positional argument but 2
+    were given") and the statement a graph break, left to PyTorch. Now it is one graph; the mask
+    is folded (computed once per size), the arithmetic around it a kernel, and the result
+    matches at the traced length and another; a plain size keeps PyTorch's own call."""
+    body = ("        T = x.size(-1)\n"
+            "        c = torch.cumsum(x, dim=-1)\n"
+            "        seg = c[..., :, None] - c[..., None, :]\n"
+            "        mask = torch.tril(torch.ones(T, T, device=x.device, dtype=bool), diagonal=0)\n"
+            "        z = torch.zeros(x.shape[0], T, device=x.device) + 1.0\n"
+            "        return torch.exp(seg.masked_fill(~mask, -torch.inf)) * 2.0, z * x\n")
+    prob = load_problem(write_problem(_problem(body, "torch.randn(3, 8)"), "segsum"))
+    cap = capture(prob)
+    assert cap.gm is not None and cap.breaks == [], (cap.error, cap.breaks)
+    ones = [n for n in cap.gm.graph.nodes if n.op == "call_function" and n.target is torch.ones]
+    assert ones and ones[0].kwargs["dtype"] is torch.bool
+    assert torch.ones(2, 3).shape == (2, 3) and torch.ones.__module__ == "torch"  # restored
+    comp, mod = _new_module(prob, tmp_path, "segsum_new")
+    assert comp.plan.groups and comp.plan.folds
+    ref, new = _pair(prob, mod)
+    torch.manual_seed(2)
+    _same(ref, new, prob.inputs())
+    _same(ref, new, [torch.randn(5, 11)])
