@@ -24,7 +24,7 @@ def _record(cid: str, t: dict, base: dict, floor_ms: float | None, interpreter: 
         eager_ms=eager.get("median_ms"), eager_p20_ms=eager.get("p20_ms"),
         eager_p80_ms=eager.get("p80_ms"), compile_ms=comp.get("median_ms"),
         compile_s=comp.get("compile_s"), compile_error=comp.get("error"),
-        flags=list(t.get("flags", [])))
+        compile_contract=comp.get("contract"), flags=list(t.get("flags", [])))
     if interpreter:
         rec.note = "Triton CPU interpreter timing: not a GPU timing, no speedup claimed"
         return rec

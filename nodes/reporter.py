@@ -51,7 +51,7 @@ def build_report(state: EggState, settings: Settings) -> dict:
     src = t or ref_t
     if src is not None:
         timing.update(eager_ms=src.eager_ms, compile_ms=src.compile_ms, compile_s=src.compile_s,
-                      compile_error=src.compile_error,
+                      compile_error=src.compile_error, compile_contract=src.compile_contract,
                       best_ms=src.candidate_ms if t is not None else src.eager_ms)
     if interp:
         timing["note"] = "CPU: Triton interpreter timings are not GPU timings; no speedup claimed"
@@ -160,6 +160,10 @@ def report_markdown(rep: dict) -> str:
                   f"| {fmt(t.get('eager_ms'))} | {fmt(t.get('compile_ms'))} | {fmt(t.get('best_ms'))} "
                   f"| {fmt(t.get('speedup_eager'), '{:.2f}x')} | {fmt(t.get('speedup_compile'), '{:.2f}x')} "
                   f"| {fmt(t.get('roofline_pct'), '{:.1f}')} |"]
+        if t.get("compile_contract"):
+            lines += ["", "torch.compile's own output under the precision contract: "
+                      + ("passes" if t["compile_contract"] == "passes" else f"fails ({_cell(t['compile_contract'])[:200]})")
+                      + "."]
     lines += ["", "## Candidates", "", "| id | stage | verified | ms | verdict | note |", "|---|---|---|---|---|---|"]
     for c in rep["candidates"]:
         verified = {True: "yes", False: "no"}.get(c["verified"], "reference" if c.get("fallback") else "-")

@@ -237,6 +237,9 @@ class TimingRecord(BaseModel):
     compile_ms: float | None = None
     compile_s: float | None = None
     compile_error: str | None = None
+    #: does torch.compile's own output pass the precision contract against eager ("passes", or
+    #: why not): the baseline we compare against, judged like a candidate (once per session)
+    compile_contract: str | None = None
     speedup_eager: float | None = None
     speedup_compile: float | None = None
     roofline_pct: float | None = None

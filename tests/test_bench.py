@@ -405,6 +405,21 @@ def test_aggregate_gpu_records():
     assert not rep["interpreter"] and "note" not in rep
     md = B.report_markdown(rep, recs)
     assert "fast_1.0=0.50" in md and "| a |" in md
+    assert "0 of 0 checked pass" in md
+
+
+def test_torch_compiles_own_output_is_reported_under_the_contract():
+    """Issue 21: per problem, whether the baseline we compare against passes our contract."""
+    recs = [_rec("a", se=2.0, sc=1.1, comp=0.5), _rec("b", se=1.5, sc=0.9, comp=0.6),
+            _rec("c", se=1.0, sc=1.0, comp=1.0)]
+    recs[0]["compile_contract"] = "passes"
+    recs[1]["compile_contract"] = "output 0: max abs error 0.3 exceeds atol=0.0001, rtol=0.0001"
+    rep = B.aggregate(recs)
+    assert rep["compile_contract_checked"] == 2 and rep["compile_contract_failed"] == ["b"]
+    md = B.report_markdown(rep, recs)
+    assert "1 of 2 checked pass; fails: b" in md
+    row = next(ln for ln in md.splitlines() if ln.startswith("| b |"))
+    assert "torch.compile fails the contract: output 0: max abs error 0.3" in row
 
 
 def test_select_filter_and_list(tmp_path):

@@ -20,7 +20,8 @@ class FakeSession:
                 "n": 100, "flags": []}
 
     def baselines(self):
-        return {"eager": self._t(self.eager), "compile": {**self._t(self.eager / 2), "compile_s": 12.5}}
+        return {"eager": self._t(self.eager), "compile": {**self._t(self.eager / 2), "compile_s": 12.5,
+                                                           "contract": "passes"}}
 
     last_eager = None
 
@@ -59,7 +60,7 @@ def test_gpu_improvement(monkeypatch, tmp_path):
     assert ref.candidate_id == "c0" and ref.verdict == "baseline" and ref.candidate_ms == 1.0
     assert rec.verdict == "improved" and rec.compared_to == "c0"
     assert rec.speedup_eager == pytest.approx(2.0) and rec.speedup_compile == pytest.approx(1.0)
-    assert rec.compile_s == 12.5
+    assert rec.compile_s == 12.5 and rec.compile_contract == ref.compile_contract == "passes"
     assert rec.roofline_pct == pytest.approx(50.0)  # floor 0.25 ms / 0.5 ms
     assert out["best_id"] == "c1"
     assert out["stage_context"]["algorithm"].best_id == "c1"
