@@ -428,8 +428,8 @@ class _FactorySizes:
         def call(*args, **kwargs):
             if not _has_proxy((args, kwargs)):
                 return f(*args, **kwargs)
-            if len(args) != 1 or not isinstance(args[0], (tuple, list, torch.Size)):
-                args = (tuple(args),)
+            if args and (len(args) > 1 or not isinstance(args[0], (tuple, list, torch.Size))):
+                args = (tuple(args),)  # (a size given as keyword: unchanged)
             if kwargs.get("dtype") in _PY_DTYPES:
                 kwargs = {**kwargs, "dtype": _PY_DTYPES[kwargs["dtype"]]}
             return f(*args, **kwargs)

@@ -488,7 +488,7 @@ def test_a_mask_built_in_forward_from_traced_sizes_is_captured(write_problem, tm
             "        c = torch.cumsum(x, dim=-1)\n"
             "        seg = c[..., :, None] - c[..., None, :]\n"
             "        mask = torch.tril(torch.ones(T, T, device=x.device, dtype=bool), diagonal=0)\n"
-            "        z = torch.zeros(x.shape[0], T, device=x.device) + 1.0\n"
+            "        z = torch.zeros(x.shape[0], T, device=x.device) + torch.ones(size=(T,), device=x.device)\n"
             "        return torch.exp(seg.masked_fill(~mask, -torch.inf)) * 2.0, z * x\n")
     prob = load_problem(write_problem(_problem(body, "torch.randn(3, 8)"), "segsum"))
     cap = capture(prob)
