@@ -581,3 +581,31 @@ def test_dead_library_ops_are_dropped_and_effects_kept(write_problem):
     x = torch.randn(2, 4, 9)
     torch.testing.assert_close(new(x), ref(x))
     torch.testing.assert_close(new.bn.running_mean, ref.bn.running_mean)
+
+
+def test_dead_code_purity_of_library_calls():
+    """The rule's purity test on bare nodes: an einsum and a shape method are pure; a call for
+    its effect on autograd (retain_grad), a random draw, ``out=`` and a dropout module are not."""
+    import torch.fx as fx
+    import torch.nn as nn
+
+    from codegen.rewrites.deadcode import _pure_library
+
+    class Holder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.drop, self.lin, self.bn = nn.Dropout(0.1), nn.Linear(2, 2), nn.BatchNorm1d(2)
+
+    g = fx.Graph()
+    x = g.placeholder("x")
+    nodes = {"einsum": g.call_function(torch.einsum, ("ij->i", x)),
+             "size": g.call_method("size", (x,)),
+             "retain_grad": g.call_method("retain_grad", (x,)),
+             "randn_like": g.call_function(torch.randn_like, (x,)),
+             "out=": g.call_function(torch.add, (x, x), {"out": x}),
+             "drop": g.call_module("drop", (x,)), "lin": g.call_module("lin", (x,)),
+             "bn": g.call_module("bn", (x,))}
+    g.output(x)
+    gm = fx.GraphModule(Holder(), g)
+    pure = {k for k, n in nodes.items() if _pure_library(n, gm)}
+    assert pure == {"einsum", "size", "lin"}

@@ -15,6 +15,10 @@ RANDOM_OPS = {"dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout",
               "bernoulli", "multinomial", "normal", "poisson", "rrelu", "gumbel_softmax",
               "fractional_max_pool2d", "fractional_max_pool3d", "native_dropout"}
 
+#: tensor methods and functions called for an effect on autograd or streams, not for a value
+EFFECT_OPS = {"register_hook", "register_post_accumulate_grad_hook", "retain_grad", "record_stream",
+              "backward", "grad"}
+
 
 def _pure_library(n: fx.Node, gm: fx.GraphModule) -> bool:
     """A library op (one EGG has no template for: einsum, a convolution, cat, zeros_like, an
@@ -27,9 +31,9 @@ def _pure_library(n: fx.Node, gm: fx.GraphModule) -> bool:
         mod = getattr(n.target, "__module__", None) or ""
         name = getattr(n.target, "__name__", "")
         return (mod == "torch" or mod.startswith("torch.")) and not mod.startswith("torch.fx") \
-            and name not in RANDOM_OPS and "out" not in n.kwargs and not n.kwargs.get("inplace")
+            and name not in RANDOM_OPS | EFFECT_OPS and "out" not in n.kwargs and not n.kwargs.get("inplace")
     if n.op == "call_method":
-        return n.target not in RANDOM_OPS and "out" not in n.kwargs
+        return n.target not in RANDOM_OPS | EFFECT_OPS and "out" not in n.kwargs
     if n.op == "call_module":
         return pure_module(gm.get_submodule(n.target))
     return False
