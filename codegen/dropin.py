@@ -72,6 +72,9 @@ class Dropin:
     mode_modules: list[str] = field(default_factory=list)  # submodules whose mode was read
     arg_names: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    #: buffers the kernels assume hold the lower-triangular ones (a causal mask read from a
+    #: buffer: codegen.rewrites.attention): the kernels run only while they do
+    tril_buffers: list[str] = field(default_factory=list)
 
 
 def exact_guard(inputs: list) -> Guard:

@@ -132,7 +132,8 @@ def build_spec(plan: FusionPlan, g: Group):
     if g.kind == "attention":
         ins = list(red_op.operands[:3])  # q, k, v in the wrapper's order (a tensor may repeat)
         p = red_op.p
-        spec = AttentionSpec(dtype=_dt(ins[0]), causal=p["causal"], scale=p["scale"], gqa=p["gqa"])
+        spec = AttentionSpec(dtype=_dt(ins[0]), causal=p["causal"], scale=p["scale"], gqa=p["gqa"],
+                             score=p.get("score", "softmax"))
         return spec, ins, outs
     if g.kind == "linear_ce":
         x, w, t, b = red_op.operands[:4]
@@ -501,8 +502,12 @@ def _literal(v) -> str:
     return repr(v)
 
 
-def _guard_value(g) -> dict | None:
-    return None if g is None else {"args": g.args, "lead": g.lead}
+def _guard_value(g, tril: list[str] | None = None) -> dict | None:
+    """A mode's guard as the file holds it; ``tril``: buffers the kernels take to be causal
+    masks (the lower-triangular ones: rw-attention), checked by _egg_admit."""
+    if g is None:
+        return None
+    return {"args": g.args, "lead": g.lead, **({"tril": list(tril)} if tril else {})}
 
 
 def _dispatch(dr, fast: dict[bool, str | None], ref: dict[bool, str], sig: str,
@@ -519,6 +524,8 @@ def _dispatch(dr, fast: dict[bool, str | None], ref: dict[bool, str], sig: str,
         parts += [f"mm[{i}].training" for i in range(len(modes))]
     for n, a in zip(names, guard_args):
         parts += [f"{n}.shape", f"{n}.dtype", f"{n}.device"] if "dtype" in a else [n]
+    for b in dr.tril_buffers:  # a new route when the buffer is written or replaced
+        parts += [f"id(self.get_buffer({b!r}))", f"self.get_buffer({b!r})._version"]
     args = ", ".join(names)
     call_args = f"({args},)" if len(names) == 1 else f"({args})"
 
@@ -672,7 +679,8 @@ def emit_model(problem_source: str, plan: FusionPlan, configs: dict[str, dict] |
         body_code = "\n\n".join(x.rstrip() + "\n" for x in prelude) + "\n\n" + body_code
     state = []
     if dr is not None:
-        guards = {True: _guard_value(dr.train), False: _guard_value(dr.train if dr.same else dr.eval)}
+        guards = {True: _guard_value(dr.train, dr.tril_buffers),
+                  False: _guard_value(dr.train if dr.same else dr.eval, dr.tril_buffers)}
         state = ["#: what each mode's kernels were built for (codegen.dropin.Guard): per argument",
                  "#: a dtype and dims (an int: that size; sK: any size >= 2, equal for one name) or",
                  "#: a value; lead: the arguments that may take extra leading dims",
@@ -777,7 +785,7 @@ def has_effect(n: fx.Node) -> bool:
 
 
 #: runtime helpers called for what they write (a dead batch norm's running statistics)
-EFFECT_HELPERS = {"_egg_bn_update"}
+EFFECT_HELPERS = {"_egg_bn_update", "_egg_mask_fits"}
 
 
 def root_ref_fix(forward: str) -> str:

@@ -166,7 +166,10 @@ rotate_pairs = RT._egg_rotate_pairs
 #: ops that are a load of their operand at another column (only a pointwise kernel input can be)
 ROLLED = {"rotate_half": "roll", "rotate_pairs": "pair"}
 linear_cross_entropy = RT._egg_linear_cross_entropy
-FUNCTIONS.update({linear_cross_entropy: "linear_ce"})
+relu_attention = RT._egg_relu_attention
+mask_fits = RT._egg_mask_fits
+FUNCTIONS.update({linear_cross_entropy: "linear_ce", relu_attention: "relu_attention"})
+RELU_ATTENTION = _d("relu_attention", "attention", ["q", "k", "v", "is_causal", "scale"])
 FUNCTIONS.update({torch.cumsum: "cumsum", torch.cumprod: "cumprod", torch.flip: "flip",
                   reverse_cumsum: "reverse_cumsum", reverse_cumprod: "reverse_cumprod",
                   exclusive_cumsum: "exclusive_cumsum", exclusive_cumprod: "exclusive_cumprod",
@@ -479,7 +482,15 @@ def _from_name(name: str, node: fx.Node, args: tuple, kwargs: dict, extra: dict 
         if not all(isinstance(b[k], (bool, float, int, type(None))) for k in ("is_causal", "scale", "enable_gqa")):
             raise TypeError("attention with traced flags")
         return NOp("attention", "sdpa", node, [b["query"], b["key"], b["value"]],
-                   {"causal": bool(b["is_causal"]), "scale": b["scale"], "gqa": bool(b["enable_gqa"])})
+                   {"causal": bool(b["is_causal"]), "scale": b["scale"], "gqa": bool(b["enable_gqa"]),
+                    "score": "softmax"})
+    if name == "relu_attention":
+        b = _bind(RELU_ATTENTION, args, kwargs)
+        if not all(isinstance(b[k], fx.Node) for k in ("q", "k", "v")) \
+                or not isinstance(b["is_causal"], bool) or not isinstance(b["scale"], (float, type(None))):
+            raise TypeError("relu attention of non-tensors or traced flags")
+        return NOp("attention", "relu_attention", node, [b["q"], b["k"], b["v"]],
+                   {"causal": b["is_causal"], "scale": b["scale"], "gqa": False, "score": "relu"})
     if name in MATMULS:
         b = _bind(MATMULS[name], args, kwargs)
         ops_ = [b[k] for k, _ in MATMULS[name].params]

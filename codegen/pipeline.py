@@ -209,8 +209,12 @@ def _dropin(prob: LoadedProblem, cap, ref, disabled, use_rewrites: bool, channel
     params = D.read_state(cap.gm)
     if eval_plan is not None:
         params.update(D.read_state(cap_e.gm))
+    tril = set(cap.gm.meta.get("egg_tril_buffers", ()))
+    if eval_plan is not None:
+        tril |= set(eval_plan.gm.meta.get("egg_tril_buffers", ()))
     return D.Dropin(train=g_t, eval=g_e, same=same, eval_plan=eval_plan, reference=refs,
-                    params=params, mode_modules=modes, arg_names=D.arg_names(ref))
+                    params=params, mode_modules=modes, arg_names=D.arg_names(ref),
+                    tril_buffers=sorted(tril))
 
 
 def analyze(prob: LoadedProblem, disabled: set[str] | None = None, use_rewrites: bool = True,

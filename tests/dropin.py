@@ -69,11 +69,15 @@ def load_sources(problem_source: str, modelnew_source: str):
 
 def random_state(model: torch.nn.Module, seed: int) -> dict:
     """Random values for every floating parameter and buffer (running variances positive, a
-    few batches tracked), the rest kept."""
+    few batches tracked), the rest kept; a buffer of 0s and 1s (an attention mask) is structure
+    and kept, as the verifier keeps it (harness.worker._is_mask)."""
+    from harness.worker import _is_mask
+
     gen = torch.Generator().manual_seed(seed)
+    params = {k for k, _ in model.named_parameters()}
     out = {}
     for k, v in model.state_dict().items():
-        if v.is_floating_point():
+        if v.is_floating_point() and (k in params or not _is_mask(v)):
             r = torch.randn(v.shape, generator=gen, dtype=torch.float64) * 0.7
             if k.endswith("running_var"):
                 r = r.abs() + 0.5

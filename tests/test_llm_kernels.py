@@ -138,8 +138,8 @@ def test_hand_written_attention_is_one_attention_kernel(name, write_problem, tmp
     ("a padding mask read from an input", """        scores = q @ k.transpose(-2, -1)
         return torch.softmax(scores.masked_fill(pad == 0, float("-inf")), dim=-1) @ v
 """),
-    ("a mask kept in a buffer (load_state_dict may change it)", """        scores = q @ k.transpose(-2, -1)
-        return torch.softmax(scores.masked_fill(self.mask == 0, float("-inf")), dim=-1) @ v
+    ("a mask from a buffer and an input", """        scores = q @ k.transpose(-2, -1)
+        return torch.softmax(scores.masked_fill((self.mask * pad) == 0, float("-inf")), dim=-1) @ v
 """),
     ("bottom-right alignment", """        scores = q[:, :, :5] @ k.transpose(-2, -1)
         keep = torch.ones((5, k.shape[-2]), dtype=torch.bool, device=q.device).tril(diagonal=7)
@@ -174,6 +174,87 @@ def test_attention_rule_leaves_other_math_alone(why, body, write_problem):
                   "[torch.randint(0, 2, (12, 12))]", members=members)
     _plan, applied = plan_of(write_problem, src, "no_attn")
     assert "rw-attention" not in applied, why
+
+
+GPT_MEMBERS = ("        self.c_attn = nn.Linear(32, 96)\n"
+               "        self.register_buffer('bias', torch.tril(torch.ones(64, 64)).view(1, 1, 64, 64))\n")
+
+
+def gpt_attention(score: str) -> str:
+    """minGPT's attention: the causal mask a registered buffer sliced to the sequence length,
+    the scale 1/sqrt(k.size(-1)) from a head dim of C // n_head; softmax or ReLU."""
+    return problem("x", f"""        B, T, C = x.size()
+        q, k, v = self.c_attn(x).split(32, dim=2)
+        k = k.view(B, T, 2, C // 2).transpose(1, 2)
+        q = q.view(B, T, 2, C // 2).transpose(1, 2)
+        v = v.view(B, T, 2, C // 2).transpose(1, 2)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+        att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float('-inf'))
+        att = {score}
+        y = att @ v
+        return y.transpose(1, 2).contiguous().view(B, T, C)
+""", "[torch.rand(2, 40, 32)]", members=GPT_MEMBERS)
+
+
+@pytest.mark.parametrize("score,rule", [("F.softmax(att, dim=-1)", "rw-attention"),
+                                        ("F.relu(att)", "rw-relu-attention")])
+def test_a_causal_mask_kept_in_a_buffer_is_an_attention_kernel_while_it_is_causal(
+        score, rule, write_problem, tmp_path):
+    """minGPT keeps its causal mask in a registered buffer (KernelBench level 3's GPT blocks):
+    rw-attention left it alone (load_state_dict may change a buffer), so the S x S scores were
+    written. Now the rule takes it when the buffer is the lower-triangular ones (evaluated with
+    such a stand-in at two sizes), and the file takes the kernel only while the buffer holds
+    those values (checked once per version of the buffer); a sequence longer than the buffer
+    raises as Model does. ReLU in place of the softmax is rw-relu-attention: the same kernels
+    without the running maximum and sum."""
+    src = gpt_attention(score)
+    path = write_problem(src, f"gpt_{rule}")
+    cfg = {"g1": {"BLOCK_M": 16, "BLOCK_N": 16, "DECODE_ROWS": 16}}  # 40 rows: flash
+    comp = generated_matches(path, tmp_path, seeds=(0, 1), atol=1e-4, rtol=1e-4, configs=cfg,
+                             launched=("_egg_k_g1",))
+    assert rule in comp.rewrites and [g.kind for g in comp.plan.groups] == ["matmul", "attention"]
+    assert "'tril': ['bias']" in comp.emitted.source
+    cand = tmp_path / f"gpt_{rule}_new.py"
+    cand.write_text(comp.emitted.source)
+    mod = load_module(cand, "candidate")
+    torch.manual_seed(0)
+    ref, new = mod.Model(), mod.ModelNew()
+    new.load_state_dict(ref.state_dict())
+    with torch.no_grad():
+        x = torch.rand(3, 23, 32)
+        torch.testing.assert_close(new(x), ref(x), atol=1e-4, rtol=1e-4)
+        assert list(new._egg_routes.values()) == [True]
+        for m in (ref, new):  # a mask that is not causal: Model's ops, the same result
+            m.bias[..., 3, 9] = 1.0
+        torch.testing.assert_close(new(x), ref(x), atol=1e-5, rtol=1e-5)
+        assert list(new._egg_routes.values()) == [True, False]
+        x = torch.rand(2, 70, 32)  # longer than the buffer: Model raises, so does the file
+        with pytest.raises(RuntimeError):
+            ref(x)
+        new.load_state_dict(mod.Model().state_dict())  # causal again: the kernels
+        with pytest.raises(RuntimeError, match="must match"):
+            new(x)
+    assert mod._egg_is_tril_ones(torch.ones(2, 5, 5).tril()) and not mod._egg_is_tril_ones(torch.ones(5, 5))
+
+
+def test_relu_attention_kernels_match_torch(write_problem, tmp_path):
+    """rw-relu-attention's kernels on their own: no mask with a number for scale (flash), a
+    causal mask built from the shapes, and decode (one query row: the split-KV kernel, two key
+    chunks whose partial outputs add up), fp32 and bf16."""
+    body = """        keep = torch.ones((q.shape[2], k.shape[2]), dtype=torch.bool, device=q.device).tril()
+        a = torch.relu((q @ k.transpose(-2, -1)) * 0.3) @ v
+        b = torch.relu((q @ k.transpose(-2, -1)).masked_fill(~keep, float("-inf")) / 4.0) @ v
+        c = F.relu((qd @ kd.transpose(-2, -1)) * 0.25) @ kd
+        return a, b, c
+"""
+    src = problem("q, k, v, qd, kd", body, f"[torch.randn(1, 2, 37, 16), torch.randn(1, 2, 37, 16), "
+                  f"torch.randn(1, 2, 37, 16), torch.randn(2, 2, 1, 16, {BF}), torch.randn(2, 2, 77, 16, {BF})]")
+    plan, applied = plan_of(write_problem, src, "relu_att")
+    assert "rw-relu-attention" in applied and [g.kind for g in plan.groups] == ["attention"] * 3
+    cfg = {g.id: {"BLOCK_M": 16, "BLOCK_N": 16, "SPLIT_PROGRAMS": 8,
+                  "DECODE_ROWS": 16 if g.id != "g2" else 64} for g in plan.groups}  # 37 rows: flash
+    generated_matches(write_problem(src, "relu_att_m"), tmp_path, seeds=(0,), atol=2e-2, rtol=2e-2,
+                      configs=cfg, launched=("_egg_k_g0", "_egg_k_g2_split", "_egg_k_g2_merge"))
 
 
 def test_gqa_fold_keeps_a_tiled_repeat(write_problem):

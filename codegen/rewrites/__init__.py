@@ -22,7 +22,8 @@ from __future__ import annotations
 
 from torch import fx
 
-from codegen.rewrites.attention import attention_pattern, gqa_repeats, mha_weights_unused, softmax_size1
+from codegen.rewrites.attention import (attention_pattern, gqa_repeats, mha_weights_unused,
+                                       relu_attention_pattern, softmax_size1)
 from codegen.rewrites.conv import conv_bias_epilogue
 from codegen.rewrites.deadcode import drop_dead_code, drop_value_copies
 from codegen.rewrites.lmhead import linear_cross_entropy_pattern
@@ -38,7 +39,8 @@ from codegen.rewrites.scalars import fold_scalar_chains, merge_clamps, scalar_co
 from codegen.rewrites.scans import exclusive_scans, flipped_scans
 
 
-RULES = [("rw-attention", attention_pattern), ("rw-mha-no-weights", mha_weights_unused),
+RULES = [("rw-attention", attention_pattern), ("rw-relu-attention", relu_attention_pattern),
+         ("rw-mha-no-weights", mha_weights_unused),
          ("rw-linear-cross-entropy", linear_cross_entropy_pattern),
          ("rw-loss-decompose", loss_decompose), ("rw-rotate-half", rotate_half_pattern),
          ("rw-rotate-half", rotate_pairs_pattern),

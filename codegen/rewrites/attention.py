@@ -81,12 +81,15 @@ NEW_FACTORIES = ("new_ones", "new_zeros", "new_full", "new_empty", "new_tensor")
 LIKE_FACTORIES = ("ones_like", "zeros_like", "full_like", "empty_like")
 
 
-def _constant_value(gm: fx.GraphModule, n: fx.Node, bump: int = 0):
+def _constant_value(gm: fx.GraphModule, n: fx.Node, bump: int = 0, given: dict | None = None,
+                    shape_only: bool = False):
     """The value of n when it depends on no tensor's values, only on traced constants and on
     shape or device queries of the graph's inputs: evaluated on the CPU with every input dim
     grown by ``bump`` (inputs as meta tensors, their device read as the CPU's). None when n reads
     a value it cannot know (an input's or a parameter's data, a buffer), or evaluating fails.
-    Returns (value, whether it read an input's shape)."""
+    ``given``: values for get_attr nodes (a buffer's stand-in). ``shape_only``: n's shape is
+    wanted (parameters and buffers read as meta tensors of their shapes; a meta result gives its
+    shape). Returns (value, whether it read an input's shape)."""
     import re
 
     import torch
@@ -108,6 +111,15 @@ def _constant_value(gm: fx.GraphModule, n: fx.Node, bump: int = 0):
                 if sh is None:
                     return None
                 env[m] = torch.empty([d + bump for d in sh], dtype=node_dtype(m), device="meta")
+                continue
+            if m.op == "get_attr" and given and m in given:
+                env[m] = given[m]
+                continue
+            if m.op == "get_attr" and not re.fullmatch(r"_tensor_constant\d+", str(m.target)) \
+                    and node_shape(m) is not None:
+                # a parameter or buffer: its values may change (load_state_dict), so it is a meta
+                # tensor here: its shape can be read, a value read from it stays meta (None)
+                env[m] = torch.empty(node_shape(m), dtype=node_dtype(m), device="meta")
                 continue
             if m.op == "get_attr":
                 if not re.fullmatch(r"_tensor_constant\d+", str(m.target)):
@@ -135,12 +147,16 @@ def _constant_value(gm: fx.GraphModule, n: fx.Node, bump: int = 0):
                 val = getattr(torch.empty(0, dtype=args[0].dtype), m.target)(*args[1:], **kwargs)
             elif m.op == "call_method":
                 val = getattr(args[0], m.target)(*args[1:], **kwargs)
+            elif m.op == "call_module":  # on the captured (meta) module: a shape, never a value
+                val = gm.get_submodule(m.target)(*args, **kwargs)
             else:
                 return None
             env[m] = val  # meta tensors only for shape queries: a value read stays meta
     except Exception:  # noqa: BLE001 - a form the evaluation cannot run: not a known constant
         return None
     out = env[n]
+    if shape_only:
+        return (tuple(out.shape), shaped) if isinstance(out, torch.Tensor) else None
     if isinstance(out, torch.Tensor) and out.device.type == "meta":
         return None  # it depends on an input's or a parameter's values
     return out, shaped
@@ -205,21 +221,71 @@ def _mask_step(gm: fx.GraphModule, n: fx.Node):
     return None
 
 
-def _mask_is_causal(gm: fx.GraphModule, mask, kind: str, scores_shape) -> bool:
+def _mask_is_causal(gm: fx.GraphModule, mask, kind: str, scores_shape) -> tuple[bool, fx.Node | None]:
     """The mask is causal at the traced size (and of the scores' size there) and, when it is
-    built from the inputs' shapes, also at another size (every input dim grown by one)."""
+    built from the inputs' shapes, also at another size (every input dim grown by one, where the
+    model runs so).
+
+    A mask read from one buffer (minGPT's ``self.bias[:, :, :T, :T] == 0``) is causal when the
+    buffer is the lower-triangular ones (a stand-in of its shape with those values gives the
+    causal mask at both sizes); then (True, the buffer's get_attr): the file takes the kernels only
+    while the buffer holds those values (codegen.dropin ``tril_buffers``, checked once per
+    version of the buffer), since load_state_dict can change it."""
     if not isinstance(mask, fx.Node):
-        return False
+        return False, None
+    given, buf = None, None
     got = _constant_value(gm, mask)
     if got is None:
-        return False
+        buf = _one_buffer(gm, mask)
+        if buf is None:
+            return False, None
+        given = {buf: _tril_stand_in(buf)}
+        got = _constant_value(gm, mask, given=given)
+        if got is None:
+            return False, None
     val, shaped = got
     if tuple(val.shape[-2:]) != tuple(scores_shape[-2:]) or not _is_causal_mask(val, kind):
-        return False
-    if not shaped:
-        return True
-    again = _constant_value(gm, mask, bump=1)
-    return again is not None and _is_causal_mask(again[0], kind)
+        return False, None
+    if shaped:
+        again = _constant_value(gm, mask, bump=1, given=given)
+        # (None: the model does not run with every input dim grown, e.g. a layer norm over the
+        # features before the length is read; the drop-in guard then decides, since it compiles
+        # the problem again at other sizes and frees a dim only where the file stays the same)
+        if again is not None and not _is_causal_mask(again[0], kind):
+            return False, None
+    return True, buf
+
+
+def _one_buffer(gm: fx.GraphModule, mask: fx.Node) -> fx.Node | None:
+    """The one buffer (a get_attr of a registered buffer) the mask's values come from, else None.
+    What reaches the mask only through a shape query (``x.size()``, ``x.shape``) gives no values
+    (a layer norm's weight before the length is read)."""
+    found, todo, seen = [], [mask], set()
+    while todo:
+        m = todo.pop()
+        if m in seen:
+            continue
+        seen.add(m)
+        if (m.op == "call_method" and m.target in ("size", "dim")) or (
+                m.op == "call_function" and m.target is getattr and len(m.args) > 1
+                and m.args[1] in ("shape", "ndim", "device", "dtype")):
+            continue  # a shape query: the values above it do not reach the mask
+        todo.extend(m.all_input_nodes)
+        if m.op == "get_attr":
+            found.append(m)
+    if len(found) != 1 or str(found[0].target) not in dict(gm.named_buffers()):
+        return None
+    return found[0]
+
+
+def _tril_stand_in(buf: fx.Node):
+    """The lower-triangular ones of the buffer's shape and dtype (on the CPU)."""
+    import torch
+
+    sh, dt = node_shape(buf), node_dtype(buf)
+    if sh is None or len(sh) < 2 or dt is None:
+        return None
+    return torch.ones(sh[-2:], dtype=dt).tril().expand(sh).clone()
 
 
 def _number(gm: fx.GraphModule, v):
@@ -237,11 +303,14 @@ def _number(gm: fx.GraphModule, v):
         return float(got[0]), None
     again = _constant_value(gm, v, bump=1)
     if again is None or not isinstance(again[0], (int, float)):
-        return None
+        # the grown size does not run (a linear layer on the inputs' last dim): the value at the
+        # traced size, as a constant; the file then holds it, so the drop-in guard fixes every
+        # dim it depends on (codegen.dropin: a size the file bakes in is not free)
+        return float(got[0]), None
     return float(got[0]), float(again[0])
 
 
-def _scale_step(gm: fx.GraphModule, n, head_dim: int | None = None):
+def _scale_step(gm: fx.GraphModule, n, head_dim: tuple[int, int] | None = None):
     """(x, factor) when n is x * c, c * x or x / c for a number c; factor "head" when c is
     1/sqrt(head dim) (a divide: sqrt(head dim)) computed from the inputs' shapes, as sdpa's
     default scale is, at the traced and at the grown size; else None."""
@@ -266,7 +335,7 @@ def _scale_step(gm: fx.GraphModule, n, head_dim: int | None = None):
             return x, (1.0 / num[0] if inv else num[0])
         if head_dim is None:
             return None
-        want = [math.sqrt(d) if inv else 1.0 / math.sqrt(d) for d in (head_dim, head_dim + 1)]
+        want = [math.sqrt(d) if inv else 1.0 / math.sqrt(d) for d in head_dim]
         if all(abs(g - w) <= 1e-9 * w for g, w in zip(num, want)):
             return x, "head"
         return None
@@ -279,16 +348,126 @@ def _plain_product(op) -> bool:
             and op.operands[2] is None)
 
 
-def _qk_head_dim(gm: fx.GraphModule, s: fx.Node) -> int | None:
-    """The head dim of the q @ k^T below s (through scale steps), for a shape-derived scale."""
+def _qk_head_dim(gm: fx.GraphModule, s: fx.Node) -> tuple[int, int] | None:
+    """The head dim of the q @ k^T below s (through scale steps), for a shape-derived scale: at
+    the traced size and with every input dim grown by one (the head dim of ``C // n_head`` may
+    stay, of a traced input grows)."""
     while isinstance(s, fx.Node):
         op = classify(s, gm) if s.op in ("call_function", "call_method") else None
         if op is not None and op.kind == "matmul" and node_shape(op.operands[0]):
-            return int(node_shape(op.operands[0])[-1])
+            hd = int(node_shape(op.operands[0])[-1])
+            grown = _constant_value(gm, op.operands[0], bump=1, shape_only=True)
+            return hd, (int(grown[0][-1]) if grown is not None and grown[0] else hd + 1)
         if op is None or not s.args or not isinstance(s.args[0], fx.Node):
             return None
         s = s.args[0] if _float(s.args[0]) else (s.args[1] if len(s.args) > 1 else None)
     return None
+
+
+def _scores_chain(gm: fx.GraphModule, x):
+    """Walk up from the scores a softmax (or ReLU) reads: [scale and one causal mask, in either
+    order, casts between] -> q @ k^T. (q, k, k^T, causal, scale, head, buffer) with ``head`` the
+    number of 1/sqrt(head_dim) factors seen (then ``scale`` is 1.0) and ``buffer`` the name of
+    the lower-triangular buffer the causal mask reads (None: a mask of constants or shapes), or
+    None when it is not that chain."""
+    s, _ = _through(gm, x)
+    causal, scale, head, ok, tril = False, 1.0, 0, True, None
+    while ok and isinstance(s, fx.Node) and len(s.users) == 1:
+        up, _ = _through(gm, s)
+        if up is not s:  # casts between the steps (scores.float() / c)
+            s = up
+            continue
+        sc = _scale_step(gm, s, head_dim=_qk_head_dim(gm, s))
+        if sc is not None:
+            s, c = sc
+            if c == "head":
+                head += 1
+            else:
+                scale *= c
+            continue
+        step = _mask_step(gm, s) if not causal else None
+        if step is None:
+            break
+        inner, mask, kind = step
+        # the factors seen so far scale the masked scores: -inf times a negative is +inf
+        ok, tril = _mask_is_causal(gm, mask, kind, node_shape(inner)) if (
+            isinstance(inner, fx.Node) and scale > 0) else (False, None)
+        s, causal = inner, True
+    if not ok or head > 1 or (head and scale != 1.0):
+        return None  # sdpa's default scale, or a number: not 1/sqrt(D) times another number
+    if not isinstance(s, fx.Node) or len(s.users) != 1:
+        return None
+    qk = classify(s, gm) if s.op in ("call_function", "call_method") else None
+    if not _plain_product(qk):
+        return None
+    q, kt = qk.operands[:2]
+    k = _transposed_last(kt)
+    if k is None or not all(_float(t) for t in (q, k)):
+        return None
+    return q, k, kt, causal, scale, head, tril
+
+
+def _needs_tril(gm: fx.GraphModule, buffer: fx.Node | None, q: fx.Node, k: fx.Node) -> None:
+    """Record that the rewritten graph holds only while ``buffer`` is the lower-triangular ones
+    (``gm.meta['egg_tril_buffers']``: the drop-in guard checks it, codegen.dropin), and keep
+    the mask's shape check: the kernel reads no mask, but where the buffer's slice does not fit
+    the scores (a sequence longer than the buffer) Model raises, and so must the file. The
+    check reads the slice's shape (a view), not its values."""
+    if buffer is None:
+        return
+    from codegen.ops import mask_fits
+
+    gm.meta.setdefault("egg_tril_buffers", set()).add(str(buffer.target))
+    view = buffer
+    while len(view.users) == 1:
+        u = next(iter(view.users))
+        if classify(u, gm).kind not in ("view", "getitem") or u.args[0] is not view:
+            break
+        view = u
+    with gm.graph.inserting_after(max(view, q, k, key=_position(gm))):
+        # named apart: fx names a node after its target, and the emitted forward calls the
+        # runtime helper by its plain name
+        gm.graph.create_node("call_function", mask_fits, (view, q, k), {}, name="mask_ok")
+
+
+def _position(gm: fx.GraphModule):
+    pos = {n: i for i, n in enumerate(gm.graph.nodes)}
+    return pos.__getitem__
+
+
+def _fits(n: fx.Node, q, k, v, shape) -> bool:
+    """q, k, v of one dtype (the product's too), of the product's rank, one batch, q and k of
+    one head dim, k and v of one length: what the attention kernel takes."""
+    sq, sk, sv = node_shape(q), node_shape(k), node_shape(v)
+    return (len({node_dtype(q), node_dtype(k), node_dtype(v), node_dtype(n)}) == 1
+            and len(sq) == len(sk) == len(sv) == len(shape) and sq[:-2] == sk[:-2]
+            and sk[:-2] == sv[:-2] and sq[-1] == sk[-1] and sk[-2] == sv[-2])
+
+
+def _pv_products(gm: fx.GraphModule):
+    """(n, p, v, shape) of each live product n = p @ v of a 3-d or 4-d floating result: where an
+    attention written out ends."""
+    for n in _live(gm.graph):
+        op = classify(n, gm) if n.op in ("call_function", "call_method") else None
+        if not _plain_product(op):
+            continue
+        p, v = op.operands[:2]
+        shape = node_shape(n)
+        if _float(v) and shape is not None and node_shape(v) is not None and len(shape) in (3, 4):
+            yield n, p, v, shape
+
+
+def _swap_in(gm: fx.GraphModule, n: fx.Node, p, kt, target, args: tuple, kwargs: dict,
+             tril, q, k) -> None:
+    """Replace the product n (and the chain above it that nothing else reads: p, k^T) by one
+    call of ``target``; record the causal buffer it relies on."""
+    _needs_tril(gm, tril, q, k)
+    with gm.graph.inserting_before(n):
+        new = gm.graph.call_function(target, args, kwargs)
+    new.meta = dict(n.meta)
+    n.replace_all_uses_with(new)
+    gm.graph.erase_node(n)
+    _erase_unused_above([p, kt], stop=None)
 
 
 def attention_pattern(gm: fx.GraphModule) -> bool:
@@ -303,16 +482,8 @@ def attention_pattern(gm: fx.GraphModule) -> bool:
     import torch
     import torch.nn.functional as F
 
-    graph = gm.graph
     changed = False
-    for n in _live(graph):
-        op = classify(n, gm) if n.op in ("call_function", "call_method") else None
-        if not _plain_product(op):
-            continue
-        p, v = op.operands[:2]
-        shape = node_shape(n)
-        if not _float(v) or shape is None or node_shape(v) is None or len(shape) not in (3, 4):
-            continue
+    for n, p, v, shape in _pv_products(gm):
         sm, _casts = _through(gm, p)
         sop = classify(sm, gm) if isinstance(sm, fx.Node) else None
         if sop is None or sop.kind not in ("softmax", "library") or _op_name(sm) not in ("softmax",) \
@@ -326,54 +497,43 @@ def attention_pattern(gm: fx.GraphModule) -> bool:
             continue
         if sm.kwargs.get("dtype") not in (None, torch.float32):
             continue
-        # scores -> [scale and one causal mask, in either order] -> casts -> softmax
-        s, _ = _through(gm, x)
-        causal, scale, head, ok = False, 1.0, 0, True
-        while ok and isinstance(s, fx.Node) and len(s.users) == 1:
-            up, _ = _through(gm, s)
-            if up is not s:  # casts between the steps (scores.float() / c)
-                s = up
-                continue
-            sc = _scale_step(gm, s, head_dim=_qk_head_dim(gm, s))
-            if sc is not None:
-                s, c = sc
-                if c == "head":
-                    head += 1
-                else:
-                    scale *= c
-                continue
-            step = _mask_step(gm, s) if not causal else None
-            if step is None:
-                break
-            inner, mask, kind = step
-            # the factors seen so far scale the masked scores: -inf times a negative is +inf
-            ok = (isinstance(inner, fx.Node) and scale > 0
-                  and _mask_is_causal(gm, mask, kind, node_shape(inner)))
-            s, causal = inner, True
-        if not ok or head > 1 or (head and scale != 1.0):
-            continue  # sdpa's default scale, or a number: not 1/sqrt(D) times another number
-        if not isinstance(s, fx.Node) or len(s.users) != 1:
+        found = _scores_chain(gm, x)
+        if found is None:
             continue
-        qk = classify(s, gm) if s.op in ("call_function", "call_method") else None
-        if not _plain_product(qk):
+        q, k, kt, causal, scale, head, tril = found
+        if not _fits(n, q, k, v, shape):
             continue
-        q, kt = qk.operands[:2]
-        k = _transposed_last(kt)
-        if k is None or not all(_float(t) for t in (q, k)):
+        _swap_in(gm, n, p, kt, F.scaled_dot_product_attention, (q, k, v),
+                 {"is_causal": causal, "scale": None if head else float(scale)}, tril, q, k)
+        changed = True
+    return changed
+
+
+def relu_attention_pattern(gm: fx.GraphModule) -> bool:
+    """rw-relu-attention: relu(q @ k^T * scale [masked causally]) @ v, written out (ReLU in
+    place of the softmax), is one attention kernel that never writes the scores: each key tile's
+    positive scores times its values add to the output (no maximum, no sum to divide by). The
+    scores' chain is the softmax rule's (scale, one causal mask, casts); the mask's -inf is 0
+    after the ReLU, as the kernel drops the masked positions. The kernel's scores are fp32 where
+    eager rounds them to the operands' dtype: verified like any candidate."""
+    from codegen.ops import relu_attention
+
+    changed = False
+    for n, p, v, shape in _pv_products(gm):
+        r, _casts = _through(gm, p)
+        rop = classify(r, gm) if isinstance(r, fx.Node) else None
+        if rop is None or rop.kind != "pointwise" or rop.name != "relu" or len(r.users) != 1 \
+                or not isinstance(rop.operands[0], fx.Node):
             continue
-        sq, sk, sv = node_shape(q), node_shape(k), node_shape(v)
-        if (len({node_dtype(q), node_dtype(k), node_dtype(v), node_dtype(n)}) != 1
-                or not (len(sq) == len(sk) == len(sv) == len(shape)) or sq[:-2] != sk[:-2]
-                or sk[:-2] != sv[:-2] or sq[-1] != sk[-1] or sk[-2] != sv[-2]):
+        found = _scores_chain(gm, rop.operands[0])
+        if found is None:
             continue
-        with graph.inserting_before(n):
-            new = graph.call_function(F.scaled_dot_product_attention, (q, k, v),
-                                      {"is_causal": causal, "scale": None if head else float(scale)})
-        new.meta = dict(n.meta)
-        n.replace_all_uses_with(new)
-        dead = [n, p, kt]
-        graph.erase_node(n)
-        _erase_unused_above(dead[1:], stop=None)
+        q, k, kt, causal, scale, head, tril = found
+        if not _fits(n, q, k, v, shape):
+            continue
+        # scale None: 1/sqrt(head dim) of the call's q
+        _swap_in(gm, n, p, kt, relu_attention, (q, k, v, causal, None if head else float(scale)), {},
+                 tril, q, k)
         changed = True
     return changed
 

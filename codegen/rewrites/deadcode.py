@@ -25,8 +25,6 @@ def _pure_library(n: fx.Node, gm: fx.GraphModule) -> bool:
     nn module) that only computes its result: a PyTorch function or tensor method, not in place,
     no ``out=``, no random draw; a module from torch.nn that keeps no buffers (batch norm updates
     its statistics in train()) and draws nothing."""
-    import torch
-
     if n.op == "call_function":
         mod = getattr(n.target, "__module__", None) or ""
         name = getattr(n.target, "__name__", "")

@@ -367,6 +367,31 @@ def _egg_params_channels_last(module, names):
         p.data = _egg_channels_last(p.data)
 
 
+def _egg_relu_attention(q, k, v, is_causal, scale):
+    """ReLU attention written out (rw-relu-attention): relu(q @ k^T * scale (None: 1/sqrt of the
+    head dim), the positions above
+    the diagonal dropped when causal) @ v, in PyTorch's ops (shapes on meta tensors, and the
+    path of a candidate that keeps no kernel for it); the attention template computes it
+    without writing the scores."""
+    s = torch.matmul(q, k.transpose(-2, -1)) * (q.shape[-1] ** -0.5 if scale is None else scale)
+    if is_causal:
+        keep = torch.ones((s.shape[-2], s.shape[-1]), dtype=torch.bool, device=s.device).tril()
+        s = s.masked_fill(~keep, 0.0)
+    return torch.matmul(torch.relu(s), v)
+
+
+def _egg_mask_fits(mask, q, k):
+    """Raise as masked_fill does when a mask (a buffer's slice: rw-attention read it as causal
+    and dropped it) does not broadcast to the scores q @ k^T would have."""
+    scores = tuple(q.shape[:-1]) + (k.shape[-2],)
+    ms = tuple(mask.shape)
+    if len(ms) > len(scores) or any(m not in (1, s) for m, s in zip(ms[::-1], scores[::-1])):
+        raise RuntimeError(f"The size of tensor a ({scores[-1]}) must match the size of tensor b "
+                           f"({ms[-1]}) at non-singleton dimension {len(scores) - 1}: mask "
+                           f"{list(ms)}, scores {list(scores)}")
+    return None
+
+
 def _egg_mm_check(a, b, bias, b_nk, batched):
     """Raise as torch does when the operands of a matrix product do not fit: the kernel reads K
     from A and walks B and the bias with their strides, so a B or bias of another size would be
@@ -449,7 +474,8 @@ def _egg_nhwc_operand(t, nd):
 # ---- drop-in dispatch (codegen.dropin, docs/dropin.md): which calls take the kernels. The file
 # defines _EGG_GUARDS (mode -> what the kernels were built for, or None), _EGG_SAME (one set of
 # kernels serves both modes) and _EGG_STATE (the parameters and buffers they read, the traced
-# constants, with their dtypes).
+# constants, with their dtypes). A guard's "tril" names the buffers its kernels take to be
+# causal masks (the lower-triangular ones).
 
 #: any device may reach the kernels (set by the compile check, which records launches on meta
 #: or CPU tensors instead of running them); otherwise CUDA, or the CPU under TRITON_INTERPRET
@@ -604,6 +630,9 @@ def _egg_admit(module, guard, args):
     ok, pdev = module._egg_pstate
     if not ok:
         return False
+    for name in guard.get("tril", ()):  # a causal mask read from a buffer (rw-attention)
+        if not _egg_is_tril_ones(module.get_buffer(name)):
+            return False
     built = module._egg_train_modes
     if not (_EGG_SAME and all(built)):  # the modules in the modes that were traced
         modes = [m.training for m in module.modules()]
@@ -644,6 +673,15 @@ def _egg_admit(module, guard, args):
             elif s < 2 or sizes.setdefault(d, s) != s:
                 return False
     return len(extras) <= 1
+
+
+def _egg_is_tril_ones(b):
+    """Is ``b`` the lower-triangular ones on its last two dims (any leading dims)? The kernels
+    of a causal mask read from a buffer hold only then (load_state_dict can change it)."""
+    if b.dim() < 2:
+        return False
+    ref = torch.ones(b.shape[-2:], dtype=b.dtype, device=b.device).tril()
+    return bool((b == ref).all())
 
 
 def _egg_route(module, key, args):

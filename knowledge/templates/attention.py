@@ -55,6 +55,9 @@ class AttentionSpec:
     causal: bool
     scale: float | None  # None: 1 / sqrt(head_dim)
     gqa: bool  # key/value heads may divide the query heads
+    #: softmax (flash: online softmax) | relu (ReLU attention: relu of the scores, no
+    #: normalization; masked scores are 0, partial sums simply add up)
+    score: str = "softmax"
 
 
 def _dots(spec: AttentionSpec) -> tuple[str, list[str]]:
@@ -79,8 +82,21 @@ STEP = [
 ]
 
 
+#: ReLU attention's step: the scores' positive part (masked scores are -inf: 0), no running
+#: maximum or sum, so a tile's product adds to the accumulator as it is
+RELU_STEP = ["p = tl.maximum(s, 0.0)"]
+
+
+def _step(spec: AttentionSpec) -> tuple[list[str], str, list[str]]:
+    """The score step, the accumulator the next product adds to, and the lines after it."""
+    if spec.score == "relu":
+        return RELU_STEP, "acc", []
+    return STEP, "acc * alpha[:, None]", ["m_i = m_new"]
+
+
 def _flash(spec: AttentionSpec, kname: str) -> str:
     opt, p_cast = _dots(spec)
+    step, carry, after = _step(spec)
 
     def block(masked: bool) -> list[str]:
         kmask = "mn[None, :] & md[:, None]" if masked else "md[:, None]"
@@ -103,7 +119,7 @@ def _flash(spec: AttentionSpec, kname: str) -> str:
                       "if CAUSAL:",
                       "    keep = keep & (rn[None, :] <= rm[:, None])",
                       's = tl.where(keep, s, float("-inf"))']
-        lines += STEP
+        lines += step
         if masked:
             lines.append(f"v = tl.load({vp}, mask={vmask}, other=0.0)")
         else:
@@ -113,8 +129,8 @@ def _flash(spec: AttentionSpec, kname: str) -> str:
             "if DOT_F32:",
             "    v = v.to(tl.float32)",
             *p_cast,
-            f"acc = tl.dot(pv, v, acc * alpha[:, None]{opt})",
-            "m_i = m_new",
+            f"acc = tl.dot(pv, v, {carry}{opt})",
+            *after,
         ]
         return lines
 
@@ -151,7 +167,7 @@ def _flash(spec: AttentionSpec, kname: str) -> str:
     body.append("for n0 in range(full, hi, BLOCK_N):  # the diagonal and the edge: masked")
     body += ["    " + ln for ln in block(True)]
     body += [
-        "out = acc / l_i[:, None]",
+        "out = acc / l_i[:, None]" if spec.score == "softmax" else "out = acc",
         "tl.store(O + bh * M * D + rm[:, None] * D + rd[None, :], out.to(O.dtype.element_ty),",
         "         mask=(rm[:, None] < M) & md[None, :])",
     ]
@@ -167,6 +183,7 @@ def _split(spec: AttentionSpec, kname: str) -> str:
     hk packed as tile rows r (head hk * G + r // M, query r % M) and walks keys [s * CHUNK,
     (s + 1) * CHUNK)."""
     opt, p_cast = _dots(spec)
+    step, carry, after = _step(spec)
     body = [
         "bhk = tl.program_id(0).to(tl.int64)",
         "sp = tl.program_id(1)",
@@ -203,18 +220,18 @@ def _split(spec: AttentionSpec, kname: str) -> str:
         "        keep = keep & (rn[None, :] <= mq[:, None])",
         '    s = tl.where(keep, s, float("-inf"))',
     ]
-    body += ["    " + ln for ln in STEP]
+    body += ["    " + ln for ln in step]
     body += [
         "    v = tl.load(V + vb + rn[:, None] * svn + rd[None, :] * svd,",
         "                mask=mn[:, None] & md[None, :], other=0.0)",
         "    if DOT_F32:",
         "        v = v.to(tl.float32)",
         *["    " + ln for ln in p_cast],
-        f"    acc = tl.dot(pv, v, acc * alpha[:, None]{opt})",
-        "    m_i = m_new",
+        f"    acc = tl.dot(pv, v, {carry}{opt})",
+        *["    " + ln for ln in after],
         "om = mr[:, None] & md[None, :]",
         "if SPLITS == 1:  # one chunk: normalize and store the output directly",
-        "    out = acc / l_i[:, None]",
+        "    out = acc / l_i[:, None]" if spec.score == "softmax" else "    out = acc",
         "    tl.store(O + ((b * H + hq[:, None]) * M + mq[:, None]) * D + rd[None, :],",
         "             out.to(O.dtype.element_ty), mask=om)",
         "else:",
@@ -230,8 +247,9 @@ def _split(spec: AttentionSpec, kname: str) -> str:
     return f"@triton.jit\ndef {kname}_split({', '.join(params)}):\n{indent(body, 4)}\n"
 
 
-def _merge(kname: str) -> str:
-    """One query row per program: the chunks' partials rescaled to their common maximum."""
+def _merge(kname: str, relu: bool = False) -> str:
+    """One query row per program: the chunks' partials rescaled to their common maximum (ReLU
+    attention: added up)."""
     body = [
         "pid = tl.program_id(0).to(tl.int64)",
         "rows = G * M",
@@ -252,7 +270,7 @@ def _merge(kname: str) -> str:
         "rd = tl.arange(0, BLOCK_D)",
         "md = rd < D",
         "op = tl.load(OP + row[:, None] * D + rd[None, :], mask=ms[:, None] & md[None, :], other=0.0)",
-        "out = tl.sum(op * w[:, None], 0) / l",
+        "out = tl.sum(op, 0)" if relu else "out = tl.sum(op * w[:, None], 0) / l",
         "tl.store(O + ((b * H + h) * M + m) * D + rd, out.to(O.dtype.element_ty), mask=md)",
     ]
     params = ["O", "OP", "MP", "LP", "H", "HKV", "G", "M", "D", "SPLITS",
@@ -262,7 +280,7 @@ def _merge(kname: str) -> str:
 
 def render(spec: AttentionSpec, cfg: dict, kname: str, gname: str) -> Rendered:
     cfg = {**INFO.defaults, **(cfg or {})}
-    kernel = "\n\n".join([_flash(spec, kname), _split(spec, kname), _merge(kname)])
+    kernel = "\n\n".join([_flash(spec, kname), _split(spec, kname), _merge(kname, spec.score == "relu")])
     scale = "1.0 / math.sqrt(D)" if spec.scale is None else repr(float(spec.scale))
     bm, bn = int(cfg["BLOCK_M"]), int(cfg["BLOCK_N"])
     nw, ns = int(cfg["num_warps"]), int(cfg["num_stages"])
@@ -282,7 +300,8 @@ def render(spec: AttentionSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         "o = torch.empty(q4.shape, device=q.device, dtype=q.dtype)",
         "if o.numel() == 0:",
         "    return o if q.dim() == 4 else o.squeeze(1)",
-        f"qk_scale = ({scale}) * 1.4426950408889634  # log2(e): the kernels use exp2",
+        f"qk_scale = ({scale}) * 1.4426950408889634  # log2(e): the kernels use exp2"
+        if spec.score == "softmax" else f"qk_scale = {scale}  # ReLU attention: the scores themselves",
         # the interpreter (CPU tensors) emulates 16-bit dots wrongly: they run on fp32 copies of
         # the loaded tiles there, which a tensor core's fp32-accumulated product equals
         "f32 = q.device.type == 'cpu'",
