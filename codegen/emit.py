@@ -22,6 +22,7 @@ from codegen.fusion import (FusionPlan, Group, broadcast_epilogue, group_outputs
                             slot_roles)
 from codegen.fusion import chanstats_aux_pattern, norm_pattern, pool_aux_pattern
 from codegen.layout import init_lines as layout_init_lines
+from codegen.rewrites.deadcode import has_effect
 from knowledge.templates import (RUNTIME_SOURCE, PointwiseSpec, ReductionSpec, SoftmaxSpec,
                                  attention, chanstats, linear_ce, matmul, norm, pointwise, pool,
                                  reduction, scan, softmax)
@@ -524,8 +525,8 @@ def _dispatch(dr, fast: dict[bool, str | None], ref: dict[bool, str], sig: str,
         parts += [f"mm[{i}].training" for i in range(len(modes))]
     for n, a in zip(names, guard_args):
         parts += [f"{n}.shape", f"{n}.dtype", f"{n}.device"] if "dtype" in a else [n]
-    for b in dr.tril_buffers:  # a new route when the buffer is written or replaced
-        parts += [f"id(self.get_buffer({b!r}))", f"self.get_buffer({b!r})._version"]
+    for i, b in enumerate(dr.tril_buffers):  # a new route when the buffer is written or replaced
+        parts += [f"id(_egg_b{i} := self.get_buffer({b!r}))", f"_egg_b{i}._version"]
     args = ", ".join(names)
     call_args = f"({args},)" if len(names) == 1 else f"({args})"
 
@@ -761,31 +762,6 @@ def runtime_for(code: str) -> str:
 # ---- graph breaks and regions (harness.capture, docs/capture.md) -----------------------------
 #: the get_attr target a graph break in the root's forward reads its module through
 ROOT_REF = "_egg_self"
-
-
-def has_effect(n: fx.Node) -> bool:
-    """Kept though nothing reads its result: fx's own rule, in-place methods (fx keeps
-    ``copy_`` into a buffer as a call_method it calls pure: ``self.h.copy_(x)`` would vanish),
-    random draws (later draws depend on them) and modules that are not pure (fx calls every
-    module pure: a dead batch norm's statistics update in train() would vanish)."""
-    from codegen.rewrites.deadcode import RANDOM_OPS, pure_module
-
-    if n.is_impure():
-        return True
-    if n.op == "call_module":
-        gm = n.graph.owning_module
-        try:
-            return gm is None or not pure_module(gm.get_submodule(n.target))
-        except AttributeError:
-            return True
-    name = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", "")
-    return n.op in ("call_method", "call_function") and (
-        name.endswith("_") and not name.endswith("__") or name in RANDOM_OPS
-        or name in EFFECT_HELPERS)
-
-
-#: runtime helpers called for what they write (a dead batch norm's running statistics)
-EFFECT_HELPERS = {"_egg_bn_update", "_egg_mask_fits"}
 
 
 def root_ref_fix(forward: str) -> str:

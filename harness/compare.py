@@ -208,8 +208,9 @@ def fp64_door(chk: OutputCheck, ref64: torch.Tensor, eager: torch.Tensor, cand: 
     if "NaN" in chk.reason or "non-finite" in chk.reason:
         return chk
     deep = not chk.within_tol and tol is not None and _eager_outside_tolerance(eager, ref64, tol)
-    rounding = (not chk.within_tol and not deep and eager.dtype in LOW_PRECISION
-                and c["n"] >= NOISE_MIN_ELEMENTS and c["bias"] < NOISE_STAT and c["corr"] < NOISE_STAT
+    # rounding-like error: no bias, uncorrelated with the values, enough elements to tell
+    noise = (c["n"] >= NOISE_MIN_ELEMENTS and c["bias"] < NOISE_STAT and c["corr"] < NOISE_STAT)
+    rounding = (not chk.within_tol and not deep and eager.dtype in LOW_PRECISION and noise
                 and c["rms"] <= LOWP_RMS_FACTOR * e["rms"])
     factor = DEEP_DOOR_FACTOR if deep or rounding else 1.0
     if chk.within_tol or c["max"] <= factor * e["max"]:
@@ -232,7 +233,6 @@ def fp64_door(chk: OutputCheck, ref64: torch.Tensor, eager: torch.Tensor, cand: 
                    + f"eager's {e['max']:.3g}")
     if eager.dtype in LOW_PRECISION and not deep:  # which condition of the rounding regime failed
         chk.reason += f" (RMS {c['rms']:.3g} vs eager's {e['rms']:.3g})"
-    noise = (c["n"] >= NOISE_MIN_ELEMENTS and c["bias"] < NOISE_STAT and c["corr"] < NOISE_STAT)
     if c["max"] <= PRECISION_CLOSE * max(c["scale"], 1e-30) and noise:
         chk.category = "precision"
         chk.reason += " (close to the float64 result but less accurate than eager: lower precision)"

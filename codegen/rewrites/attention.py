@@ -87,9 +87,10 @@ def _constant_value(gm: fx.GraphModule, n: fx.Node, bump: int = 0, given: dict |
     shape or device queries of the graph's inputs: evaluated on the CPU with every input dim
     grown by ``bump`` (inputs as meta tensors, their device read as the CPU's). None when n reads
     a value it cannot know (an input's or a parameter's data, a buffer), or evaluating fails.
-    ``given``: values for get_attr nodes (a buffer's stand-in). ``shape_only``: n's shape is
-    wanted (parameters and buffers read as meta tensors of their shapes; a meta result gives its
-    shape). Returns (value, whether it read an input's shape)."""
+    Parameters and buffers are meta tensors of their shapes (their values may change through
+    load_state_dict): their shapes can be read, a value read from them stays meta. ``given``:
+    values for get_attr nodes (a buffer's stand-in). ``shape_only``: n's shape is wanted (a meta
+    result gives its shape). Returns (value, whether it read an input's shape)."""
     import re
 
     import torch
@@ -115,16 +116,13 @@ def _constant_value(gm: fx.GraphModule, n: fx.Node, bump: int = 0, given: dict |
             if m.op == "get_attr" and given and m in given:
                 env[m] = given[m]
                 continue
-            if m.op == "get_attr" and not re.fullmatch(r"_tensor_constant\d+", str(m.target)) \
-                    and node_shape(m) is not None:
-                # a parameter or buffer: its values may change (load_state_dict), so it is a meta
-                # tensor here: its shape can be read, a value read from it stays meta (None)
-                env[m] = torch.empty(node_shape(m), dtype=node_dtype(m), device="meta")
-                continue
             if m.op == "get_attr":
-                if not re.fullmatch(r"_tensor_constant\d+", str(m.target)):
-                    return None  # a parameter or buffer: its values may change (load_state_dict)
-                env[m] = getattr(gm, m.target)
+                if re.fullmatch(r"_tensor_constant\d+", str(m.target)):
+                    env[m] = getattr(gm, m.target)
+                elif node_shape(m) is not None:  # a parameter or buffer: its shape only
+                    env[m] = torch.empty(node_shape(m), dtype=node_dtype(m), device="meta")
+                else:
+                    return None
                 continue
             args = fx.node.map_arg(m.args, env.__getitem__)
             kwargs = fx.node.map_arg(m.kwargs, env.__getitem__)

@@ -20,21 +20,44 @@ EFFECT_OPS = {"register_hook", "register_post_accumulate_grad_hook", "retain_gra
               "backward", "grad"}
 
 
-def _pure_library(n: fx.Node, gm: fx.GraphModule) -> bool:
+#: runtime helpers called for what they write or raise (a dead batch norm's running statistics,
+#: a mask's shape check)
+EFFECT_HELPERS = {"_egg_bn_update", "_egg_mask_fits"}
+
+
+def has_effect(n: fx.Node) -> bool:
+    """Kept though nothing reads its result (rw-dead-code, and the emitter's last clean-up): fx's
+    own rule; in-place ops, ``out=`` (fx keeps ``copy_`` into a buffer as a call_method it calls
+    pure: ``self.h.copy_(x)`` would vanish); random draws (later draws depend on them); calls
+    for their effect on autograd or streams; the runtime helpers of EFFECT_HELPERS; modules that
+    are not pure (fx calls every module pure: a dead batch norm's statistics update in train()
+    would vanish)."""
+    if n.is_impure():
+        return True
+    if n.op == "call_module":
+        gm = n.graph.owning_module
+        try:
+            return gm is None or not pure_module(gm.get_submodule(n.target))
+        except AttributeError:
+            return True
+    if n.op not in ("call_method", "call_function"):
+        return False
+    name = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", "")
+    return (name.endswith("_") and not name.endswith("__") or name in RANDOM_OPS | EFFECT_OPS
+            or name in EFFECT_HELPERS or "out" in n.kwargs or bool(n.kwargs.get("inplace")))
+
+
+def _pure_library(n: fx.Node) -> bool:
     """A library op (one EGG has no template for: einsum, a convolution, cat, zeros_like, an
-    nn module) that only computes its result: a PyTorch function or tensor method, not in place,
-    no ``out=``, no random draw; a module from torch.nn that keeps no buffers (batch norm updates
-    its statistics in train()) and draws nothing."""
+    nn module) that only computes its result: a PyTorch function, tensor method or torch.nn
+    module without an effect (has_effect)."""
     if n.op == "call_function":
         mod = getattr(n.target, "__module__", None) or ""
-        name = getattr(n.target, "__name__", "")
-        return (mod == "torch" or mod.startswith("torch.")) and not mod.startswith("torch.fx") \
-            and name not in RANDOM_OPS | EFFECT_OPS and "out" not in n.kwargs and not n.kwargs.get("inplace")
-    if n.op == "call_method":
-        return n.target not in RANDOM_OPS | EFFECT_OPS and "out" not in n.kwargs
-    if n.op == "call_module":
-        return pure_module(gm.get_submodule(n.target))
-    return False
+        if not (mod == "torch" or mod.startswith("torch.")) or mod.startswith("torch.fx"):
+            return False
+    elif n.op not in ("call_method", "call_module"):
+        return False
+    return not has_effect(n)
 
 
 def pure_module(m) -> bool:
@@ -55,12 +78,11 @@ def drop_dead_code(gm: fx.GraphModule) -> bool:
     graph = gm.graph
     changed = False
     for n in reversed(list(graph.nodes)):
-        if n.op in ("placeholder", "output") or n.users or n.is_impure() or \
-                str(n.target).endswith("_") and not str(n.target).endswith("__"):
-            continue  # (an in-place op, a graph break: its effect is its point)
+        if n.op in ("placeholder", "output") or n.users or has_effect(n):
+            continue  # (an in-place op, a random draw: its effect is its point)
         op = classify(n, gm)
         if op.kind in ("pointwise", "reduction", "softmax", "view", "identity", "getitem", "param") \
-                or op.kind == "library" and _pure_library(n, gm):
+                or op.kind == "library" and _pure_library(n):
             graph.erase_node(n)
             changed = True
     return changed

@@ -369,10 +369,9 @@ def _egg_params_channels_last(module, names):
 
 def _egg_relu_attention(q, k, v, is_causal, scale):
     """ReLU attention written out (rw-relu-attention): relu(q @ k^T * scale (None: 1/sqrt of the
-    head dim), the positions above
-    the diagonal dropped when causal) @ v, in PyTorch's ops (shapes on meta tensors, and the
-    path of a candidate that keeps no kernel for it); the attention template computes it
-    without writing the scores."""
+    head dim), the positions above the diagonal dropped when causal) @ v, in PyTorch's ops
+    (shapes on meta tensors, and the path of a candidate that keeps no kernel for it); the
+    attention template computes it without writing the scores."""
     s = torch.matmul(q, k.transpose(-2, -1)) * (q.shape[-1] ** -0.5 if scale is None else scale)
     if is_causal:
         keep = torch.ones((s.shape[-2], s.shape[-1]), dtype=torch.bool, device=s.device).tril()
