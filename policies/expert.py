@@ -490,6 +490,11 @@ class ExpertPolicy:
                 victims, how = [newest], "the newest group (the error names none)"
             return disabled + victims, f"back out {_names(victims)} ({how}) after: {ver.reason[:160]}"
         tim = state.timing(last.id)
+        products = state.products_within_noise() if last.id == state.current_id else []
+        if products:
+            return disabled + products, (
+                f"back out the matrix product(s) {_names(products)} after {last.id} came out within "
+                "noise: cuBLAS, each epilogue fused after its product [alg-library-tail-fusion]")
         if tim is not None and tim.verdict == "regressed":
             if enabled:
                 victim = min(enabled, key=_expected_saving).id

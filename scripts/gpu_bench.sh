@@ -3,6 +3,7 @@
 #
 #   bash scripts/gpu_bench.sh PROBLEMS_DIR LIST_FILE STATE_DIR OUT_DIR BUDGET_S [JOBS]
 #
+# PROBLEM_TIMEOUT (env, default 360 s) bounds each problem; its run gets graph.bench's share of it.
 # STATE_DIR keeps results.jsonl between slices (bench --resume skips what is done); the slice
 # stops itself after BUDGET_S seconds (SIGINT: the bench kills its jobs and keeps finished
 # records), then copies report.json/report.md/results.jsonl/run_alone.txt/bench.png to OUT_DIR and packs the
@@ -13,7 +14,7 @@ source scripts/gpu_env.sh
 mkdir -p "$STATE" "$OUT"
 start=$(date +%s)
 timeout -s INT "$BUDGET" python3 -m graph.cli bench "$PROBLEMS" --list "$LIST" --out "$STATE" \
-  --device cuda --jobs "$JOBS" --resume --problem-timeout 360
+  --device cuda --jobs "$JOBS" --resume --problem-timeout "${PROBLEM_TIMEOUT:-360}"
 echo "slice: $(( $(date +%s) - start )) s, $(wc -l < "$STATE/results.jsonl") problems done" | tee -a "$STATE/slices.txt"
 python3 -m graph.bench report "$STATE"
 cp "$STATE"/results.jsonl "$STATE"/run_alone.txt "$STATE"/report.json "$STATE"/report.md "$STATE"/bench.png \

@@ -86,6 +86,20 @@ class EggState(BaseModel):
                 found = t
         return found
 
+    def products_within_noise(self) -> list[str]:
+        """The Triton matrix products of the current stage-1 candidate when its timing came out
+        within noise of the best so far: a Triton product that only breaks even has cost about
+        what its fused epilogue saved, so stage 1 tries them once as cuBLAS calls with the
+        epilogues fused after them (principle alg-library-tail-fusion). Empty otherwise."""
+        cand = self.candidate(self.current_id)
+        t = self.timing(self.current_id)
+        if (cand is None or cand.stage != "algorithm" or t is None or t.verdict != "noise"
+                or self.plan is None):
+            return []
+        built = {k.group_id for k in cand.configs if k.template != "llm"}  # the plan's own kernels
+        return [g.id for g in self.plan.groups
+                if g.kind == "matmul" and g.id in built and g.id not in cand.disabled_groups]
+
     def context(self, stage: str) -> r.StageContext:
         return self.stage_context.get(stage) or r.StageContext(stage=stage)
 

@@ -334,3 +334,38 @@ def test_unnamed_failure_among_many_groups_backs_out_half(write_problem):
     assert again == disabled + [kept[-1]] and "newest" in why  # 4 live: one at a time
     named, _ = fail([], f"trial 1 (train): output 0 of _egg_k_{groups[2].id} is wrong")
     assert named == [groups[2].id]
+
+
+def test_products_within_noise_go_back_to_cublas_with_their_epilogues(write_problem):
+    """A stage-1 candidate whose Triton products came out within noise of eager: the next design
+    backs out every product at once (cuBLAS, the epilogue a fused tail) and keeps the other
+    groups; a product already backed out, or a win, asks for nothing more."""
+    from policies.expert import ExpertPolicy
+    from state import Candidate, KernelConfig, Settings, TimingRecord, VerificationRecord
+
+    st = _planned_state(write_problem, "x):\n        return torch.softmax(torch.relu(self.fc(x)) + self.fc2(x).sigmoid(), dim=-1)\n",
+                        "[torch.randn(64, 256)]",
+                        "        self.fc = nn.Linear(256, 256)\n        self.fc2 = nn.Linear(256, 256)\n",
+                        "noise")
+    kinds = {g.id: g.kind for g in st.plan.groups if g.kind != "library"}
+    products = sorted(g for g, k in kinds.items() if k == "matmul")
+    assert products and len(kinds) > len(products)
+    cfgs = [KernelConfig(group_id=g, template="matmul" if k == "matmul" else k, params={})
+            for g, k in kinds.items()]
+    cand = Candidate(id="c1", stage="algorithm", author="algorithm_designer", source="x", configs=cfgs)
+    ver = VerificationRecord(candidate_id="c1", passed=True)
+
+    def after(verdict, disabled=()):
+        c = cand.model_copy(update={"disabled_groups": list(disabled)})
+        tim = TimingRecord(candidate_id="c1", device="cuda", interpreter=False, candidate_ms=1.0,
+                           verdict=verdict)
+        return st.model_copy(update={"candidates": [c], "verifications": [ver], "timings": [tim],
+                                     "current_id": "c1", "stage": "algorithm"})
+
+    disabled, why = ExpertPolicy()._backout(after("noise"), "algorithm")
+    assert sorted(disabled) == products and "within noise" in why and "cuBLAS" in why
+    draft = ExpertPolicy().design(after("noise"), Settings(device="cpu"))
+    assert sorted(draft.disabled_groups) == products
+    assert all(f"_egg_k_{g}t" in draft.source for g in products)  # the epilogues stay kernels
+    assert ExpertPolicy()._backout(after("noise", products), "algorithm")[1] == "retry"
+    assert ExpertPolicy()._backout(after("improved"), "algorithm")[1] == "retry"

@@ -77,3 +77,32 @@ def test_regressions_loop_back_until_the_cap():
 
 def test_no_timing_record_moves_on():
     assert R.route_after_profiler(state("algorithm", passed=True)) == "tiler"
+
+
+def _with_products(st: EggState, configs, disabled=(), kinds=("matmul", "pointwise")) -> EggState:
+    from state import FusionGroup, KernelConfig, Plan
+
+    plan = Plan(groups=[FusionGroup(id=f"g{i}", kind=k) for i, k in enumerate(kinds)])
+    c1 = st.candidates[1].model_copy(update={
+        "configs": [KernelConfig(group_id=g, template=t, params={}) for g, t in configs],
+        "disabled_groups": list(disabled)})
+    return st.model_copy(update={"plan": plan, "candidates": [st.candidates[0], c1]})
+
+
+def test_stage1_products_within_noise_get_one_more_try():
+    """A stage-1 candidate whose Triton matrix products broke even is tried once more with them
+    as cuBLAS calls (EggState.products_within_noise); not once they are backed out, not for an
+    LLM's own kernels, not for a win, not in later stages, not at the cap."""
+    noise = state("algorithm", passed=True, verdict="noise")
+    mine = [("g0", "matmul"), ("g1", "pointwise")]
+    assert _with_products(noise, mine).products_within_noise() == ["g0"]
+    assert R.route_after_profiler(_with_products(noise, mine)) == "algorithm_designer"
+    assert R.route_after_profiler(_with_products(noise, mine, disabled=["g0"])) == "tiler"
+    assert R.route_after_profiler(_with_products(noise, [("g0", "llm")])) == "tiler"
+    assert R.route_after_profiler(_with_products(noise, [("g1", "pointwise")])) == "tiler"
+    won = state("algorithm", passed=True, verdict="improved")
+    assert R.route_after_profiler(_with_products(won, mine)) == "tiler"
+    capped = state("algorithm", passed=True, verdict="noise", attempts=3)
+    assert R.route_after_profiler(_with_products(capped, mine)) == "tiler"
+    tiled = state("tiling", passed=True, verdict="noise")
+    assert R.route_after_profiler(_with_products(tiled, mine)) == "memory_optimizer"
