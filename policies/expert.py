@@ -240,7 +240,9 @@ def measure_regions(state: EggState, settings: Settings, regions: list[RegionRec
     for r, ms in zip(regions, got["regions"]):
         r.measured_ms = ms
         r.share = ms / total if total else r.share
-    return (f"eager's time per region measured on the GPU ({got.get('timer')}): "
+    scaled = (f", node by node {got['interpreted_ms']:.3f} ms scaled to eager's whole call "
+              f"{got['eager_ms']:.3f} ms" if got.get("interpreted_ms", 0) > got.get("eager_ms", 0) > 0 else "")
+    return (f"eager's time per region measured on the GPU ({got.get('timer')}{scaled}): "
             + ", ".join(f"region {r.index} {r.measured_ms:.3f} ms" for r in regions[:8]))
 
 

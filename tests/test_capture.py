@@ -376,6 +376,23 @@ def test_regions_are_measured_node_by_node():
     assert got["total_ms"] == pytest.approx(sum(got["nodes"].values()))
 
 
+def test_region_times_of_a_launch_bound_model_are_eagers_not_the_interpreters(write_problem):
+    """Node by node, 300 tiny ops add up to the interpreter's host time between them, far above
+    eager's own call (ResNet-18 on the H200: 8.6 ms against 2.3 ms, so the CUDA-graph decision
+    read a GPU time four times too long): the regions are scaled to eager's whole call, with the
+    shares kept."""
+    from harness import regionprof
+
+    body = "".join("        x = x + 1.0\n" for _ in range(300))
+    src = ("import torch\nimport torch.nn as nn\nclass Model(nn.Module):\n"
+           "    def forward(self, x):\n" + body + "        return x\n"
+           "def get_inputs():\n    return [torch.randn(4)]\ndef get_init_inputs():\n    return []\n")
+    got = regionprof.measure(str(write_problem(src, "tiny_ops")), "cpu", runs=3)
+    assert got["interpreted_ms"] > got["eager_ms"] > 0
+    assert sum(got["regions"]) == pytest.approx(got["eager_ms"])
+    assert got["total_ms"] == pytest.approx(sum(got["nodes"].values()))
+
+
 def test_a_table_follows_its_source_buffer_changed_in_place(tmp_path):
     """The frequencies a RoPE table is built from change in place: the table is built again."""
     prob = load_problem(CASES / "rope_forward.py")
