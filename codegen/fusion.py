@@ -713,7 +713,29 @@ def plan_fusion(gm: fx.GraphModule, disabled: set[str] | None = None) -> FusionP
             nops[g.red].kind = "library"
             nops[g.red].why = f"matrix product backed out ({g.id}): cuBLAS, epilogue fused after it"
             kept.append(Group(id=tail_id(g.id), kind="pointwise", members=tail, domain=g.out_shape))
-    return FusionPlan(gm, nops, kept, order, regions=region)
+    return FusionPlan(gm, nops, merge_tails(kept, order, region), order, regions=region)
+
+
+def merge_tails(groups: list[Group], order: dict, region: dict) -> list[Group]:
+    """A backed-out product's tail whose values only another tail of the same domain reads (a
+    gated MLP's silu(gate), read by ``* up``) joins that tail: one pass over the products instead
+    of writing the intermediate and reading it back (principle alg-fuse-pointwise-chain). The
+    joined tail runs where its last op did, after both products."""
+    tails = [g for g in groups if g.kind == "pointwise" and g.id.endswith("t")]
+    owner = {m: g for g in tails for m in g.members}
+    for a in tails:
+        inside = set(a.members)
+        readers = {owner.get(u) for m in a.members for u in m.users if u not in inside}
+        if len(readers) != 1 or None in readers:
+            continue
+        (b,) = readers
+        if b is a or b.domain != a.domain or region.get(a.members[0]) != region.get(b.members[0]):
+            continue
+        b.members = sorted(b.members + a.members, key=order.__getitem__)
+        for m in a.members:
+            owner[m] = b
+        groups.remove(a)
+    return groups
 
 
 def tail_id(group_id: str) -> str:

@@ -366,6 +366,37 @@ def test_products_within_noise_go_back_to_cublas_with_their_epilogues(write_prob
     assert sorted(disabled) == products and "within noise" in why and "cuBLAS" in why
     draft = ExpertPolicy().design(after("noise"), Settings(device="cpu"))
     assert sorted(draft.disabled_groups) == products
-    assert all(f"_egg_k_{g}t" in draft.source for g in products)  # the epilogues stay kernels
+    # the epilogues stay kernels: relu(fc(x)) joins the tail that reads it (merge_tails)
+    assert f"_egg_k_{products[-1]}t" in draft.source and f"_egg_k_{products[0]}t" not in draft.source
     assert ExpertPolicy()._backout(after("noise", products), "algorithm")[1] == "retry"
     assert ExpertPolicy()._backout(after("improved"), "algorithm")[1] == "retry"
+
+
+def test_a_tail_read_only_by_another_tail_joins_it(write_problem, tmp_path):
+    """A gated MLP with both products backed out: silu(gate(x)) is read only by the tail of
+    up(x), so the two tails are one kernel (silu and mul), which computes what Model does; a
+    tail read elsewhere too stays its own."""
+    from codegen.pipeline import compile_problem
+    from tests.helpers import load_module
+
+    members = "        self.gate = nn.Linear(16, 32)\n        self.up = nn.Linear(16, 32)\n"
+    path = write_problem(_src("x):\n        return F.silu(self.gate(x)) * self.up(x)\n",
+                              "[torch.randn(8, 16)]", members), "gated")
+    prob = load_problem(path)
+    comp = compile_problem(prob, disabled={"g0", "g1"})
+    (g,) = comp.plan.groups
+    assert g.kind == "pointwise" and [comp.plan.nops[m].name for m in g.members] == ["silu", "mul"]
+    out = tmp_path / "gated.py"
+    out.write_text(comp.emitted.source)
+    mod = load_module(out, "cand_gated")
+    torch.manual_seed(0)
+    ref = prob.Model()
+    new = mod.ModelNew()
+    new.load_state_dict(ref.state_dict())
+    x = torch.randn(8, 16)
+    torch.testing.assert_close(new(x), ref(x))
+
+    both = write_problem(_src("x):\n        s = F.silu(self.gate(x))\n        return s * self.up(x), s\n",
+                              "[torch.randn(8, 16)]", members), "gated_out")
+    comp2 = compile_problem(load_problem(both), disabled={"g0", "g1"})
+    assert len(comp2.plan.groups) == 2
