@@ -713,23 +713,36 @@ def plan_fusion(gm: fx.GraphModule, disabled: set[str] | None = None) -> FusionP
             nops[g.red].kind = "library"
             nops[g.red].why = f"matrix product backed out ({g.id}): cuBLAS, epilogue fused after it"
             kept.append(Group(id=tail_id(g.id), kind="pointwise", members=tail, domain=g.out_shape))
-    return FusionPlan(gm, nops, merge_tails(kept, order, region), order, regions=region)
+    return FusionPlan(gm, nops, merge_tails(kept, order, region, nops), order, regions=region)
 
 
-def merge_tails(groups: list[Group], order: dict, region: dict) -> list[Group]:
-    """A backed-out product's tail whose values only another tail of the same domain reads (a
-    gated MLP's silu(gate), read by ``* up``) joins that tail: one pass over the products instead
-    of writing the intermediate and reading it back (principle alg-fuse-pointwise-chain). The
-    joined tail runs where its last op did, after both products."""
+def merge_tails(groups: list[Group], order: dict, region: dict, nops: dict) -> list[Group]:
+    """A backed-out product's tail joins the group that reads it (principles
+    alg-fuse-pointwise-chain, alg-reduction-prologue): another tail of the same domain that is its
+    only reader (a gated MLP's silu(gate), read by ``* up``), or a norm over its values (the
+    residual add after an output projection and the RMSNorm after it) whose template also stores
+    the values read after the norm. One pass instead of writing the values and reading them
+    back; the joined group runs where its last op did."""
     tails = [g for g in groups if g.kind == "pointwise" and g.id.endswith("t")]
-    owner = {m: g for g in tails for m in g.members}
+    owner = {m: g for g in groups for m in g.members}
     for a in tails:
         inside = set(a.members)
-        readers = {owner.get(u) for m in a.members for u in m.users if u not in inside}
-        if len(readers) != 1 or None in readers:
-            continue
-        (b,) = readers
-        if b is a or b.domain != a.domain or region.get(a.members[0]) != region.get(b.members[0]):
+        users = [u for m in a.members for u in m.users if u not in inside]
+        readers = {owner.get(u) for u in users}
+        same = [b for b in readers if b is not None and b is not a and b.domain == a.domain
+                and region.get(b.members[0]) == region.get(a.members[0])]
+        b = None
+        if len(readers) == 1 and same and same[0].kind == "pointwise" and same[0].id.endswith("t"):
+            b = same[0]
+        norms = [g for g in same if g.kind == "norm"]
+        if b is None and len(norms) == 1:
+            n = norms[0]
+            ext = {t for m in a.members for t in nops[m].tensor_inputs if t not in inside}
+            if (all(owner.get(u) is n or order[u] > order[n.red] for u in users)
+                    and not any(nops[m].name in ROLLED for m in a.members)
+                    and all(norm_pattern(n, nops[n.red], node_shape(t)) for t in ext)):
+                b = n
+        if b is None:
             continue
         b.members = sorted(b.members + a.members, key=order.__getitem__)
         for m in a.members:

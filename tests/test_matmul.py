@@ -400,3 +400,37 @@ def test_a_tail_read_only_by_another_tail_joins_it(write_problem, tmp_path):
                               "[torch.randn(8, 16)]", members), "gated_out")
     comp2 = compile_problem(load_problem(both), disabled={"g0", "g1"})
     assert len(comp2.plan.groups) == 2
+
+
+@pytest.mark.parametrize("norm", [
+    "F.layer_norm(h, (32,), self.w, None, 1e-5)",
+    "self.w * (v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + 1e-5)).to(h.dtype)",  # Llama's
+])
+def test_a_residual_tail_joins_the_norm_after_it(write_problem, tmp_path, norm):
+    """The output projection backed out: its residual-add tail becomes the prologue of the norm
+    that reads the sum, and the norm kernel also stores the sum the caller gets back; ModelNew
+    computes what Model does."""
+    from codegen.pipeline import compile_problem
+    from tests.helpers import load_module
+
+    members = ("        self.o = nn.Linear(32, 32, bias=False)\n"
+               "        self.w = nn.Parameter(torch.rand(32) + 0.5)\n")
+    path = write_problem(_src(f"x, r):\n        h = r + self.o(x)\n        v = h.to(torch.float32)\n"
+                              f"        return {norm}, h\n",
+                              "[torch.randn(6, 32), torch.randn(6, 32)]", members), "resid")
+    prob = load_problem(path)
+    comp = compile_problem(prob, disabled={"g0"})
+    kinds = [g.kind for g in comp.plan.groups]
+    assert kinds == ["norm"], kinds
+    (g,) = comp.plan.groups
+    assert comp.plan.nops[g.members[0]].name == "add"
+    out = tmp_path / "resid.py"
+    out.write_text(comp.emitted.source)
+    mod = load_module(out, "cand_resid")
+    torch.manual_seed(0)
+    ref = prob.Model()
+    new = mod.ModelNew()
+    new.load_state_dict(ref.state_dict())
+    x, r = torch.randn(6, 32), torch.randn(6, 32)
+    for a, b in zip(new(x, r), ref(x, r)):
+        torch.testing.assert_close(a, b)
