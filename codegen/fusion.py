@@ -738,7 +738,8 @@ def merge_tails(groups: list[Group], order: dict, region: dict, nops: dict) -> l
         if b is None and len(norms) == 1:
             n = norms[0]
             ext = {t for m in a.members for t in nops[m].tensor_inputs if t not in inside}
-            if (all(owner.get(u) is n or order[u] > order[n.red] for u in users)
+            if (all(order[m] < order[n.red] for m in a.members)  # a prologue, all of it
+                    and all(owner.get(u) is n or order[u] > order[n.red] for u in users)
                     and not any(nops[m].name in ROLLED for m in a.members)
                     and all(norm_pattern(n, nops[n.red], node_shape(t)) for t in ext)):
                 b = n

@@ -29,6 +29,20 @@ def _lib_reasons(plan):
     return {n.name: op.why for n, op in plan.nops.items() if op.kind == "library"}
 
 
+def _computes_what_model_does(prob, comp, tmp_path, name: str, *inputs) -> None:
+    """The emitted ModelNew, loaded with Model's state, returns Model's outputs for ``inputs``."""
+    from tests.helpers import load_module
+
+    out = tmp_path / f"{name}.py"
+    out.write_text(comp.emitted.source)
+    mod = load_module(out, name)
+    torch.manual_seed(0)
+    ref = prob.Model()
+    new = mod.ModelNew()
+    new.load_state_dict(ref.state_dict())
+    torch.testing.assert_close(new(*inputs), ref(*inputs))
+
+
 def _planned_state(write_problem, forward: str, inputs: str, members: str, name: str):
     """An H200-like state with the expert's plan of a problem (no GPU needed)."""
     from harness.problem import describe_problem
@@ -193,7 +207,6 @@ def test_backed_out_product_keeps_its_epilogue_as_a_fused_tail(write_problem, tm
     """Disabling a product group leaves cuBLAS's product and a pointwise tail (id g0t) with the
     epilogue, which computes the same values; disabling the tail too leaves torch code."""
     from codegen.pipeline import compile_problem
-    from tests.helpers import load_module
 
     path = write_problem(_src(
         "x):\n        return torch.sigmoid(self.fc(x)) * 2.0\n",
@@ -204,15 +217,7 @@ def test_backed_out_product_keeps_its_epilogue_as_a_fused_tail(write_problem, tm
     assert g.id == "g0t" and g.kind == "pointwise"
     assert [comp.plan.nops[m].name for m in g.members] == ["sigmoid", "mul"]
     assert "backed out" in _lib_reasons(comp.plan)["linear"]
-    out = tmp_path / "cand.py"
-    out.write_text(comp.emitted.source)
-    mod = load_module(out, "cand_tail")
-    torch.manual_seed(0)
-    ref = prob.Model()
-    new = mod.ModelNew()
-    new.load_state_dict(ref.state_dict())
-    x = torch.randn(8, 16)
-    torch.testing.assert_close(new(x), ref(x))
+    _computes_what_model_does(prob, comp, tmp_path, "cand_tail", torch.randn(8, 16))
     assert not compile_problem(prob, disabled={"g0", "g0t"}).plan.groups
 
 
@@ -377,7 +382,6 @@ def test_a_tail_read_only_by_another_tail_joins_it(write_problem, tmp_path):
     up(x), so the two tails are one kernel (silu and mul), which computes what Model does; a
     tail read elsewhere too stays its own."""
     from codegen.pipeline import compile_problem
-    from tests.helpers import load_module
 
     members = "        self.gate = nn.Linear(16, 32)\n        self.up = nn.Linear(16, 32)\n"
     path = write_problem(_src("x):\n        return F.silu(self.gate(x)) * self.up(x)\n",
@@ -386,15 +390,7 @@ def test_a_tail_read_only_by_another_tail_joins_it(write_problem, tmp_path):
     comp = compile_problem(prob, disabled={"g0", "g1"})
     (g,) = comp.plan.groups
     assert g.kind == "pointwise" and [comp.plan.nops[m].name for m in g.members] == ["silu", "mul"]
-    out = tmp_path / "gated.py"
-    out.write_text(comp.emitted.source)
-    mod = load_module(out, "cand_gated")
-    torch.manual_seed(0)
-    ref = prob.Model()
-    new = mod.ModelNew()
-    new.load_state_dict(ref.state_dict())
-    x = torch.randn(8, 16)
-    torch.testing.assert_close(new(x), ref(x))
+    _computes_what_model_does(prob, comp, tmp_path, "cand_gated", torch.randn(8, 16))
 
     both = write_problem(_src("x):\n        s = F.silu(self.gate(x))\n        return s * self.up(x), s\n",
                               "[torch.randn(8, 16)]", members), "gated_out")
@@ -411,7 +407,6 @@ def test_a_residual_tail_joins_the_norm_after_it(write_problem, tmp_path, norm):
     that reads the sum, and the norm kernel also stores the sum the caller gets back; ModelNew
     computes what Model does."""
     from codegen.pipeline import compile_problem
-    from tests.helpers import load_module
 
     members = ("        self.o = nn.Linear(32, 32, bias=False)\n"
                "        self.w = nn.Parameter(torch.rand(32) + 0.5)\n")
@@ -424,13 +419,4 @@ def test_a_residual_tail_joins_the_norm_after_it(write_problem, tmp_path, norm):
     assert kinds == ["norm"], kinds
     (g,) = comp.plan.groups
     assert comp.plan.nops[g.members[0]].name == "add"
-    out = tmp_path / "resid.py"
-    out.write_text(comp.emitted.source)
-    mod = load_module(out, "cand_resid")
-    torch.manual_seed(0)
-    ref = prob.Model()
-    new = mod.ModelNew()
-    new.load_state_dict(ref.state_dict())
-    x, r = torch.randn(6, 32), torch.randn(6, 32)
-    for a, b in zip(new(x, r), ref(x, r)):
-        torch.testing.assert_close(a, b)
+    _computes_what_model_does(prob, comp, tmp_path, "cand_resid", torch.randn(6, 32), torch.randn(6, 32))
