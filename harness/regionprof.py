@@ -6,8 +6,8 @@ device with real inputs, captured exactly as the planner captures it (harness.ca
 graph breaks, so the same regions), and the graph runs node by node with CUDA events around each
 node (synchronised once per run, the median over runs), holding the machine's GPU lock
 exclusively as a timing does (harness.gpulock). Run node by node, a launch-bound model's nodes
-add up to the interpreter's host time: they are scaled to eager's own whole call, timed the same
-way, when their sum is above it. The output is one JSON line: per region and per node,
+add up to the interpreter's host time: they are scaled to eager's own whole call (timed with
+harness.timing.bench) when their sum is above it. The output is one JSON line: per region and per node,
 milliseconds. On the CPU (tests) the nodes are timed with the wall clock.
 
 It measures the captured graph before rewrites: eager's own ops, so the shares say where eager's
@@ -35,6 +35,7 @@ def measure(problem_path: str, device: str = "cpu", runs: int = RUNS) -> dict:
     from harness import capture as C
     from harness import gpulock
     from harness.problem import build_model, load_problem
+    from harness.timing import bench
 
     prob = load_problem(problem_path)
     dev = torch.device(device)
@@ -62,7 +63,7 @@ def measure(problem_path: str, device: str = "cpu", runs: int = RUNS) -> dict:
                     samples.setdefault(name, []).append(ms)
         model = make()
         with gpulock.hold("exclusive", dev.type == "cuda"):
-            whole = _whole_call_ms(model, inputs, dev, runs)
+            whole = bench(lambda: model(*inputs), dev)["median_ms"]
     nodes = {k: statistics.median(v) for k, v in samples.items()}
     per = [0.0] * (1 + max(regions.values(), default=0))
     for name, ms in nodes.items():
@@ -77,25 +78,6 @@ def measure(problem_path: str, device: str = "cpu", runs: int = RUNS) -> dict:
     return {"regions": per, "nodes": nodes, "total_ms": sum(per), "eager_ms": whole,
             "interpreted_ms": interpreted, "method": cap.method,
             "timer": "cuda events" if dev.type == "cuda" else "wall clock"}
-
-
-def _whole_call_ms(model, inputs, dev, runs: int) -> float:
-    """Eager's own call of the whole model: the median of ``runs`` timed calls after a warm-up."""
-    model(*inputs)
-    times = []
-    for _ in range(runs):
-        if dev.type == "cuda":
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            model(*inputs)
-            b.record()
-            torch.cuda.synchronize(dev)
-            times.append(a.elapsed_time(b))
-        else:
-            t = time.perf_counter()
-            model(*inputs)
-            times.append((time.perf_counter() - t) * 1e3)
-    return statistics.median(times)
 
 
 def _regions(gm: fx.GraphModule) -> dict[str, int]:
