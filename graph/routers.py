@@ -62,15 +62,15 @@ def route_after_profiler(state: EggState) -> Literal[
         "algorithm_designer", "tiler", "memory_optimizer", "reporter"]:
     """Regressed (beyond noise) or unmeasurable: another variant while under the cap; an
     improvement, noise or a finished stage moves on, except a stage-1 candidate with Triton
-    matrix products within noise (EggState.products_within_noise): stage 1 tries it once more
-    with those products as cuBLAS calls. The memory optimizer's variants are
+    matrix products within noise, or GEMM-bound in a win (EggState.products_to_try_on_library):
+    stage 1 tries it once more with those products as cuBLAS calls. The memory optimizer's variants are
     independent (pipelining depth, layout): after any measured verdict it offers the next one
     while under the cap, and declines when none is left (a layout variant after a pipelining one
     that made no difference was never tried before)."""
     t = state.timing(state.current_id)
     if t is not None and t.verdict in ("regressed", "failed") and _may_retry(state):
         return STAGE_NODE[state.stage]  # type: ignore[return-value]
-    if state.products_within_noise() and _may_retry(state):
+    if state.products_to_try_on_library() and _may_retry(state):
         return "algorithm_designer"  # the same groups with cuBLAS products, once
     if (state.stage == "memory" and t is not None and t.verdict in ("improved", "noise")
             and _may_retry(state)):

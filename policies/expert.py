@@ -40,6 +40,8 @@ LAYOUT_PRINCIPLE = "mem-conv-channels-last"
 #: in a candidate's disabled groups: its kernel path is not replayed from a CUDA graph (a graph
 #: candidate failed verification: the next one is built without it before any group goes)
 NO_GRAPH = "nograph"
+#: the principle named in the decision that tries Triton products as cuBLAS calls with tails
+LIBRARY_TRY = "alg-library-tail-fusion"
 KIND_PRINCIPLES = {
     "pointwise": ["alg-fuse-pointwise-chain", "alg-fp32-accumulate"],
     "reduction": ["alg-reduction-prologue", "alg-reduction-epilogue", "alg-fp32-accumulate"],
@@ -428,6 +430,8 @@ class ExpertPolicy:
         disabled, why = self._backout(state, "algorithm")
         if why is None and disabled is None:
             return Decline("every fused group was backed out")
+        if disabled is None:
+            return Decline(why)
         first = ["fuse every planned group"] if not off else [
             f"fuse the planned groups except {', '.join(sorted(off))} (turned off at review)"]
         if why is None:  # the first candidate: as many groups as the run's time budget allows
@@ -492,11 +496,18 @@ class ExpertPolicy:
                 victims, how = [newest], "the newest group (the error names none)"
             return disabled + victims, f"back out {_names(victims)} ({how}) after: {ver.reason[:160]}"
         tim = state.timing(last.id)
-        products = state.products_within_noise() if last.id == state.current_id else []
+        products = state.products_to_try_on_library() if last.id == state.current_id else []
         if products:
+            how = ("came out within noise" if tim is not None and tim.verdict == "noise" else
+                   "won with its products' floor a large share of its time (GEMM-bound)")
             return disabled + products, (
-                f"back out the matrix product(s) {_names(products)} after {last.id} came out within "
-                "noise: cuBLAS, each epilogue fused after its product [alg-library-tail-fusion]")
+                f"back out the matrix product(s) {_names(products)} after {last.id} {how}: cuBLAS, "
+                f"each epilogue fused after its product [{LIBRARY_TRY}]")
+        if (tim is not None and tim.verdict == "regressed" and f"[{LIBRARY_TRY}]" in last.rationale
+                and last.id == state.current_id):
+            # the products as cuBLAS calls lost to the Triton ones: the candidate before stands
+            return None, (f"{last.id}'s cuBLAS products regressed against the Triton ones: the "
+                          "best stage-1 candidate stands")
         if tim is not None and tim.verdict == "regressed":
             if enabled:
                 victim = min(enabled, key=_expected_saving).id

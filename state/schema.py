@@ -86,19 +86,30 @@ class EggState(BaseModel):
                 found = t
         return found
 
-    def products_within_noise(self) -> list[str]:
-        """The Triton matrix products of the current stage-1 candidate when its timing came out
-        within noise of the best so far: a Triton product that only breaks even has cost about
-        what its fused epilogue saved, so stage 1 tries them once as cuBLAS calls with the
-        epilogues fused after them (principle alg-library-tail-fusion). Empty otherwise."""
+    def products_to_try_on_library(self) -> list[str]:
+        """The Triton matrix products of the current stage-1 candidate that stage 1 tries once as
+        cuBLAS calls with their epilogues fused after them (principle alg-library-tail-fusion):
+        - when its timing came out within noise of the best so far: a Triton product that only
+          breaks even has cost about what its fused epilogue saved;
+        - when it improved, but the products' roofline floor (the plan's ``est_ms``) is at least
+          ``LIBRARY_PRODUCTS_SHARE`` of its measured time: a GEMM-bound model, where the win came
+          from elsewhere (a flash kernel) and cuBLAS's products may be faster than the template's.
+        Empty otherwise (regressed, later stages, no products left, an LLM's own kernels)."""
+        from knowledge.heuristics import LIBRARY_PRODUCTS_SHARE
+
         cand = self.candidate(self.current_id)
         t = self.timing(self.current_id)
-        if (cand is None or cand.stage != "algorithm" or t is None or t.verdict != "noise"
-                or self.plan is None):
+        if (cand is None or cand.stage != "algorithm" or t is None or t.interpreter
+                or t.verdict not in ("noise", "improved") or self.plan is None):
             return []
         built = {k.group_id for k in cand.configs if k.template != "llm"}  # the plan's own kernels
-        return [g.id for g in self.plan.groups
-                if g.kind == "matmul" and g.id in built and g.id not in cand.disabled_groups]
+        groups = [g for g in self.plan.groups
+                  if g.kind == "matmul" and g.id in built and g.id not in cand.disabled_groups]
+        if t.verdict == "improved":
+            floor = sum(g.est_ms or 0.0 for g in groups)
+            if not t.candidate_ms or floor < LIBRARY_PRODUCTS_SHARE * t.candidate_ms:
+                return []
+        return [g.id for g in groups]
 
     def context(self, stage: str) -> r.StageContext:
         return self.stage_context.get(stage) or r.StageContext(stage=stage)

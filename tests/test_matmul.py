@@ -338,10 +338,11 @@ def test_unnamed_failure_among_many_groups_backs_out_half(write_problem):
     assert named == [groups[2].id]
 
 
-def test_products_within_noise_go_back_to_cublas_with_their_epilogues(write_problem):
-    """A stage-1 candidate whose Triton products came out within noise of eager: the next design
-    backs out every product at once (cuBLAS, the epilogue a fused tail) and keeps the other
-    groups; a product already backed out, or a win, asks for nothing more."""
+def test_products_to_try_on_library_go_back_to_cublas_with_their_epilogues(write_problem):
+    """A stage-1 candidate whose Triton products came out within noise of eager, or won while
+    GEMM-bound: the next design backs out every product at once (cuBLAS, the epilogue a fused
+    tail) and keeps the other groups; a product already backed out, or a win whose products are
+    a sliver of its time, asks for nothing more; a cuBLAS try that regressed ends stage 1."""
     from policies.expert import ExpertPolicy
     from state import Candidate, KernelConfig, Settings, TimingRecord, VerificationRecord
 
@@ -357,9 +358,9 @@ def test_products_within_noise_go_back_to_cublas_with_their_epilogues(write_prob
     cand = Candidate(id="c1", stage="algorithm", author="algorithm_designer", source="x", configs=cfgs)
     ver = VerificationRecord(candidate_id="c1", passed=True)
 
-    def after(verdict, disabled=()):
+    def after(verdict, disabled=(), ms=1.0):
         c = cand.model_copy(update={"disabled_groups": list(disabled)})
-        tim = TimingRecord(candidate_id="c1", device="cuda", interpreter=False, candidate_ms=1.0,
+        tim = TimingRecord(candidate_id="c1", device="cuda", interpreter=False, candidate_ms=ms,
                            verdict=verdict)
         return st.model_copy(update={"candidates": [c], "verifications": [ver], "timings": [tim],
                                      "current_id": "c1", "stage": "algorithm"})
@@ -371,7 +372,22 @@ def test_products_within_noise_go_back_to_cublas_with_their_epilogues(write_prob
     # the epilogues stay kernels: relu(fc(x)) joins the tail that reads it (merge_tails)
     assert f"_egg_k_{products[-1]}t" in draft.source and f"_egg_k_{products[0]}t" not in draft.source
     assert ExpertPolicy()._backout(after("noise", products), "algorithm")[1] == "retry"
+    # a win whose products are a sliver of its time stands; one that is GEMM-bound (here: the
+    # products' floor above the candidate's whole measured time) tries cuBLAS's products once
     assert ExpertPolicy()._backout(after("improved"), "algorithm")[1] == "retry"
+    floor = sum(g.est_ms for g in st.plan.groups if g.id in products)
+    disabled, why = ExpertPolicy()._backout(after("improved", ms=floor), "algorithm")
+    assert sorted(disabled) == products and "GEMM-bound" in why and "cuBLAS" in why
+    # that try regressed against the Triton products: stage 1 stops, the better candidate stands
+    c2 = cand.model_copy(update={"id": "c2", "disabled_groups": products, "rationale": why})
+    lost = after("improved", ms=floor).model_copy(update={
+        "candidates": [cand, c2], "current_id": "c2",
+        "verifications": [ver, ver.model_copy(update={"candidate_id": "c2"})],
+        "timings": [TimingRecord(candidate_id="c2", device="cuda", interpreter=False,
+                                 candidate_ms=2 * floor, verdict="regressed")]})
+    assert ExpertPolicy()._backout(lost, "algorithm")[0] is None
+    declined = ExpertPolicy().design(lost, Settings(device="cpu"))
+    assert "regressed against the Triton ones" in declined.reason
 
 
 def test_a_tail_read_only_by_another_tail_joins_it(write_problem, tmp_path):

@@ -79,30 +79,56 @@ def test_no_timing_record_moves_on():
     assert R.route_after_profiler(state("algorithm", passed=True)) == "tiler"
 
 
-def _with_products(st: EggState, configs, disabled=(), kinds=("matmul", "pointwise")) -> EggState:
+def _with_products(st: EggState, configs, disabled=(), kinds=("matmul", "pointwise"),
+                   est_ms=None) -> EggState:
     from state import FusionGroup, KernelConfig, Plan
 
-    plan = Plan(groups=[FusionGroup(id=f"g{i}", kind=k) for i, k in enumerate(kinds)])
+    plan = Plan(groups=[FusionGroup(id=f"g{i}", kind=k, est_ms=est_ms) for i, k in enumerate(kinds)])
     c1 = st.candidates[1].model_copy(update={
         "configs": [KernelConfig(group_id=g, template=t, params={}) for g, t in configs],
         "disabled_groups": list(disabled)})
     return st.model_copy(update={"plan": plan, "candidates": [st.candidates[0], c1]})
 
 
-def test_stage1_products_within_noise_get_one_more_try():
+def test_stage1_products_to_try_on_library_get_one_more_try():
     """A stage-1 candidate whose Triton matrix products broke even is tried once more with them
-    as cuBLAS calls (EggState.products_within_noise); not once they are backed out, not for an
+    as cuBLAS calls (EggState.products_to_try_on_library); not once they are backed out, not for an
     LLM's own kernels, not for a win, not in later stages, not at the cap."""
     noise = state("algorithm", passed=True, verdict="noise")
     mine = [("g0", "matmul"), ("g1", "pointwise")]
-    assert _with_products(noise, mine).products_within_noise() == ["g0"]
+    assert _with_products(noise, mine).products_to_try_on_library() == ["g0"]
     assert R.route_after_profiler(_with_products(noise, mine)) == "algorithm_designer"
     assert R.route_after_profiler(_with_products(noise, mine, disabled=["g0"])) == "tiler"
     assert R.route_after_profiler(_with_products(noise, [("g0", "llm")])) == "tiler"
     assert R.route_after_profiler(_with_products(noise, [("g1", "pointwise")])) == "tiler"
     won = state("algorithm", passed=True, verdict="improved")
-    assert R.route_after_profiler(_with_products(won, mine)) == "tiler"
+    assert R.route_after_profiler(_with_products(won, mine)) == "tiler"  # floor unknown
     capped = state("algorithm", passed=True, verdict="noise", attempts=3)
     assert R.route_after_profiler(_with_products(capped, mine)) == "tiler"
     tiled = state("tiling", passed=True, verdict="noise")
     assert R.route_after_profiler(_with_products(tiled, mine)) == "memory_optimizer"
+
+
+def test_a_gemm_bound_win_tries_its_products_on_cublas_once():
+    """A stage-1 candidate that improved is tried once more with its Triton products as cuBLAS
+    calls only when the products' roofline floor is a large share of its measured time
+    (knowledge.heuristics.LIBRARY_PRODUCTS_SHARE): the Llama layer whose win came from a flash
+    kernel, not a level-2 GEMM + epilogue whose products are a sliver of a launch-bound call."""
+    from knowledge.heuristics import LIBRARY_PRODUCTS_SHARE as SHARE
+
+    won = state("algorithm", passed=True, verdict="improved")  # c1 measured 1.0 ms
+    mine = [("g0", "matmul"), ("g1", "pointwise")]
+    heavy = _with_products(won, mine, est_ms=SHARE * 1.01)  # g0 (the matmul) at 25.3% of 1 ms
+    assert heavy.products_to_try_on_library() == ["g0"]
+    assert R.route_after_profiler(heavy) == "algorithm_designer"
+    light = _with_products(won, mine, est_ms=SHARE * 0.99)
+    assert light.products_to_try_on_library() == []
+    assert R.route_after_profiler(light) == "tiler"
+    # once backed out (the cuBLAS try itself), or timed in the interpreter, not again
+    assert _with_products(won, mine, disabled=["g0"], est_ms=1.0).products_to_try_on_library() == []
+    interp = heavy.model_copy(update={"timings": [t.model_copy(update={"interpreter": True})
+                                                  for t in heavy.timings]})
+    assert interp.products_to_try_on_library() == []
+    # a regression is not a win
+    lost = _with_products(state("algorithm", passed=True, verdict="regressed"), mine, est_ms=1.0)
+    assert lost.products_to_try_on_library() == []
