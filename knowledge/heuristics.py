@@ -275,7 +275,8 @@ def use_cuda_graph(groups: int, gpu_ms: float | None, io_bytes: float,
 #: products as cuBLAS calls (epilogues as fused tails) when the products' roofline floor is at
 #: least this share of its measured time: a GEMM-bound model, where the template's tiles may lose
 #: to cuBLAS more than the epilogues saved (the Llama-3-8B layer with eager attention on the H200:
-#: the flash kernel made c1 a 1.71x win, and its four Triton products' floor, 0.90 ms, was 44% of
-#: its 2.05 ms). Level 1-2 GEMM + epilogue problems sit far below (a 128x1024x512 product's floor
-#: is under 1% of a 20 us call): their first candidate stands.
+#: the flash kernel made c1 a 1.71x win, and its four Triton products' floor (the plan's est_ms,
+#: epilogues included), 1.16 ms, was 57% of its 2.05 ms; the cuBLAS try then took 1.43 ms).
+#: Level 1-2 GEMM + epilogue problems sit far below (a 128x1024x512 product's floor is under 1%
+#: of a 20 us call): their first candidate stands.
 LIBRARY_PRODUCTS_SHARE = 0.25

@@ -519,3 +519,29 @@ def test_a_mask_built_in_forward_from_traced_sizes_is_captured(write_problem, tm
     torch.manual_seed(2)
     _same(ref, new, prob.inputs())
     _same(ref, new, [torch.randn(5, 11)])
+
+
+def test_the_eager_attention_llama_workload_gets_the_flash_kernel(tmp_path):
+    """workloads/models/llama3_8b_decoder_layer_eager.py (issue 21's configuration: eager
+    attention, the causal mask as transformers builds it, the dtype's lowest value above the
+    diagonal), written out at a tiny config: Hugging Face's eager_attention_forward (repeat_kv,
+    scores + mask, fp32 softmax) is planned as one flash-attention kernel, and the file is a
+    drop-in with its kernels taken for the problem's own call."""
+    pytest.importorskip("transformers")
+    import re
+
+    from tests.dropin import check_dropin
+
+    src = (pathlib.Path(__file__).resolve().parents[1] / "workloads" / "models"
+           / "llama3_8b_decoder_layer_eager.py").read_text()
+    tiny, n = re.subn(r"(# --- shapes[^\n]*\n).*?(# --- end shapes)",
+                      r"\1BATCH, TOKENS = 2, 8\nHIDDEN, HEADS, KV_HEADS, INTER = 32, 4, 2, 64\n\2",
+                      src, flags=re.S)
+    assert n == 1
+    path = tmp_path / "llama_eager_tiny.py"
+    path.write_text(tiny.replace("torch.bfloat16", "torch.float32"))  # fp32: the CPU's tolerance
+    comp = compile_problem(load_problem(path))
+    assert comp.emitted is not None, comp.error
+    assert "rw-attention" in comp.rewrites and any(g.kind == "attention" for g in comp.plan.groups)
+    report = check_dropin(path.read_text(), comp.emitted.source, calls=1)
+    assert report.fast("own", "train") and report.fast("own", "eval")
