@@ -271,8 +271,8 @@ def use_cuda_graph(groups: int, gpu_ms: float | None, io_bytes: float,
 
 
 # ---- library products with fused tails (principle alg-library-tail-fusion) ----
-#: a stage-1 candidate that *improved* on eager is still measured once more with its Triton matrix
-#: products as cuBLAS calls (epilogues as fused tails) when the products' roofline floor is at
+#: a stage-1 candidate that *improved* on eager is still measured once more with its 16-bit Triton
+#: matrix products as cuBLAS calls (epilogues as fused tails) when their roofline floor is at
 #: least this share of its measured time: a GEMM-bound model, where the template's tiles may lose
 #: to cuBLAS more than the epilogues saved (the Llama-3-8B layer with eager attention on the H200:
 #: the flash kernel made c1 a 1.71x win, and its four Triton products' floor (the plan's est_ms,

@@ -91,9 +91,10 @@ class EggState(BaseModel):
         cuBLAS calls with their epilogues fused after them (principle alg-library-tail-fusion):
         - when its timing came out within noise of the best so far: a Triton product that only
           breaks even has cost about what its fused epilogue saved;
-        - when it improved, but the products' roofline floor (the plan's ``est_ms``) is at least
-          ``LIBRARY_PRODUCTS_SHARE`` of its measured time: a GEMM-bound model, where the win came
-          from elsewhere (a flash kernel) and cuBLAS's products may be faster than the template's.
+        - when it improved, but its 16-bit products' roofline floor (the plan's ``est_ms``) is at
+          least ``LIBRARY_PRODUCTS_SHARE`` of its measured time: a GEMM-bound model, where the win
+          came from elsewhere (a flash kernel) and cuBLAS's products may be faster than the
+          template's; then only those 16-bit products.
         Empty otherwise (regressed, later stages, no products left, an LLM's own kernels)."""
         from knowledge.heuristics import LIBRARY_PRODUCTS_SHARE
 
@@ -106,8 +107,15 @@ class EggState(BaseModel):
         groups = [g for g in self.plan.groups
                   if g.kind == "matmul" and g.id in built and g.id not in cand.disabled_groups]
         if t.verdict == "improved":
+            # 16-bit products only: cuBLAS runs those on tensor cores as the template does, while
+            # an fp32 product's cuBLAS call keeps eager's precision class (no TF32) and cannot
+            # beat the template's 3xTF32 (principle alg-matmul-epilogue)
+            ops = {o.name: o for o in (self.analysis.ops if self.analysis is not None else [])}
+            groups = [g for g in groups if any(
+                n in ops and ops[n].kind == "matmul" and ops[n].dtype in ("bfloat16", "float16")
+                for n in g.nodes)]
             floor = sum(g.est_ms or 0.0 for g in groups)
-            if not t.candidate_ms or floor < LIBRARY_PRODUCTS_SHARE * t.candidate_ms:
+            if not groups or not t.candidate_ms or floor < LIBRARY_PRODUCTS_SHARE * t.candidate_ms:
                 return []
         return [g.id for g in groups]
 

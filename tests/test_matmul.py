@@ -376,6 +376,11 @@ def test_products_to_try_on_library_go_back_to_cublas_with_their_epilogues(write
     # products' floor above the candidate's whole measured time) tries cuBLAS's products once
     assert ExpertPolicy()._backout(after("improved"), "algorithm")[1] == "retry"
     floor = sum(g.est_ms for g in st.plan.groups if g.id in products)
+    # fp32 products stay the template's (3xTF32) however GEMM-bound; 16-bit ones are tried
+    assert ExpertPolicy()._backout(after("improved", ms=floor), "algorithm")[1] == "retry"
+    half = st.analysis.model_copy(update={"ops": [o.model_copy(update={"dtype": "bfloat16"})
+                                                  for o in st.analysis.ops]})
+    st = st.model_copy(update={"analysis": half})
     disabled, why = ExpertPolicy()._backout(after("improved", ms=floor), "algorithm")
     assert sorted(disabled) == products and "GEMM-bound" in why and "cuBLAS" in why
     # that try regressed against the Triton products: stage 1 stops, the better candidate stands

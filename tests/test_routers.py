@@ -80,10 +80,16 @@ def test_no_timing_record_moves_on():
 
 
 def _with_products(st: EggState, configs, disabled=(), kinds=("matmul", "pointwise"),
-                   est_ms=None) -> EggState:
+                   est_ms=None, dtype="bfloat16") -> EggState:
     from state import FusionGroup, KernelConfig, Plan
 
-    plan = Plan(groups=[FusionGroup(id=f"g{i}", kind=k, est_ms=est_ms) for i, k in enumerate(kinds)])
+    from state import Analysis, OpRecord
+
+    plan = Plan(groups=[FusionGroup(id=f"g{i}", kind=k, est_ms=est_ms, nodes=[f"op{i}"])
+                        for i, k in enumerate(kinds)])
+    ops = [OpRecord(name=f"op{i}", op="call_function", target=k, kind=k, dtype=dtype)
+           for i, k in enumerate(kinds)]
+    st = st.model_copy(update={"analysis": Analysis(ops=ops)})
     c1 = st.candidates[1].model_copy(update={
         "configs": [KernelConfig(group_id=g, template=t, params={}) for g, t in configs],
         "disabled_groups": list(disabled)})
@@ -129,6 +135,11 @@ def test_a_gemm_bound_win_tries_its_products_on_cublas_once():
     interp = heavy.model_copy(update={"timings": [t.model_copy(update={"interpreter": True})
                                                   for t in heavy.timings]})
     assert interp.products_to_try_on_library() == []
+    # an fp32 product stays the template's (3xTF32; cuBLAS would keep eager's fp32 class)
+    assert _with_products(won, mine, est_ms=1.0, dtype="float32").products_to_try_on_library() == []
+    # ... though within noise every product is tried, whatever its dtype
+    noise = state("algorithm", passed=True, verdict="noise")
+    assert _with_products(noise, mine, dtype="float32").products_to_try_on_library() == ["g0"]
     # a regression is not a win
     lost = _with_products(state("algorithm", passed=True, verdict="regressed"), mine, est_ms=1.0)
     assert lost.products_to_try_on_library() == []
