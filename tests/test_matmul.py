@@ -438,3 +438,31 @@ def test_a_residual_tail_joins_the_norm_after_it(write_problem, tmp_path, norm):
     (g,) = comp.plan.groups
     assert comp.plan.nops[g.members[0]].name == "add"
     _is_a_drop_in(path, comp)
+
+
+@pytest.mark.parametrize("p, one_plan", [(0.0, True), (0.1, False)])
+def test_a_zero_dropout_keeps_one_plan_for_both_modes(write_problem, p, one_plan):
+    """Hugging Face attention calls ``dropout(w, p=0.0 if not self.training else self.p,
+    training=self.training)``: fx bakes ``training`` into each mode's trace, so the train() and
+    eval() references differed though a zero-probability dropout is the identity in both. The
+    eval() plan then had groups of its own, and a product backed out in train() (cuBLAS + tail)
+    stayed a Triton product in eval() (the Llama-3-8B layer's c2 on the H200). Now the two are
+    one plan when they differ only there: the back-out holds in both modes and the file is a
+    drop-in; a real dropout still gets its own eval() trace."""
+    from codegen.pipeline import compile_problem
+
+    members = f"        self.fc = nn.Linear(16, 16)\n        self.p = {p}\n"
+    fwd = ("x):\n        h = self.fc(x).relu()\n"
+           "        return F.dropout(h, p=0.0 if not self.training else self.p, training=self.training)\n")
+    path = write_problem(_src(fwd, "[torch.randn(8, 16)]", members), f"drop{int(p * 10)}")
+    plan, _rw, err = analyze(load_problem(path))
+    assert plan is not None, err
+    assert plan.dropin.same is one_plan
+    assert list(plan.dropin.reference) == (["train"] if one_plan else ["train", "eval"])
+    if not one_plan:
+        return
+    (prod,) = [g.id for g in plan.groups if g.kind == "matmul"]
+    comp = compile_problem(load_problem(path), disabled={prod})
+    assert "_egg_k_eg" not in comp.emitted.source  # eval() takes train()'s kernels: the tail
+    assert f"_egg_k_{prod}t" in comp.emitted.source
+    _is_a_drop_in(path, comp)
