@@ -595,6 +595,17 @@ def _what(dr, n_train: int, n_eval: int) -> list[str]:
     return out
 
 
+def _first_difference(a: str, b: str) -> str:
+    """The first line where two sources differ, both sides (for an error message)."""
+    la, lb = a.splitlines(), b.splitlines()
+    for i in range(max(len(la), len(lb))):
+        x = la[i].strip() if i < len(la) else "<end>"
+        y = lb[i].strip() if i < len(lb) else "<end>"
+        if x != y:
+            return f"line {i + 1}: {x[:100]!r} vs {y[:100]!r}"
+    return "same lines"
+
+
 def emit_model(problem_source: str, plan: FusionPlan, configs: dict[str, dict] | None = None,
                header: str = "", init_lines: list[str] | None = None, graph: bool = False) -> Emitted:
     """Render every group (of the train() plan, and of the eval() plan when eval() has kernels
@@ -665,13 +676,16 @@ def emit_model(problem_source: str, plan: FusionPlan, configs: dict[str, dict] |
     for m in [fwd] + methods:
         cls += ["    " + ln.rstrip() if ln.strip() else "" for ln in m.strip().splitlines()] + [""]
     sources: dict[str, str] = {}
-    for c in cores:
-        sources.update(c.breaks)
-    for gm in refs.values():
-        for name, src in gm.meta.get("egg_break_sources", {}).items():
+    origin: dict[str, str] = {}
+    named = [("train() kernels", core_t.breaks)] + ([("eval() kernels", core_e.breaks)] if core_e else [])
+    named += [(f"{mode}() reference", gm.meta.get("egg_break_sources", {})) for mode, gm in refs.items()]
+    for where, breaks in named:
+        for name, src in breaks.items():
             if name in sources and sources[name] != src:
-                raise EmitError(f"graph break {name} differs between the train() and eval() traces")
-            sources[name] = src
+                raise EmitError(f"graph break {name} differs between the train() and eval() traces "
+                                f"({origin[name]} vs {where}: {_first_difference(sources[name], src)})")
+            sources.setdefault(name, src)
+            origin.setdefault(name, where)
     graphs = [c_gm.graph for c_gm in [plan.gm] + ([ev_plan.gm] if ev_plan is not None else [])
               + list(refs.values())]
     prelude = break_definitions(graphs, sources) + [code for code, _ in folds.values()]

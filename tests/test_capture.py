@@ -545,3 +545,25 @@ def test_the_eager_attention_llama_workload_gets_the_flash_kernel(tmp_path):
     assert "rw-attention" in comp.rewrites and any(g.kind == "attention" for g in comp.plan.groups)
     report = check_dropin(path.read_text(), comp.emitted.source, calls=1)
     assert report.fast("own", "train") and report.fast("own", "eval")
+
+
+def test_a_break_that_differs_between_modes_is_refused_with_both_lines(write_problem):
+    """Each break's function is written once into the file, so the train() and eval() traces
+    (kernels and references) must agree on it; when they do not, the error says which two
+    disagree and where (the Llama layer's tiler once failed on this with no more to go on)."""
+    from codegen.emit import EmitError, emit_model
+
+    src = _problem("        h = torch.nn.functional.dropout(x, p=0.1, training=self.training)\n"
+                   "        if h.sum() > 0:\n            h = h * 2.0\n"
+                   "        return h.relu()\n",
+                   "torch.randn(8, 16)")
+    prob = load_problem(write_problem(src, "bnbreak"))
+    plan, _rw, err = pipeline.analyze(prob)
+    assert plan is not None, err
+    refs = plan.dropin.reference
+    assert set(refs) == {"train", "eval"}
+    (name, body), = refs["eval"].meta["egg_break_sources"].items()
+    assert emit_model(prob.source, plan, {}, "# ok").source  # as traced: one function each
+    refs["eval"].meta["egg_break_sources"][name] = body.replace("2.0", "3.0")
+    with pytest.raises(EmitError, match=r"train\(\) (kernels|reference) vs eval\(\) reference: line \d+"):
+        emit_model(prob.source, plan, {}, "# changed")
