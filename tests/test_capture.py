@@ -557,7 +557,7 @@ def test_a_break_that_differs_between_modes_is_refused_with_both_lines(write_pro
                    "        if h.sum() > 0:\n            h = h * 2.0\n"
                    "        return h.relu()\n",
                    "torch.randn(8, 16)")
-    prob = load_problem(write_problem(src, "bnbreak"))
+    prob = load_problem(write_problem(src, "dropbreak"))
     plan, _rw, err = pipeline.analyze(prob)
     assert plan is not None, err
     refs = plan.dropin.reference

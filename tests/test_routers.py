@@ -81,9 +81,7 @@ def test_no_timing_record_moves_on():
 
 def _with_products(st: EggState, configs, disabled=(), kinds=("matmul", "pointwise"),
                    est_ms=None, dtype="bfloat16") -> EggState:
-    from state import FusionGroup, KernelConfig, Plan
-
-    from state import Analysis, OpRecord
+    from state import Analysis, FusionGroup, KernelConfig, OpRecord, Plan
 
     plan = Plan(groups=[FusionGroup(id=f"g{i}", kind=k, est_ms=est_ms, nodes=[f"op{i}"])
                         for i, k in enumerate(kinds)])
@@ -99,7 +97,8 @@ def _with_products(st: EggState, configs, disabled=(), kinds=("matmul", "pointwi
 def test_stage1_products_to_try_on_library_get_one_more_try():
     """A stage-1 candidate whose Triton matrix products broke even is tried once more with them
     as cuBLAS calls (EggState.products_to_try_on_library); not once they are backed out, not for an
-    LLM's own kernels, not for a win, not in later stages, not at the cap."""
+    LLM's own kernels, not for a win whose products' floor is unknown, not in later stages, not at
+    the cap."""
     noise = state("algorithm", passed=True, verdict="noise")
     mine = [("g0", "matmul"), ("g1", "pointwise")]
     assert _with_products(noise, mine).products_to_try_on_library() == ["g0"]
