@@ -362,6 +362,8 @@ class _Job:
                 rec = json.loads(self.record_file.read_text())
             except json.JSONDecodeError:
                 rec = None
+        if rec is None and timed_out_after is not None:
+            rec = self._finished_run(device, timed_out_after)
         if rec is None:
             rec = empty_record(self.name, device)
             if timed_out_after is not None:
@@ -374,6 +376,26 @@ class _Job:
         rec["wall_s"] = round(time.time() - self.t0, 1)
         if self.alone:
             rec["ran_alone"] = True
+        return rec
+
+    def _finished_run(self, device: str, limit: float) -> dict | None:
+        """The record of a problem killed at its limit after its run had ended (the report is
+        written): the run's answer, the best verified candidate or the reference, stands; what the
+        kill cut was the bench's own baselines after it (DenseNet-201 on the H200: the run's
+        profiler timed out compiling torch.compile's baseline, the bench's second try was killed
+        at 250 s). None when the run itself did not end."""
+        report = self.record_file.parent.parent / "runs" / self.run_id / "report.json"
+        try:
+            rep = json.loads(report.read_text())
+        except (OSError, json.JSONDecodeError):
+            return None
+        if rep.get("status") != "ok" or "timing" not in rep:
+            return None
+        rec = empty_record(self.name, device)
+        _fill(rec, rep)
+        note = (f"the run ended with its answer; the baselines after it were cut by the problem's "
+                f"limit ({limit:g} s)")
+        rec["failure"] = f"{rec['failure']}; {note}" if rec.get("failure") else note
         return rec
 
 

@@ -41,23 +41,40 @@ def _record(cid: str, t: dict, base: dict, floor_ms: float | None, interpreter: 
 #: p20, judged "noise" against a 1.9x gain); it is taken again, up to RETIMES times
 UNSTABLE_SPREAD = 0.25
 RETIMES = 2
+#: a timing whose median is this much below the best's but whose verdict is "noise" (its spread
+#: or the best's covers the gain) is unresolved, not a measured tie: it is taken again too, up to
+#: RETIMES times (level 3 on the H200 with 4 problems sharing 16 cores: DenseNet-121's c1 at
+#: 6.90 ms and a dense block's at 5.66 ms, 10-12% under eager's 7.70 and 6.44 ms, both "noise"
+#: and so the reference stayed). The narrowest timing is kept whatever its median, and the
+#: verdict is taken on it as on any other: a second look, not a second chance to pick a minimum.
+UNRESOLVED_GAIN = 0.05
 
 
-def _steady(sess, path: str, sha256: str | None = None) -> tuple[dict, dict | None]:
+def _steady(sess, path: str, sha256: str | None = None,
+            best: dict | None = None) -> tuple[dict, dict | None]:
     """The candidate's timing (and eager's, interleaved with it), taken again while its spread
-    says it was disturbed; the narrowest one is kept, with a flag saying so."""
+    says it was disturbed or, against ``best`` (the stage's best timing), it is unresolved (see
+    UNRESOLVED_GAIN); the narrowest one is kept, with a flag saying so."""
+    def unsettled(t: dict) -> bool:
+        if relative_spread(t) > UNSTABLE_SPREAD:
+            return True
+        return (best is not None and t["median_ms"] <= best["median_ms"] * (1 - UNRESOLVED_GAIN)
+                and noise_verdict(t, best) == "noise")
+
     t = sess.time_candidate(path, sha256)
     eager = sess.last_eager
-    first = relative_spread(t)
+    first, taken = relative_spread(t), 1
     for _ in range(RETIMES):
-        if relative_spread(t) <= UNSTABLE_SPREAD:
+        if not unsettled(t):
             break
         again = sess.time_candidate(path, sha256)
+        taken += 1
         if relative_spread(again) < relative_spread(t):
             t, eager = again, sess.last_eager
-    if relative_spread(t) != first:
+    if taken > 1:
         t = {**t, "flags": list(t.get("flags", [])) + [
-            f"re-timed: 20-80% spread {first:.0%} of the median, kept the timing with {relative_spread(t):.0%}"]}
+            f"re-timed ({taken} timings): 20-80% spread {first:.0%} of the median at first, kept the "
+            f"timing with {relative_spread(t):.0%}"]}
     return t, eager
 
 
@@ -105,8 +122,10 @@ def profiler(state: EggState, runtime: Runtime[Settings]) -> dict:
         sess.timeout_s = budget  # each call ends inside the run's budget
         base = sess.baselines()
         floor = _floor(state, sess)
+        prior = state.timing(state.best_id) or state.timing("c0")
         t, eager_now = _steady(sess, str(candidate_path(settings, state, cand)),
-                               (ver.candidate_sha256 if ver else "") or None)
+                               (ver.candidate_sha256 if ver else "") or None,
+                               _as_bench(prior) if prior is not None else base["eager"])
     except P.ProfileRejected as e:
         rec = TimingRecord(candidate_id=cand.id, device=dev, interpreter=interp, verdict="failed",
                            note=f"rejected by the timing judge [{e.category}]: {e}")

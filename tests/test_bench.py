@@ -666,3 +666,34 @@ def test_baselines_after_a_run_that_timed_nothing_respect_the_problem_limit(tmp_
     B._baselines_only(rec, tmp_path, Settings(device="cuda"), time.time() + 100)
     assert len(started) == 2 and all(50 < t <= 100 for t in started)
     assert "timed out" in rec["failure"] and rec["correct"]
+
+
+def _killed_job(tmp_path, report: dict | None):
+    """A _Job as the suite holds one when it kills the problem at its limit (no process run)."""
+    job = B._Job.__new__(B._Job)
+    job.name, job.run_id, job.alone, job.t0 = "big.py", B.run_id_of("big.py"), False, 0.0
+    job.record_file = tmp_path / "out" / "records" / f"{job.run_id}.json"
+    job.record_file.parent.mkdir(parents=True)
+    if report is not None:
+        run = tmp_path / "out" / "runs" / job.run_id
+        run.mkdir(parents=True)
+        (run / "report.json").write_text(json.dumps(report))
+    return job
+
+
+def test_a_problem_killed_after_its_run_ended_keeps_the_runs_answer(tmp_path):
+    """The kill at the problem's limit cut only the bench's baselines after the run (its report is
+    written): the record is the run's answer, correct, not a timeout; killed mid-run, or after a
+    run that failed, it is a timeout as before."""
+    ended = {"status": "ok", "fallback": True, "kernels": [], "timing": {"eager_ms": None},
+             "candidates": [{"id": "c1", "failure": None}],
+             "stages": {"algorithm": {"finish_reason": "time limit (200 s) reached: the best verified "
+                                                       "candidate so far is kept"}}}
+    rec = _killed_job(tmp_path / "a", ended).result("cuda", 250.0)
+    assert rec["correct"] and rec["fallback"] and not rec["failure"].startswith("timeout")
+    assert "time limit (200 s)" in rec["failure"] and "cut by the problem's limit (250 s)" in rec["failure"]
+    rep = B.aggregate([rec])
+    assert rep["timeouts"] == 0 and rep["correct"] == 1
+    for report in (None, {"status": "error", "error": "boom"}):
+        rec = _killed_job(tmp_path / str(report is None), report).result("cuda", 250.0)
+        assert rec["failure"].startswith("timeout") and not rec["correct"]
