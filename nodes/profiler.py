@@ -53,13 +53,14 @@ UNRESOLVED_GAIN = 0.05
 def _steady(sess, path: str, sha256: str | None = None,
             best: dict | None = None) -> tuple[dict, dict | None]:
     """The candidate's timing (and eager's, interleaved with it), taken again while its spread
-    says it was disturbed or, against ``best`` (the stage's best timing), it is unresolved (see
-    UNRESOLVED_GAIN); the narrowest one is kept, with a flag saying so."""
+    says it was disturbed or, against ``best`` (the stage's best timing), it is unresolved by its
+    own spread (see UNRESOLVED_GAIN); the narrowest one is kept, with a flag saying so."""
     def unsettled(t: dict) -> bool:
         if relative_spread(t) > UNSTABLE_SPREAD:
             return True
+        # unresolved by its own spread (a wider best is timed again instead: _best_again)
         return (best is not None and t["median_ms"] <= best["median_ms"] * (1 - UNRESOLVED_GAIN)
-                and noise_verdict(t, best) == "noise")
+                and noise_verdict(t, best) == "noise" and relative_spread(t) >= relative_spread(best))
 
     t = sess.time_candidate(path, sha256)
     eager = sess.last_eager
@@ -76,6 +77,28 @@ def _steady(sess, path: str, sha256: str | None = None,
             f"re-timed ({taken} timings): 20-80% spread {first:.0%} of the median at first, kept the "
             f"timing with {relative_spread(t):.0%}"]}
     return t, eager
+
+
+def _best_again(sess, settings, state: EggState, t: dict, prior: TimingRecord | None):
+    """The stage's best candidate timed again when it is what leaves ``t`` unresolved: a gain of
+    UNRESOLVED_GAIN or more called noise while the best's own timing is the wider of the two (the
+    H200, level 1's LayerNorm with four problems on the GPU: the tiler's c2 at 0.595 ms against
+    c1's 0.827 ms was "noise", the search had timed them 0.385 and 0.934 ms). Returns the best's
+    narrower timing and eager's next to it, or None (the reference is never the one re-timed
+    here: a first kernel is already held against eager timed next to it)."""
+    if prior is None or prior.candidate_id == "c0" or prior.candidate_ms is None:
+        return None
+    pb = _as_bench(prior)
+    if not (t["median_ms"] <= pb["median_ms"] * (1 - UNRESOLVED_GAIN) and noise_verdict(t, pb) == "noise"
+            and relative_spread(pb) > relative_spread(t)):
+        return None
+    best = state.candidate(prior.candidate_id)
+    if best is None:
+        return None
+    ver = state.verification(best.id)
+    tb, eb = _steady(sess, str(candidate_path(settings, state, best)),
+                     (ver.candidate_sha256 if ver else "") or None)
+    return (tb, eb) if relative_spread(tb) < relative_spread(pb) else None
 
 
 def _as_bench(rec: TimingRecord) -> dict:
@@ -126,6 +149,7 @@ def profiler(state: EggState, runtime: Runtime[Settings]) -> dict:
         t, eager_now = _steady(sess, str(candidate_path(settings, state, cand)),
                                (ver.candidate_sha256 if ver else "") or None,
                                _as_bench(prior) if prior is not None else base["eager"])
+        best_again = _best_again(sess, settings, state, t, prior)
     except P.ProfileRejected as e:
         rec = TimingRecord(candidate_id=cand.id, device=dev, interpreter=interp, verdict="failed",
                            note=f"rejected by the timing judge [{e.category}]: {e}")
@@ -141,6 +165,14 @@ def profiler(state: EggState, runtime: Runtime[Settings]) -> dict:
         best_rec = ref
     else:
         best_rec = state.timing(state.best_id) or state.timing("c0")
+    if best_again is not None:  # the best's narrower timing is its record from now on
+        was = best_rec
+        best_rec = _record(was.candidate_id, best_again[0], base, floor, interp, best_again[1])
+        best_rec.verdict, best_rec.compared_to = was.verdict, was.compared_to
+        best_rec.flags.append(f"re-timed as the best when {cand.id}'s gain was unresolved against it: "
+                              f"{was.candidate_ms:.4f} ms (20-80% spread {relative_spread(_as_bench(was)):.0%}) "
+                              f"-> {best_rec.candidate_ms:.4f} ms ({relative_spread(_as_bench(best_rec)):.0%})")
+        out["timings"].append(best_rec)
     rec = _record(cand.id, t, base, floor, interp, eager_now)
     rec.compared_to = state.best_id
     if interp:
