@@ -146,10 +146,11 @@ def profiler(state: EggState, runtime: Runtime[Settings]) -> dict:
         base = sess.baselines()
         floor = _floor(state, sess)
         prior = state.timing(state.best_id) or state.timing("c0")
+        # the interpreter's timings decide nothing (verdict "unmeasured"): no second look there
+        against = None if interp else (_as_bench(prior) if prior is not None else base["eager"])
         t, eager_now = _steady(sess, str(candidate_path(settings, state, cand)),
-                               (ver.candidate_sha256 if ver else "") or None,
-                               _as_bench(prior) if prior is not None else base["eager"])
-        best_again = _best_again(sess, settings, state, t, prior)
+                               (ver.candidate_sha256 if ver else "") or None, against)
+        best_again = None if interp else _best_again(sess, settings, state, t, prior)
     except P.ProfileRejected as e:
         rec = TimingRecord(candidate_id=cand.id, device=dev, interpreter=interp, verdict="failed",
                            note=f"rejected by the timing judge [{e.category}]: {e}")
