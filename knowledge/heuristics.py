@@ -128,11 +128,14 @@ def matmul_config(m: int, n: int, k: int, batch: int, sm_count: int = 132) -> di
         return math.ceil(m / bm) * math.ceil(n / bn) * batch
 
     if m <= 16 and batch == 1 and n * k >= 1 << 20:
-        # a decode GEMV (principle alg-decode-gemv): 16-row tiles (tl.dot's least M), 64 output
-        # columns and 128-deep K steps per program, K split so that ~4 programs per SM stream
-        # the weight, each over at least 4 K steps; 4 warps, 4 stages in flight
-        bm, bn, bk = 16, 64, min(128, next_pow2(k))
-        split = max(1, min(64, math.ceil(4 * sm_count / tiles()), k // (4 * bk)))
+        # a decode GEMV (principle alg-decode-gemv): 16-row tiles (tl.dot's least M), 128 output
+        # columns and 128-deep K steps per program, 4 warps, 4 stages in flight. Measured on the
+        # H200 (4 x 4096 x 14336 bf16, scripts/gemv_probe.py): 128 columns without a split
+        # (112 programs) 0.0311 ms in a CUDA graph, split 2 0.0340, 64 columns split 2 (~4
+        # programs per SM, the former rule) 0.0387: K is split only to reach about one program per
+        # SM (a weight with few column tiles), each split over at least 4 K steps
+        bm, bn, bk = 16, 128 if n >= 128 * sm_count // 2 else 64, min(128, next_pow2(k))
+        split = max(1, min(64, sm_count // tiles(), k // (4 * bk)))
         split = 1 << (split.bit_length() - 1)
         return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 1, "num_warps": 4,
                 "num_stages": 4, "SPLIT_K": split}
