@@ -386,6 +386,8 @@ class _Job:
         at 250 s). None when the run itself did not end."""
         report = self.record_file.parent.parent / "runs" / self.run_id / "report.json"
         try:
+            if report.stat().st_mtime < self.t0:  # an earlier attempt's (a resumed suite)
+                return None
             rep = json.loads(report.read_text())
         except (OSError, json.JSONDecodeError):
             return None

@@ -671,7 +671,7 @@ def test_baselines_after_a_run_that_timed_nothing_respect_the_problem_limit(tmp_
 def _killed_job(tmp_path, report: dict | None):
     """A _Job as the suite holds one when it kills the problem at its limit (no process run)."""
     job = B._Job.__new__(B._Job)
-    job.name, job.run_id, job.alone, job.t0 = "big.py", B.run_id_of("big.py"), False, 0.0
+    job.name, job.run_id, job.alone, job.t0 = "big.py", B.run_id_of("big.py"), False, time.time() - 1
     job.record_file = tmp_path / "out" / "records" / f"{job.run_id}.json"
     job.record_file.parent.mkdir(parents=True)
     if report is not None:
@@ -697,3 +697,6 @@ def test_a_problem_killed_after_its_run_ended_keeps_the_runs_answer(tmp_path):
     for report in (None, {"status": "error", "error": "boom"}):
         rec = _killed_job(tmp_path / str(report is None), report).result("cuda", 250.0)
         assert rec["failure"].startswith("timeout") and not rec["correct"]
+    job = _killed_job(tmp_path / "stale", ended)  # a report left by an earlier attempt
+    job.t0 = time.time() + 60
+    assert job.result("cuda", 250.0)["failure"].startswith("timeout")
