@@ -130,10 +130,10 @@ def matmul_config(m: int, n: int, k: int, batch: int, sm_count: int = 132) -> di
     if m <= 16 and batch == 1 and n * k >= 1 << 20:
         # a decode GEMV (principle alg-decode-gemv): 16-row tiles (tl.dot's least M), 128 output
         # columns and 128-deep K steps per program, 4 warps, 4 stages in flight. Measured on the
-        # H200 (4 x 4096 x 14336 bf16, scripts/gemv_probe.py): 128 columns without a split
-        # (112 programs) 0.0311 ms in a CUDA graph, split 2 0.0340, 64 columns split 2 (~4
-        # programs per SM, the former rule) 0.0387: K is split only to reach about one program per
-        # SM (a weight with few column tiles), each split over at least 4 K steps
+        # H200 (4 x 4096 x 14336 bf16, scripts/gemv_probe.py, L2 flushed): 128 columns without
+        # a split (112 programs) 0.0409 ms a call, split 2 0.0563, 64 columns split 2 (~4
+        # programs per SM, the former rule) 0.0494 (cuBLAS 0.0416): K is split only to reach
+        # about one program per SM (a weight with few column tiles), each over >= 4 K steps
         bm, bn, bk = 16, 128 if n >= 128 * sm_count // 2 else 64, min(128, next_pow2(k))
         split = max(1, min(64, sm_count // tiles(), k // (4 * bk)))
         split = 1 << (split.bit_length() - 1)

@@ -7,7 +7,8 @@ weight W (N, K), against cuBLAS (F.linear). Two kernel shapes, each with and wit
 
 Split-K writes fp32 partials that a second kernel adds. Each variant is checked against F.linear
 in fp32 and timed two ways: triton.testing.do_bench (L2 flushed, host launches included: what a
-module call costs) and do_bench_cudagraph (the kernels alone).
+module call costs) and do_bench_cudagraph (no host launches, but L2 is not flushed between
+replays: optimistic for a weight that partly fits in L2).
 
     python scripts/gemv_probe.py OUT.json [--shapes 4x4096x14336,1x4096x4096]
 """
@@ -155,7 +156,7 @@ def main() -> int:
                 row["variants"].append({"v": [kind, bn, bk, split, warps, stages], "fail": str(e)[:120]})
         ok = sorted((v for v in row["variants"] if "ms" in v), key=lambda v: v["graph_ms"])
         for v in ok[:8]:
-            print(" ", v, f"{floor_ms / v['graph_ms']:.0%} of floor (graph)", flush=True)
+            print(" ", v, f"{floor_ms / v['graph_ms']:.0%} of floor (graph, L2 warm)", flush=True)
         res.append(row)
         with open(args.out, "w") as f:
             json.dump(res, f, indent=1)
