@@ -187,7 +187,7 @@ def test_a_wide_best_that_leaves_a_gain_unresolved_is_timed_again(monkeypatch, t
     out = run(monkeypatch, tmp_path, state_with_best(0.4), sess)
     again, rec = out["timings"]
     assert again.candidate_id == "c1" and again.candidate_ms == 0.80 and again.verdict == "improved"
-    assert any("re-timed as the best when c2's gain was unresolved" in f for f in again.flags)
+    assert any("re-timed as the best when c2, whose gain was unresolved" in f for f in again.flags)
     assert rec.candidate_id == "c2" and rec.verdict == "improved" and out["best_id"] == "c2"
     assert sess.cand_timings == []
     sess = FakeSession(eager=8.2, spread=0.01)  # the best re-timed as wide as before: still noise
@@ -199,3 +199,23 @@ def test_a_wide_best_that_leaves_a_gain_unresolved_is_timed_again(monkeypatch, t
     sess.cand_timings = [wide_c2, wide_c2, wide_c2, c2]
     out = run(monkeypatch, tmp_path, state_with_best(0.01), sess)
     assert [t.candidate_id for t in out["timings"]] == ["c2"] and sess.cand_timings == [c2]
+
+
+def test_a_wide_reference_timing_gives_way_to_eager_timed_next_to_the_candidate(monkeypatch, tmp_path):
+    """The reference's first timing (eager at the session's start) is the wider one and covers a
+    13% gain: eager timed next to the candidate, when narrower, becomes the reference's record
+    (flagged) and the candidate is judged against it; when it is as wide, the gain stays noise."""
+    sess = FakeSession(eager=6.44, spread=0.2)  # the session's first eager: 5.15-7.73 ms
+    sess.cand_timings = [_timing(5.6, 5.55, 5.65)]
+    sess.last_eager = _timing(6.4, 6.35, 6.45)
+    out = run(monkeypatch, tmp_path, make_state(tmp_path), sess)
+    first, again, rec = out["timings"]
+    assert first.candidate_id == again.candidate_id == "c0" and again.candidate_ms == 6.4
+    assert again.verdict == "baseline" and any("eager timed next to c1" in f for f in again.flags)
+    assert rec.verdict == "improved" and out["best_id"] == "c1"
+    sess = FakeSession(eager=6.44, spread=0.2)
+    sess.cand_timings = [_timing(5.6, 5.55, 5.65)]
+    sess.last_eager = _timing(6.4, 5.0, 7.8)
+    out = run(monkeypatch, tmp_path, make_state(tmp_path), sess)
+    assert [t.candidate_id for t in out["timings"]] == ["c0", "c1"]
+    assert out["timings"][-1].verdict == "noise" and "best_id" not in out
