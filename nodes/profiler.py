@@ -2,6 +2,8 @@
 roofline fraction, and the noise-aware verdict the routers read."""
 from __future__ import annotations
 
+import time
+
 from langgraph.runtime import Runtime
 
 from harness import peaks as PK
@@ -50,11 +52,14 @@ RETIMES = 2
 UNRESOLVED_GAIN = 0.05
 
 
-def _steady(sess, path: str, sha256: str | None = None,
-            best: dict | None = None) -> tuple[dict, dict | None]:
+def _steady(sess, path: str, sha256: str | None = None, best: dict | None = None,
+            end: float | None = None) -> tuple[dict, dict | None, float]:
     """The candidate's timing (and eager's, interleaved with it), taken again while its spread
     says it was disturbed or, against ``best`` (the stage's best timing), it is unresolved by its
-    own spread (see UNRESOLVED_GAIN); the narrowest one is kept, with a flag saying so."""
+    own spread (see UNRESOLVED_GAIN); the narrowest one is kept, with a flag saying so. ``end``
+    (a time.time()): the run's budget ends then; each call is held to it, and no timing is taken
+    again with less than twice the last one's duration left. Returns the timing, eager's next to
+    it and the last timing call's duration in seconds."""
     def unsettled(t: dict) -> bool:
         if relative_spread(t) > UNSTABLE_SPREAD:
             return True
@@ -62,32 +67,43 @@ def _steady(sess, path: str, sha256: str | None = None,
         return (best is not None and t["median_ms"] <= best["median_ms"] * (1 - UNRESOLVED_GAIN)
                 and noise_verdict(t, best) == "noise" and relative_spread(t) >= relative_spread(best))
 
-    t = sess.time_candidate(path, sha256)
+    def timed() -> tuple[dict, float]:
+        if end is not None:
+            sess.timeout_s = max(1.0, end - time.time())
+        t0 = time.time()
+        return sess.time_candidate(path, sha256), time.time() - t0
+
+    t, took = timed()
     eager = sess.last_eager
-    first, taken = relative_spread(t), 1
+    first, taken, cut = relative_spread(t), 1, False
     for _ in range(RETIMES):
         if not unsettled(t):
             break
-        again = sess.time_candidate(path, sha256)
+        if end is not None and end - time.time() < 2 * took:
+            cut = True
+            break
+        again, took = timed()
         taken += 1
         if relative_spread(again) < relative_spread(t):
             t, eager = again, sess.last_eager
-    if taken > 1:
+    if taken > 1 or cut:
         t = {**t, "flags": list(t.get("flags", [])) + [
             f"re-timed ({taken} timings): 20-80% spread {first:.0%} of the median at first, kept the "
-            f"timing with {relative_spread(t):.0%}"]}
-    return t, eager
+            f"timing with {relative_spread(t):.0%}" if taken > 1 else
+            "not re-timed: too little of the run's time budget left"]}
+    return t, eager, took
 
 
 def _best_again(sess, settings, state: EggState, t: dict, prior: TimingRecord | None,
-                against: dict, eager_now: dict | None):
+                against: dict, eager_now: dict | None, end: float | None = None, took: float = 0.0):
     """The stage's best timed again when it is what leaves ``t`` unresolved: a gain of
     UNRESOLVED_GAIN or more called noise while the best's own timing (``against``) is the wider of
     the two (the H200, level 1's LayerNorm with four problems on the GPU: the tiler's c2 at 0.595
     ms against c1's 0.827 ms was "noise", the search had timed them 0.385 and 0.934 ms). A best
     candidate is timed again; the reference's new timing is eager's taken next to ``t``
-    (``eager_now``: a first kernel is held against it anyway). Returns the best's narrower timing
-    and eager's next to it, or None."""
+    (``eager_now``: a first kernel is held against it anyway). Not with less than twice the last
+    timing's duration (``took``) left before ``end``. Returns the best's narrower timing and
+    eager's next to it, or None."""
     if not (t["median_ms"] <= against["median_ms"] * (1 - UNRESOLVED_GAIN)
             and noise_verdict(t, against) == "noise" and relative_spread(against) > relative_spread(t)):
         return None
@@ -96,11 +112,11 @@ def _best_again(sess, settings, state: EggState, t: dict, prior: TimingRecord | 
             return eager_now, eager_now
         return None
     best = state.candidate(prior.candidate_id)
-    if best is None or prior.candidate_ms is None:
+    if best is None or prior.candidate_ms is None or (end is not None and end - time.time() < 2 * took):
         return None
     ver = state.verification(best.id)
-    tb, eb = _steady(sess, str(candidate_path(settings, state, best)),
-                     (ver.candidate_sha256 if ver else "") or None)
+    tb, eb, _ = _steady(sess, str(candidate_path(settings, state, best)),
+                        (ver.candidate_sha256 if ver else "") or None, end=end)
     return (tb, eb) if relative_spread(tb) < relative_spread(against) else None
 
 
@@ -138,6 +154,7 @@ def profiler(state: EggState, runtime: Runtime[Settings]) -> dict:
                            note=f"not timed: the run's time budget ({settings.time_limit_s:g} s) "
                                 "is spent; the best verified candidate so far is kept")
         return {"timings": [rec], "stage_context": mark_attempt(state, cand.id, "failed", rec.note)}
+    end = time.time() + budget  # the run's budget: every timing call below is held to it
     ver = state.verification(cand.id)
     tol = {"atol_fp32": settings.atol_fp32, "rtol_fp32": settings.rtol_fp32,
            "atol_lowp": settings.atol_lowp, "rtol_lowp": settings.rtol_lowp}
@@ -151,9 +168,10 @@ def profiler(state: EggState, runtime: Runtime[Settings]) -> dict:
         prior = state.timing(state.best_id) or state.timing("c0")
         # the interpreter's timings decide nothing (verdict "unmeasured"): no second look there
         against = None if interp else (_as_bench(prior) if prior is not None else base["eager"])
-        t, eager_now = _steady(sess, str(candidate_path(settings, state, cand)),
-                               (ver.candidate_sha256 if ver else "") or None, against)
-        best_again = None if interp else _best_again(sess, settings, state, t, prior, against, eager_now)
+        t, eager_now, took = _steady(sess, str(candidate_path(settings, state, cand)),
+                                     (ver.candidate_sha256 if ver else "") or None, against, end)
+        best_again = (None if interp else
+                      _best_again(sess, settings, state, t, prior, against, eager_now, end, took))
     except P.ProfileRejected as e:
         rec = TimingRecord(candidate_id=cand.id, device=dev, interpreter=interp, verdict="failed",
                            note=f"rejected by the timing judge [{e.category}]: {e}")

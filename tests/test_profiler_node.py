@@ -219,3 +219,30 @@ def test_a_wide_reference_timing_gives_way_to_eager_timed_next_to_the_candidate(
     out = run(monkeypatch, tmp_path, make_state(tmp_path), sess)
     assert [t.candidate_id for t in out["timings"]] == ["c0", "c1"]
     assert out["timings"][-1].verdict == "noise" and "best_id" not in out
+
+
+def test_no_timing_is_taken_again_past_the_runs_budget(monkeypatch, tmp_path):
+    """A disturbed timing is not taken again when less than twice its duration is left of the
+    run's budget (a DenseNet's timing takes tens of seconds): the flag says so, the verdict is
+    taken on what was measured."""
+    clock = [1000.0]
+    monkeypatch.setattr(prof_mod.time, "time", lambda: clock[0])
+    wide = _timing(0.72, 0.70, 1.5)
+
+    class SlowSession(FakeSession):
+        def time_candidate(self, path, sha256=None):
+            clock[0] += 40.0  # each timing takes 40 s
+            return super().time_candidate(path, sha256)
+
+    sess = SlowSession(eager=1.38, spread=0.01)
+    sess.cand_timings = [wide, _timing(0.72, 0.715, 0.73)]
+    monkeypatch.setattr(prof_mod, "call_budget", lambda *a: 100.0)  # 60 s left after the first
+    out = run(monkeypatch, tmp_path, make_state(tmp_path), sess)
+    rec = out["timings"][-1]
+    assert rec.p80_ms == 1.5 and any("not re-timed: too little" in f for f in rec.flags)
+    assert len(sess.cand_timings) == 1
+    sess = SlowSession(eager=1.38, spread=0.01)
+    sess.cand_timings = [wide, _timing(0.72, 0.715, 0.73)]
+    monkeypatch.setattr(prof_mod, "call_budget", lambda *a: 200.0)  # 160 s left: room for one more
+    out = run(monkeypatch, tmp_path, make_state(tmp_path), sess)
+    assert out["timings"][-1].p80_ms == 0.73 and sess.cand_timings == []
