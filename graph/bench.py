@@ -339,6 +339,7 @@ class _Job:
         self.path, self.name, self.alone = path, name, alone
         self.shared = False  # another problem ran at some point while this one did
         self.run_id = run_id_of(name)
+        self.run_dir = out_dir / "runs" / self.run_id  # where the problem's run writes report.json
         self.record_file = out_dir / "records" / f"{self.run_id}.json"
         self.record_file.parent.mkdir(parents=True, exist_ok=True)
         self.record_file.unlink(missing_ok=True)
@@ -384,7 +385,7 @@ class _Job:
         kill cut was the bench's own baselines after it (DenseNet-201 on the H200: the run's
         profiler timed out compiling torch.compile's baseline, the bench's second try was killed
         at 250 s). None when the run itself did not end."""
-        report = self.record_file.parent.parent / "runs" / self.run_id / "report.json"
+        report = self.run_dir / "report.json"
         try:
             if report.stat().st_mtime < self.t0:  # an earlier attempt's (a resumed suite)
                 return None

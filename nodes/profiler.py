@@ -52,6 +52,11 @@ RETIMES = 2
 UNRESOLVED_GAIN = 0.05
 
 
+def _unresolved(t: dict, best: dict) -> bool:
+    """``t`` is UNRESOLVED_GAIN or more under ``best`` by its median, yet called noise."""
+    return t["median_ms"] <= best["median_ms"] * (1 - UNRESOLVED_GAIN) and noise_verdict(t, best) == "noise"
+
+
 def _steady(sess, path: str, sha256: str | None = None, best: dict | None = None,
             end: float | None = None) -> tuple[dict, dict | None, float]:
     """The candidate's timing (and eager's, interleaved with it), taken again while its spread
@@ -64,8 +69,7 @@ def _steady(sess, path: str, sha256: str | None = None, best: dict | None = None
         if relative_spread(t) > UNSTABLE_SPREAD:
             return True
         # unresolved by its own spread (a wider best is timed again instead: _best_again)
-        return (best is not None and t["median_ms"] <= best["median_ms"] * (1 - UNRESOLVED_GAIN)
-                and noise_verdict(t, best) == "noise" and relative_spread(t) >= relative_spread(best))
+        return best is not None and _unresolved(t, best) and relative_spread(t) >= relative_spread(best)
 
     def timed() -> tuple[dict, float]:
         if end is not None:
@@ -104,15 +108,14 @@ def _best_again(sess, settings, state: EggState, t: dict, prior: TimingRecord | 
     (``eager_now``: a first kernel is held against it anyway). Not with less than twice the last
     timing's duration (``took``) left before ``end``. Returns the best's narrower timing and
     eager's next to it, or None."""
-    if not (t["median_ms"] <= against["median_ms"] * (1 - UNRESOLVED_GAIN)
-            and noise_verdict(t, against) == "noise" and relative_spread(against) > relative_spread(t)):
+    if not (_unresolved(t, against) and relative_spread(against) > relative_spread(t)):
         return None
     if prior is None or prior.candidate_id == "c0":
         if eager_now and eager_now.get("median_ms") and relative_spread(eager_now) < relative_spread(against):
             return eager_now, eager_now
         return None
     best = state.candidate(prior.candidate_id)
-    if best is None or prior.candidate_ms is None or (end is not None and end - time.time() < 2 * took):
+    if best is None or (end is not None and end - time.time() < 2 * took):
         return None
     ver = state.verification(best.id)
     tb, eb, _ = _steady(sess, str(candidate_path(settings, state, best)),

@@ -674,10 +674,10 @@ def _killed_job(tmp_path, report: dict | None):
     job.name, job.run_id, job.alone, job.t0 = "big.py", B.run_id_of("big.py"), False, time.time() - 1
     job.record_file = tmp_path / "out" / "records" / f"{job.run_id}.json"
     job.record_file.parent.mkdir(parents=True)
+    job.run_dir = tmp_path / "out" / "runs" / job.run_id
     if report is not None:
-        run = tmp_path / "out" / "runs" / job.run_id
-        run.mkdir(parents=True)
-        (run / "report.json").write_text(json.dumps(report))
+        job.run_dir.mkdir(parents=True)
+        (job.run_dir / "report.json").write_text(json.dumps(report))
     return job
 
 
