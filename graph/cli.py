@@ -651,6 +651,8 @@ def _fmt(v, f="{:.4f}") -> str:
 
 def print_evidence(ev: dict) -> None:
     """A verification's evidence (nodes.reporter.verification_evidence) on the console."""
+    from state import trial_variant
+
     verdict = "passed" if ev["passed"] else f"rejected [{ev['category']}] {ev['reason']}"
     out.print(escape(f"verification of {ev['candidate_id']}: {verdict}; {ev['trials']} trial(s) on "
                      f"{ev['device']}, {ev['wall_s']:.1f} s"))
@@ -663,7 +665,7 @@ def print_evidence(ev: dict) -> None:
                 Col("shapes", drop=4, prose=True), Col("variant", drop=5), Col("calls", drop=2, justify="right"),
                 Col("passed"), Col("max abs err", justify="right"), Col("note", drop=1, prose=True)]
         rows = [[str(t["index"]), t["mode"], "on" if t["grad"] else "off", t["inputs"],
-                 " ".join("x".join(map(str, s)) for s in t["shapes"]), t["shape_variant"] or "own",
+                 " ".join("x".join(map(str, s)) for s in t["shapes"]), trial_variant(t),
                  str(t["calls"]), "yes" if t["passed"] else "no", f"{t['max_abs']:.3g}", t["note"]]
                 for t in ev["trial_log"]]
         print_table(out, None, cols, rows)

@@ -232,6 +232,7 @@ def main(conn, creq: dict) -> None:
         return
     held = None
     flush = None
+    last_out = None  # noqa: F841 - the last verification call's outputs (see the end of the loop)
     while True:
         try:
             msg = conn.recv()
@@ -289,6 +290,11 @@ def main(conn, creq: dict) -> None:
             _send_failure(conn, e, creq, "forward" if kind != "load" else "load_state_dict", "runtime")
             return
         ack = conn.recv()
+        # the outputs stay alive until the next call has returned: the judge checks that this
+        # call's outputs, which it still maps, are unchanged then (a candidate that writes into a
+        # tensor it returned before); freed here, their memory could be taken by the next call or
+        # the NaN poison on a GPU and look changed
+        last_out = out  # noqa: F841
         del out, safe
         if ack[0] == "quit":
             return

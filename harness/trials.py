@@ -11,6 +11,9 @@ random parameters and buffers, loaded through ``load_state_dict``):
   grad mode on in some trials (outputs compared detached);
 - inputs scaled x3, x0.01, negated, and ``large`` (x100: a log-softmax without the max
   subtraction overflows), floating inputs only;
+- the problem's own shapes in other memory layouts (``layout``): rows padded at an odd offset
+  (what ``split``, ``chunk`` or a slice give) and the last two dims transposed in memory (what
+  ``.t()`` gives): a kernel that assumes contiguous inputs reads the wrong elements;
 - another size of the batch dim (the first input's dim 0) and of up to ``MAX_SIZE_VARIANTS - 1``
   other sizes (each size changed everywhere it appears, so that the dims a product contracts stay
   consistent), and another rank (a new leading dim of 2 on the inputs that carry the batch);
@@ -43,6 +46,7 @@ class Trial:
     grad: bool = False
     inputs: str = "own"  # own | recall | partial | x3 | x0.01 | negated | large
     variant: str = ""  # "" (own shapes) | "batch" | "size:<n>" | "rank"
+    layout: str = ""  # "" (contiguous) | one of LAYOUTS (relayout): the inputs' memory layout
 
     @property
     def same_buffers(self) -> bool:
@@ -64,13 +68,15 @@ def plan(trials: int) -> list[Trial]:
         Trial(0, "train", False, "own", "batch"),
         Trial(0, "eval", True, "own", "batch"),
         Trial(0, "eval", False, "own", "rank"),
+        Trial(0, "train", False, "own", layout="padded"),
+        Trial(0, "eval", True, "own", layout="transposed"),
     ]
     seq += [Trial(0, "train" if i % 2 else "eval", False, "own", "size")
             for i in range(MAX_SIZE_VARIANTS - 1)]
     # a second partial change (its elements drawn anew): a cache that happened to sample one
     # of the first trial's changed elements does not pass by that chance
     seq += [Trial(0, "train", False, "own"), Trial(0, "train", True, "partial")]
-    own = sum(t.inputs in ("own", "recall") and not t.variant for t in seq)
+    own = sum(t.inputs in ("own", "recall") and not t.variant and not t.layout for t in seq)
     for i in range(max(0, trials - own)):
         seq.append(Trial(0, "eval" if i % 2 else "train", i % 3 == 2, "recall" if i % 2 else "own"))
     for i, t in enumerate(seq):
@@ -177,6 +183,47 @@ def add_rank(xs: list, more: list) -> list:
         else:
             out.append(torch.stack([x, y]).contiguous())
     return out
+
+
+#: elements of padding after each row in a "padded" layout, and before the first (odd: the data
+#: pointer is then not 16-byte aligned, as a slice at an odd offset is not)
+ROW_PAD = 3
+LAYOUTS = ("padded", "transposed")
+
+
+def relayout(x, how: str):
+    """The same values in another memory layout: ``padded``, each row (the last dim) followed by
+    ROW_PAD unused elements and the whole at an offset of ROW_PAD (what ``split``, ``chunk`` or
+    a slice of a wider tensor give); ``transposed``, the last two dims swapped in memory (what
+    ``.t()`` or ``transpose`` give; padded where there are not two dims of size > 1). Others
+    (non-tensors) are returned as they are; 0-d and empty tensors cloned. Always a new tensor."""
+    if not isinstance(x, torch.Tensor):
+        return x
+    if x.dim() == 0 or x.numel() == 0:
+        return x.clone()
+    if how == "transposed" and x.dim() >= 2 and x.shape[-1] > 1 and x.shape[-2] > 1:
+        return x.transpose(-1, -2).contiguous().transpose(-1, -2)
+    n = x.shape[-1]
+    rows = x.numel() // n
+    base = torch.zeros(ROW_PAD + rows * (n + ROW_PAD), dtype=x.dtype, device=x.device)
+    stride, acc = [], n + ROW_PAD
+    for d in range(x.dim() - 1, -1, -1):
+        stride.insert(0, 1 if d == x.dim() - 1 else acc)
+        if d < x.dim() - 1:
+            acc *= x.shape[d]
+    out = base.as_strided(x.shape, stride, ROW_PAD)
+    out.copy_(x)
+    return out
+
+
+def copy_layout(x: torch.Tensor) -> torch.Tensor:
+    """A copy of ``x`` in the same layout (``clone()`` makes a padded tensor contiguous): the
+    whole span of its storage it uses, viewed with the same sizes, strides and offset."""
+    if x.numel() == 0 or any(st == 0 and n > 1 for n, st in zip(x.shape, x.stride())):
+        return x.clone()
+    span = 1 + sum((n - 1) * st for n, st in zip(x.shape, x.stride()))
+    base = torch.empty(x.storage_offset() + span, dtype=x.dtype, device=x.device)
+    return base.as_strided(x.shape, x.stride(), x.storage_offset()).copy_(x)
 
 
 def shapes(xs: list) -> list[list[int]]:

@@ -523,9 +523,19 @@ def _restore(model, snap: dict) -> None:
 
 
 def _call(model, xs: list, grad: bool) -> list:
+    """Model's outputs (copies); ``fresh`` on the list: per output, whether Model returned memory
+    of its own (not an input's, a parameter's or a buffer's), which a later call must not touch."""
     with torch.set_grad_enabled(grad):
-        out = model(*xs)
-    return [r.detach().clone() if isinstance(r, torch.Tensor) else r for r in flatten(out)]
+        out = flatten(model(*xs))
+    held = {t.untyped_storage().data_ptr() for t in [*xs, *model.parameters(), *model.buffers()]
+            if isinstance(t, torch.Tensor) and t.numel()}
+    res = _Outputs(r.detach().clone() if isinstance(r, torch.Tensor) else r for r in out)
+    res.fresh = [isinstance(r, torch.Tensor) and r.untyped_storage().data_ptr() not in held for r in out]
+    return res
+
+
+class _Outputs(list):
+    fresh: list = []
 
 
 class _Raised(Exception):
@@ -780,6 +790,8 @@ def _describe(tr: TR.Trial, variant: str) -> str:
         bits.append(f"inputs {tr.inputs}")
     if variant:
         bits.append(variant)
+    if tr.layout:
+        bits.append(f"{tr.layout} layout")
     return ", ".join(bits)
 
 
@@ -895,6 +907,7 @@ def _run_trials(req, result, model, cand, kmap, prob, dev, tol, deadline, prev: 
     det_done: set[str] = set()
     sizes: list | None = None
     ran: set[str] = set()
+    kept = None  # the last call's outputs as the candidate holds them, our copies, the trial
     for tr in plan:
         # GPU work of a trial holds the lock shared (egg bench --jobs N): a timing of another
         # problem waits for one trial, not for this whole verification and its process starts
@@ -949,7 +962,10 @@ def _run_trials(req, result, model, cand, kmap, prob, dev, tol, deadline, prev: 
                     priv = [x.clone() if isinstance(x, torch.Tensor) else x for x in shared]
                 else:
                     priv = TR.transform(_seeded_inputs(prob, secrets.randbits(62), dev), tr.inputs)
-                    shared = [x.clone() if isinstance(x, torch.Tensor) else x for x in priv]
+                    if tr.layout:  # both models get the trial's memory layout (Model may raise on it:
+                        # a .view() of a padded row; then ModelNew must raise too)
+                        priv = [TR.relayout(x, tr.layout) for x in priv]
+                    shared = [TR.copy_layout(x) if isinstance(x, torch.Tensor) else x for x in priv]
                 check_det = tr.mode not in det_done and tr.inputs == "own"
                 try:
                     ref, before = _reference(model, priv, tr.mode, tr.grad, prob, check_det, tol)
@@ -998,6 +1014,19 @@ def _run_trials(req, result, model, cand, kmap, prob, dev, tol, deadline, prev: 
                     raise _Verdict("runtime", f"{where}: the candidate's outputs could not be read "
                                    f"({one_line(e)}): its channel to the judge was tampered with or its "
                                    "memory is gone") from None
+                # an output of an earlier call that this call changed: the candidate writes into
+                # a tensor it returned before (a preallocated output), and a caller who kept the
+                # earlier result sees it overwritten (Model returns new memory every call)
+                if kept is not None:
+                    ran.add("outputs-kept")
+                    for i, (o, c) in enumerate(zip(kept[0], kept[1])):
+                        if isinstance(o, torch.Tensor) and not _same(o, c):
+                            raise _Verdict("mismatch", f"{where}: output {i} of {kept[2]} changed during "
+                                           "this call: ModelNew writes into a tensor it returned before, so "
+                                           "a caller's earlier result is overwritten (Model returns new "
+                                           "memory every call)")
+                fresh = getattr(ref, "fresh", [])
+                kept = ([o if k < len(fresh) and fresh[k] else None for k, o in enumerate(outs)], got, where)
                 cand.send(("ack",))
                 del outs, msg
                 result["launches"] = max(result["launches"], int(launches) if isinstance(launches, int) else 0)
@@ -1035,17 +1064,18 @@ def _run_trials(req, result, model, cand, kmap, prob, dev, tol, deadline, prev: 
             result["trials"] = len(result["trial_log"])
             ran.update({"train-eval"} if tr.mode == "eval" else set())
             ran.update({"grad-mode"} if tr.grad else set())
+            ran.update({"layouts"} if tr.layout else set())
             if _TRIAL_CHECKS.get(tr.inputs):
                 ran.add(_TRIAL_CHECKS[tr.inputs])
     result["checks"] += ["tolerance", "lower-precision-guard", "inputs-unchanged", "state-after-call",
                          "fresh-seeds"]
     result["checks"] += [c for c in ("recall-same-buffers", "partial-change", "train-eval", "grad-mode",
-                                     "distributions", "shape-variants") if c in ran]
+                                     "distributions", "shape-variants", "layouts", "outputs-kept") if c in ran]
 
 
 def _log(tr: TR.Trial, xs: list, variant: str) -> dict:
     return {"index": tr.index + 1, "mode": tr.mode, "grad": tr.grad, "inputs": tr.inputs,
-            "shapes": TR.shapes(xs), "shape_variant": variant, "calls": 1, "passed": True,
+            "shapes": TR.shapes(xs), "shape_variant": variant, "layout": tr.layout, "calls": 1, "passed": True,
             "max_abs": 0.0, "note": ""}
 
 

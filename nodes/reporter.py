@@ -10,7 +10,7 @@ from langgraph.runtime import Runtime
 
 from harness import profile as P
 from nodes.common import run_dir, settings_of
-from state import EggState, Settings, STAGES, VerificationRecord
+from state import EggState, Settings, STAGES, VerificationRecord, trial_variant
 
 
 def verification_evidence(v: VerificationRecord) -> dict:
@@ -228,7 +228,7 @@ def evidence_markdown(ev: dict) -> list[str]:
         for t in ev["trial_log"]:
             shapes = " ".join("x".join(map(str, sh)) for sh in t["shapes"]) or "-"
             lines.append(f"| {t['index']} | {t['mode']} | {'on' if t['grad'] else 'off'} | {_cell(t['inputs'])} "
-                         f"| {shapes} | {_cell(t['shape_variant'] or 'own')} | {t['calls']} "
+                         f"| {shapes} | {_cell(trial_variant(t))} | {t['calls']} "
                          f"| {'yes' if t['passed'] else 'no'} | {f(t['max_abs'])} | {_cell(t['note']) or '-'} |")
     if ev["outputs"]:
         lines += ["", "| output | max abs err | max rel err | eager err vs fp64 | candidate err vs fp64 | passed by |",

@@ -194,12 +194,21 @@ class TrialRecord(BaseModel):
                         "recall (new values in the same buffers)")
     shapes: list[list[int]] = Field(default_factory=list, description="tensor input shapes")
     shape_variant: str = Field("", description="empty: the problem's own shapes; else e.g. 'batch 7'")
+    layout: str = Field("", description="empty: contiguous inputs; else the candidate's inputs held "
+                        "the same values in another memory layout: padded (rows at an offset, as "
+                        "split or a slice give) or transposed (the last two dims swapped in memory)")
     calls: int = 1
     passed: bool = True
     max_abs: float = 0.0
     note: str = ""
     s: float = Field(0.0, description="seconds the trial took in the judge (the reference's call, "
                      "the candidate's, the checks)")
+
+
+def trial_variant(t: dict) -> str:
+    """A trial's shapes and layout in words, for tables: 'own', 'batch 7', 'padded layout'."""
+    bits = [b for b in (t.get("shape_variant"), f"{t['layout']} layout" if t.get("layout") else "") if b]
+    return ", ".join(bits) or "own"
 
 
 class VerificationRecord(BaseModel):

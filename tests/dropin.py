@@ -5,7 +5,8 @@ same random state dict into both (a seeded init of ones and zeros would hide a d
 running variances positive), then call both on the same inputs and compare the outputs and the
 updated buffers after every call, over:
 - train() and eval(), several calls in each (running statistics drift if counted wrong);
-- the problem's inputs, scaled x3, x0.01, x100 and negated, with a few elements changed;
+- the problem's inputs, scaled x3, x0.01, x100 and negated, with a few elements changed, and in
+  two other memory layouts (rows padded at an offset, the last two dims transposed);
 - another size of the batch dim and of every other dim (dims of one size change together),
   and one more leading dim: where the reference raises, ModelNew must raise too;
 - grad mode on (outputs compared detached) as well as off;
@@ -129,6 +130,12 @@ def input_variants(inputs: list, seed: int, shapes: bool = True, rank: bool = Tr
         return y
 
     out.append(("changed", _map_floats(inputs, few_changed)))
+    # the same values in other layouts: rows padded at an offset (what split / chunk / a slice
+    # give) and, from two dims, the last two dims transposed in memory (what .t() gives)
+    if any(isinstance(x, torch.Tensor) and x.dim() for x in inputs):
+        from harness.trials import relayout
+
+        out += [(how, [relayout(x, how) for x in inputs]) for how in LAYOUTS]
     tensors = [(i, x) for i, x in enumerate(inputs) if isinstance(x, torch.Tensor)]
     if shapes and tensors:
         # the batch: dim 0 of every input of the first one's batch size; then every other
@@ -160,12 +167,19 @@ def input_variants(inputs: list, seed: int, shapes: bool = True, rank: bool = Tr
     return out
 
 
+#: the non-contiguous input sets (harness.trials.relayout)
+LAYOUTS = ("padded", "transposed")
+
+
 def _flat(out):
     return list(out) if isinstance(out, (list, tuple)) else [out]
 
 
 def _clone(inputs):
-    return [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
+    """Copies in the same layout (clone() makes a padded tensor contiguous)."""
+    from harness.trials import copy_layout
+
+    return [copy_layout(x) if isinstance(x, torch.Tensor) else x for x in inputs]
 
 
 def _run(model, inputs, grad: bool, seed: int):

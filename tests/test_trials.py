@@ -83,3 +83,30 @@ def test_varied_sizes_batch_first():
     xs = [torch.randn(16, 3, 32, 32), torch.randn(3)]
     assert TR.varied_sizes(xs) == [16, 32, 3]
     assert TR.batch_size([3, torch.randn(5, 2)]) == 5 and TR.batch_size([torch.tensor(2.0)]) is None
+
+
+def test_layout_trials_give_the_same_values_in_other_memory_layouts():
+    """Trials 12-13: rows padded at an odd offset (split / a slice) and the last two dims
+    transposed in memory; copy_layout keeps a layout where clone() would make it contiguous."""
+    p = TR.plan(1)
+    assert [t.layout for t in p if t.layout] == list(TR.LAYOUTS)
+    assert all(not t.variant and t.inputs == "own" for t in p if t.layout)
+    for shape in ((7,), (3, 5), (2, 3, 5), (4, 1), (2, 1, 6)):
+        x = torch.randn(*shape)
+        for how in TR.LAYOUTS:
+            y = TR.relayout(x, how)
+            assert torch.equal(y, x) and y.data_ptr() != x.data_ptr(), (shape, how)
+            if x.dim() >= 2:
+                assert not y.is_contiguous(), (shape, how)
+            if how == "padded":
+                assert y.storage_offset() == TR.ROW_PAD and y.stride()[-1] == 1
+                if x.dim() >= 2:
+                    assert y.stride()[-2] == x.shape[-1] + TR.ROW_PAD
+            c = TR.copy_layout(y)
+            assert torch.equal(c, y) and c.stride() == y.stride() and c.storage_offset() == y.storage_offset()
+            assert c.untyped_storage().data_ptr() != y.untyped_storage().data_ptr()
+    assert TR.relayout(torch.randn(3, 4), "transposed").stride() == (1, 3)
+    idx = torch.arange(6)
+    assert torch.equal(TR.relayout(idx, "padded"), idx)  # integer inputs keep their values
+    s = torch.tensor(2.0)
+    assert torch.equal(TR.relayout(s, "padded"), s) and TR.relayout(s, "padded") is not s

@@ -41,11 +41,12 @@ def _check(case: C.Case, res: dict) -> None:
         assert res["trials"] == len(res["trial_log"]) >= len(plan(case.trials)) - 2 and res["reason"] == ""
         assert {"parameters", "random-state", "tolerance", "inputs-unchanged", "recall-same-buffers",
                 "partial-change", "train-eval", "grad-mode", "distributions", "shape-variants",
-                "lower-precision-guard", "state-after-call"} <= set(res["checks"])
+                "lower-precision-guard", "state-after-call", "layouts", "outputs-kept"} <= set(res["checks"])
         log = res["trial_log"]
         assert {t["mode"] for t in log} == {"train", "eval"} and any(t["grad"] for t in log)
         assert {"x3", "x0.01", "negated", "large", "recall", "partial"} <= {t["inputs"] for t in log}
         assert any(t["shape_variant"].startswith("batch") for t in log)
+        assert {"padded", "transposed"} <= {t.get("layout") for t in log}
         assert res["outputs"] and all(o["passed_by"] in ("tolerance", "fp64") for o in res["outputs"])
     else:
         assert not res["passed"]

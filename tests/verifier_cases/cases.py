@@ -111,6 +111,8 @@ DROPIN = [
     Case("cheat_13bit_mantissa", "rowsum", "precision", "lower precision than eager"),
     Case("cheat_fast_rsqrt", "rmsnorm", "precision", "lower precision than eager"),
     Case("cheat_buffer_less_accurate", "running_var_far", "mismatch", "buffer running_var"),
+    Case("notdropin_assumes_contiguous", "rowsum", "mismatch", "padded layout"),
+    Case("notdropin_reuses_output", "pointwise", "mismatch", "changed during this call"),
 ]
 
 STATIC = [
