@@ -249,5 +249,18 @@ def read_state(gm) -> dict[str, torch.dtype]:
     return out
 
 
+def with_defaults(guard: Guard | None, gm) -> Guard | None:
+    """The guard with the traced default of every forward argument ``get_inputs()`` does not
+    give (``forward(self, X, initial_states=None)``): the kernels were built for that value, and
+    ``_egg_admit`` compares the call's arguments one for one (without it such a file never took
+    its kernels: Mamba-2's). An argument without a default stays out (no call matches)."""
+    if guard is None:
+        return None
+    extra = [n for n in gm.graph.nodes if n.op == "placeholder"][len(guard.args):]
+    if not extra or any(not n.args for n in extra):
+        return guard
+    return Guard(guard.args + [{"value": n.args[0]} for n in extra], list(guard.lead), guard.probes)
+
+
 def arg_names(gm) -> list[str]:
     return [str(n.target) for n in gm.graph.nodes if n.op == "placeholder"]

@@ -236,6 +236,7 @@ def _dropin(prob: LoadedProblem, cap, ref, disabled, use_rewrites: bool, channel
     tril = set(cap.gm.meta.get("egg_tril_buffers", ()))
     if eval_plan is not None:
         tril |= set(eval_plan.gm.meta.get("egg_tril_buffers", ()))
+    g_t, g_e = D.with_defaults(g_t, ref), D.with_defaults(g_e, ref_e)
     return D.Dropin(train=g_t, eval=g_e, same=same, eval_plan=eval_plan, reference=refs,
                     params=params, mode_modules=modes, arg_names=D.arg_names(ref),
                     tril_buffers=sorted(tril))

@@ -609,3 +609,48 @@ def test_dead_code_purity_of_library_calls():
     gm = fx.GraphModule(Holder(), g)
     pure = {k for k, n in nodes.items() if _pure_library(n)}
     assert pure == {"einsum", "size", "lin"}
+
+
+HEAD_MEMBERS = "        self.lm_head = nn.Linear(24, 40, bias=False)\n        self.w = nn.Parameter(torch.randn(3, 24))\n"
+
+
+@pytest.mark.parametrize("body, applies", [
+    # the next token's logits, spelled three ways, and through a temperature and an activation
+    ("        return self.lm_head(x)[:, -1, :]\n", True),
+    ("        return self.lm_head(x)[:, -1]\n", True),
+    ("        return (self.lm_head(x) / 0.7)[..., -1, :].relu()\n", True),
+    ("        return torch.matmul(x, self.lm_head.weight.t())[:, 1:3]\n", True),
+    ("        return torch.einsum('bzc,bcp->bzp', x[..., :6], x[..., 6:])[:, -1]\n", True),
+    ("        return torch.exp(torch.einsum('bzc,bcp->bpz', x[..., :6], x[..., 6:]))[1:, :, 2:4]\n", True),
+    # the index cuts the product's last dim; the full result has another reader
+    ("        return self.lm_head(x)[:, -1, :5]\n", False),
+    ("        y = self.lm_head(x)\n        return y[:, -1] + y.mean(1)\n", False),
+])
+def test_select_first(write_problem, body, applies):
+    """rw-select-first: an index of a product's, an einsum's or a pointwise op's result (that
+    nothing else reads) is taken of the operands first, the values the same."""
+    src = _problem(body, "torch.randn(2, 6, 24)", members=HEAD_MEMBERS)
+    applied = _run(write_problem, src, "select")
+    assert ("rw-select-first" in applied) is applies
+
+
+def test_select_first_computes_only_the_selected_rows(write_problem):
+    """The LM head runs on one row per sequence: the product's input is the selected slice (the
+    plan's matmul group sees [2, 24], not [2, 6, 24]); an einsum's indexed letter leaves it."""
+    src = _problem("        return self.lm_head(x)[:, -1, :] * 2.0\n", "torch.randn(2, 6, 24)",
+                   members=HEAD_MEMBERS)
+    plan, applied, err = pipeline.analyze(load_problem(write_problem(src, "sel_rows")))
+    assert err is None and "rw-select-first" in applied
+    from codegen.ops import node_shape
+
+    lin = [n for n in plan.gm.graph.nodes if n.op == "call_function" and n.target is torch.nn.functional.linear]
+    assert len(lin) == 1 and tuple(node_shape(lin[0].args[0])) == (2, 24)
+    body = ("        s = x.reshape(2, 3, 4, 4, 2)\n"
+            "        w = s.sum((3, 4))\n"  # (2, 3, 4): b h c
+            "        return torch.einsum('bhc,bchp->bhp', w, s.permute(0, 2, 1, 3, 4).reshape(2, 4, 3, 8))[:, 1]\n")
+    src = _problem(body, "torch.randn(2, 6, 16)")
+    plan, applied, err = pipeline.analyze(load_problem(write_problem(src, "sel_einsum")))
+    assert err is None and "rw-select-first" in applied
+    eins = [n for n in plan.gm.graph.nodes if n.op == "call_function" and n.target is torch.einsum]
+    assert len(eins) == 1 and eins[0].args[0] == "bc,bcp->bp", eins[0].args
+    _run(write_problem, src, "sel_einsum_values")

@@ -15,6 +15,7 @@ same math one way for the planner. Both lists are read here, in this order, by `
 - ``norms``: RMS norm written out; batch norm, vector norms, rsqrt forms
 - ``reductions``: size-1, nested, linear-reduce; keepdim and mean-as-sum forms
 - ``scalars``: clamps, scalar chains, 0-d constants;  ``scans``: flipped and exclusive scans
+- ``selects``: an index of a product's, an einsum's or a pointwise op's result taken first
 - ``metadata``: dtype / device / shape queries, redundant upcasts;  ``modules``: modules to
   functionals;  ``deadcode``: dead code, value copies;  ``common``: the helpers they share
 """
@@ -36,6 +37,7 @@ from codegen.rewrites.reductions import (keepdim_reductions, linear_reduce, mean
                                          nest_uneven_reductions, size1_reductions)
 from codegen.rewrites.rope import rotate_half_pattern, rotate_pairs_pattern
 from codegen.rewrites.scalars import fold_scalar_chains, merge_clamps, scalar_constants
+from codegen.rewrites.selects import select_first
 from codegen.rewrites.scans import exclusive_scans, flipped_scans
 
 
@@ -48,7 +50,8 @@ RULES = [("rw-attention", attention_pattern), ("rw-relu-attention", relu_attenti
          ("rw-linear-reduce", linear_reduce), ("rw-size1-reduction", size1_reductions),
          ("rw-nest-reduction", nest_uneven_reductions),
          ("rw-softmax-size1", softmax_size1), ("rw-merge-clamps", merge_clamps),
-         ("rw-fold-scalar-chain", fold_scalar_chains), ("rw-dead-code", drop_dead_code)]
+         ("rw-fold-scalar-chain", fold_scalar_chains), ("rw-select-first", select_first),
+         ("rw-dead-code", drop_dead_code)]
 
 
 def apply_all(gm: fx.GraphModule, inputs: list | None = None) -> list[str]:
