@@ -238,3 +238,45 @@ def test_a_graph_candidate_that_fails_is_built_again_without_it_first(write_prob
     assert disabled == [NO_GRAPH] and "without the CUDA graph" in why
     disabled, why = backout([NO_GRAPH], [])  # without the graph it fails too: groups go
     assert NO_GRAPH in disabled and len(disabled) > 1 and "graph" not in why
+
+
+def test_a_graphed_module_is_deep_copied_without_its_graphs(graphed):
+    """copy.deepcopy (an EMA copy) of a module holding a CUDA graph: a graph cannot be copied
+    (the stand-in refuses as torch's does) and reads the original's tensors; the copy gets
+    none, captures its own, and computes with its own parameters. (Pickling the whole module,
+    torch.save(model), still fails once a graph is held: the static check bans the pickling
+    hooks that would leave it out; the state dict is what to save.)"""
+    import copy
+    import io
+
+    prob, mod = graphed
+    rec = mod._egg_record = _Recorder()
+    ref, new = _pair(prob, mod)
+    x = torch.randn(8, 4, 6, 5)
+    with torch.no_grad():
+        for _ in range(3):
+            ref(x), new(x)
+    assert rec.captures == 1 and new._egg_graphs
+
+    def refuse(*_a):
+        raise TypeError("cannot pickle 'torch._C._CUDAGraph' object")
+
+    for entry in new._egg_graphs.values():
+        type(entry[1]).__reduce_ex__ = refuse
+    twin = copy.deepcopy(new)
+    assert twin._egg_graphs == {} and new._egg_graphs  # the original keeps its graph
+    ref2 = copy.deepcopy(ref)
+    with torch.no_grad():
+        twin.scale.mul_(2.0)
+        ref2.scale.mul_(2.0)
+        for _ in range(3):
+            torch.testing.assert_close(twin(x), ref2(x), atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(new(x), ref(x), atol=1e-4, rtol=1e-4)  # the original unchanged
+    assert rec.captures == 2  # the twin's own
+    # the state dict (what torch.save should be given) holds no graph either
+    buf = io.BytesIO()
+    torch.save(new.state_dict(), buf)
+    buf.seek(0)
+    twin.load_state_dict(torch.load(buf))
+    with torch.no_grad():
+        torch.testing.assert_close(twin(x), ref(x), atol=1e-4, rtol=1e-4)

@@ -505,8 +505,17 @@ def _egg_dropin_init(module):
         devs.add(t.device)
     module._egg_pstate = (ok and len(devs) <= 1, next(iter(devs)) if len(devs) == 1 else None)
     module._egg_routes = {}
-    module._egg_graphs = {}  # CUDA graphs (_egg_graphed) read the old tensors: captured anew
+    module._egg_graphs = _egg_GraphCache()  # CUDA graphs (_egg_graphed) read the old tensors: captured anew
     module._egg_graph_seen = set()
+
+
+class _egg_GraphCache(dict):
+    """The CUDA graphs of a module's routes (_egg_graphed). A deep copy of the module
+    (``copy.deepcopy``: an EMA or a fine-tuned copy) gets none: a graph cannot be copied (torch
+    refuses to pickle one) and it reads the original's tensors; the copy captures its own."""
+
+    def __deepcopy__(self, memo):
+        return _egg_GraphCache()
 
 
 # ---- CUDA graphs (principle alg-cuda-graph): a file whose kernels' launches cost the host more
