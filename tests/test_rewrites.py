@@ -654,3 +654,50 @@ def test_select_first_computes_only_the_selected_rows(write_problem):
     eins = [n for n in plan.gm.graph.nodes if n.op == "call_function" and n.target is torch.einsum]
     assert len(eins) == 1 and eins[0].args[0] == "bc,bcp->bp", eins[0].args
     _run(write_problem, src, "sel_einsum_values")
+
+
+LN_MEMBERS = "        self.w = nn.Parameter(torch.randn(24))\n        self.b = nn.Parameter(torch.randn(24))\n"
+
+
+@pytest.mark.parametrize("body, applies", [
+    ("        mu = x.mean(-1, keepdim=True)\n        var = ((x - mu) ** 2).mean(-1, keepdim=True)\n"
+     "        return (x - mu) / torch.sqrt(var + 1e-5) * self.w + self.b\n", True),
+    ("        mu = x.mean(dim=-1, keepdim=True)\n        d = x - mu\n"
+     "        return self.w * d * torch.rsqrt(d.pow(2).mean(-1, keepdim=True) + 1e-6) + self.b\n", True),
+    ("        mu = x.mean(-1, keepdim=True)\n        var = x.var(-1, keepdim=True, unbiased=False)\n"
+     "        return (x - mu) * torch.rsqrt(var + 1e-5)\n", True),
+    ("        mu = x.mean(-1, keepdim=True)\n        var = torch.var(x, dim=-1, keepdim=True, correction=0)\n"
+     "        return (x - mu) / torch.sqrt(var + 1e-5)\n", True),
+    # an unbiased variance is another normalization; statistics over another dim
+    ("        mu = x.mean(-1, keepdim=True)\n        var = x.var(-1, keepdim=True)\n"
+     "        return (x - mu) * torch.rsqrt(var + 1e-5)\n", False),
+    ("        mu = x.mean(1, keepdim=True)\n        var = ((x - mu) ** 2).mean(1, keepdim=True)\n"
+     "        return (x - mu) / torch.sqrt(var + 1e-5)\n", False),
+])
+def test_layer_norm_pattern(write_problem, body, applies):
+    """rw-layer-norm: layer norm written out over the last dim is one norm kernel."""
+    src = _problem(body, "torch.randn(3, 5, 24)", members=LN_MEMBERS)
+    applied = _run(write_problem, src, "lnp")
+    assert ("rw-layer-norm" in applied) is applies
+    if applies:
+        plan, _a, _e = pipeline.analyze(load_problem(write_problem(src, "lnp2")))
+        assert [g.kind for g in plan.groups] == ["norm"]  # the affine epilogue in the same kernel
+
+
+@pytest.mark.parametrize("body, applies", [
+    ("        e = torch.exp(x - x.amax(dim=-1, keepdim=True))\n        return e / e.sum(dim=-1, keepdim=True)\n", True),
+    ("        e = (x - torch.max(x, 1, keepdim=True)[0]).exp()\n        return e / torch.sum(e, 1, keepdim=True)\n", True),
+    ("        z = x - x.amax(-1, keepdim=True)\n        return z - torch.log(torch.exp(z).sum(-1, keepdim=True))\n", True),
+    ("        return x - torch.logsumexp(x, dim=-1, keepdim=True)\n", True),
+    # the unstable form overflows where softmax does not: eager's behaviour is kept
+    ("        e = torch.exp(x)\n        return e / e.sum(dim=-1, keepdim=True)\n", False),
+    ("        e = torch.exp(x - x.amax(dim=-1, keepdim=True))\n        return e / e.sum(dim=1, keepdim=True)\n", False),
+])
+def test_softmax_pattern(write_problem, body, applies):
+    """rw-softmax: softmax and log-softmax written out (max subtracted) are one softmax kernel."""
+    src = _problem(body, "torch.randn(4, 6, 33)")
+    applied = _run(write_problem, src, "smp")
+    assert ("rw-softmax" in applied) is applies
+    if applies:
+        plan, _a, _e = pipeline.analyze(load_problem(write_problem(src, "smp2")))
+        assert [g.kind for g in plan.groups] == ["softmax"]

@@ -236,3 +236,17 @@ def test_the_suite_s_spellings_of_one_operator_get_one_plan(names, same_values, 
         base = eager_outputs(paths[names[0]])
         for n in names[1:]:
             assert agree(base, eager_outputs(paths[n])) is None, n
+
+
+@pytest.mark.parametrize("name,rule,rid", [("11_layer_norm", "layer_norm_written_out", "rw-layer-norm"),
+                                           ("05_vocab_softmax", "softmax_written_out", "rw-softmax")])
+def test_a_written_out_norm_or_softmax_needs_its_rule(name, rule, rid, problems, monkeypatch):
+    """Layer norm and softmax written out get the original's one kernel through rw-layer-norm and
+    rw-softmax; without the rule they get reductions and elementwise passes instead."""
+    paths, out = problems
+    base = signature(paths[name])
+    vp = out / f"{name}__{rule}_rule.py"
+    vp.write_text(V.apply(next(r for r in V.RULES if r.name == rule), paths[name].read_text()))
+    assert signature(vp) == base and len(base) == 1
+    monkeypatch.setattr(RW, "RULES", [r for r in RW.RULES if r[0] != rid])
+    assert signature(vp) != base

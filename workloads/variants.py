@@ -59,6 +59,23 @@ def _v_halves(t):
 def _v_silu(t):
     return t * torch.sigmoid(t)
 ''',
+    "_v_softmax": '''
+def _v_softmax(t, dim):
+    e = torch.exp(t - t.amax(dim, keepdim=True))
+    return e / e.sum(dim, keepdim=True)
+''',
+    "_v_layer_norm": '''
+def _v_layer_norm(t, weight, bias, eps):
+    x = t.float()
+    mu = x.mean(-1, keepdim=True)
+    var = ((x - mu) ** 2).mean(-1, keepdim=True)
+    y = ((x - mu) * torch.rsqrt(var + eps)).to(t.dtype)
+    if weight is not None:
+        y = y * weight
+    if bias is not None:
+        y = y + bias
+    return y
+''',
 }
 
 
@@ -361,6 +378,56 @@ class DivAsReciprocalMul(_Counting):
                          right=ast.BinOp(left=ast.Constant(1.0), op=ast.Div(), right=c))
 
 
+class SoftmaxWrittenOut(_Counting):
+    """torch.softmax(x, dim=d) / F.softmax(x, d) / x.softmax(d), no dtype -> exp(x - amax(x, d))
+    / sum(that, d) (rounded after each op in 16-bit eager)."""
+
+    def visit_Call(self, node):
+        self.generic_visit(node)
+        name = _dotted(node.func)
+        if name in ("torch.softmax", "F.softmax", "torch.nn.functional.softmax"):
+            x, rest = (node.args[0] if node.args else None), node.args[1:]
+        elif _is_attr_call(node, "softmax") and name not in ("torch.softmax",):
+            x, rest = node.func.value, node.args
+        else:
+            return node
+        kws = {k.arg: k.value for k in node.keywords}
+        dim = rest[0] if rest else kws.pop("dim", None)
+        if x is None or dim is None or kws or len(rest) > 1:
+            return node
+        self.hits += 1
+        return _call("_v_softmax", [x, dim])
+
+
+class LayerNormWrittenOut(_Counting):
+    """A call of an ``nn.LayerNorm`` attribute (``self.norm = nn.LayerNorm(d, ...)`` in __init__;
+    one normalized dim) -> mean, biased variance and rsqrt written out in fp32, cast back, then
+    the weight and bias."""
+
+    def __init__(self):
+        super().__init__()
+        self.norms: set[str] = set()
+
+    def visit_Module(self, node):
+        for n in ast.walk(node):
+            if (isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.value, ast.Call)
+                    and _dotted(n.value.func) in ("nn.LayerNorm", "torch.nn.LayerNorm")
+                    and _dotted(n.targets[0]).startswith("self.")
+                    and not any(k.arg == "elementwise_affine" for k in n.value.keywords)):
+                self.norms.add(_dotted(n.targets[0]))
+        self.generic_visit(node)
+        return node
+
+    def visit_Call(self, node):
+        self.generic_visit(node)
+        name = _dotted(node.func)
+        if name not in self.norms or len(node.args) != 1 or node.keywords:
+            return node
+        self.hits += 1
+        attr = lambda a: ast.parse(f"{name}.{a}", mode="eval").body  # noqa: E731
+        return _call("_v_layer_norm", [node.args[0], attr("weight"), attr("bias"), attr("eps")])
+
+
 class _Subst(ast.NodeTransformer):
     def __init__(self, names: dict):
         self.names = names
@@ -388,6 +455,10 @@ RULES: list[Rule] = [
     Rule("cross_entropy_flattened", CrossEntropyFlat.__doc__, CrossEntropyFlat),
     Rule("softmax_method", SoftmaxSpelling.__doc__, SoftmaxSpelling),
     Rule("div_as_reciprocal_mul", DivAsReciprocalMul.__doc__, DivAsReciprocalMul, exact=False),
+    Rule("softmax_written_out", SoftmaxWrittenOut.__doc__, SoftmaxWrittenOut, exact=False,
+         helpers=("_v_softmax",)),
+    Rule("layer_norm_written_out", LayerNormWrittenOut.__doc__, LayerNormWrittenOut, exact=False,
+         helpers=("_v_layer_norm",)),
 ]
 
 

@@ -12,8 +12,8 @@ same math one way for the planner. Both lists are read here, in this order, by `
   multi-head attention modules whose weights nothing reads
 - ``lmhead``: LM head + cross-entropy;  ``losses``: losses decomposed
 - ``rope``: rotate_half by halves or by pairs;  ``conv``: conv bias as an epilogue
-- ``norms``: RMS norm written out; batch norm, vector norms, rsqrt forms
-- ``reductions``: size-1, nested, linear-reduce; keepdim and mean-as-sum forms
+- ``norms``: RMS norm and layer norm written out; batch norm, vector norms, rsqrt forms
+- ``reductions``: size-1, nested, linear-reduce, softmax written out; keepdim and mean-as-sum forms
 - ``scalars``: clamps, scalar chains, 0-d constants;  ``scans``: flipped and exclusive scans
 - ``selects``: an index of a product's, an einsum's or a pointwise op's result taken first
 - ``metadata``: dtype / device / shape queries, redundant upcasts;  ``modules``: modules to
@@ -32,9 +32,10 @@ from codegen.rewrites.losses import loss_decompose
 from codegen.rewrites.metadata import (device_queries_from_inputs, fold_dtype_queries,
                                        redundant_upcasts, shape_queries_from_sources)
 from codegen.rewrites.modules import modules_to_functionals
-from codegen.rewrites.norms import batchnorm_decompose, rms_norm_pattern, rsqrt_forms, vector_norms
+from codegen.rewrites.norms import (batchnorm_decompose, layer_norm_pattern, rms_norm_pattern, rsqrt_forms,
+                                   vector_norms)
 from codegen.rewrites.reductions import (keepdim_reductions, linear_reduce, mean_from_sum,
-                                         nest_uneven_reductions, size1_reductions)
+                                         nest_uneven_reductions, size1_reductions, softmax_pattern)
 from codegen.rewrites.rope import rotate_half_pattern, rotate_pairs_pattern
 from codegen.rewrites.scalars import fold_scalar_chains, merge_clamps, scalar_constants
 from codegen.rewrites.selects import select_first
@@ -47,6 +48,7 @@ RULES = [("rw-attention", attention_pattern), ("rw-relu-attention", relu_attenti
          ("rw-loss-decompose", loss_decompose), ("rw-rotate-half", rotate_half_pattern),
          ("rw-rotate-half", rotate_pairs_pattern),
          ("rw-conv-bias-epilogue", conv_bias_epilogue), ("rw-rms-norm", rms_norm_pattern),
+         ("rw-layer-norm", layer_norm_pattern), ("rw-softmax", softmax_pattern),
          ("rw-linear-reduce", linear_reduce), ("rw-size1-reduction", size1_reductions),
          ("rw-nest-reduction", nest_uneven_reductions),
          ("rw-softmax-size1", softmax_size1), ("rw-merge-clamps", merge_clamps),

@@ -247,3 +247,103 @@ def rsqrt_forms(gm: fx.GraphModule) -> bool:
             graph.erase_node(inner)
         changed = True
     return changed
+
+
+def _mean_last(gm: fx.GraphModule, n, of=None) -> fx.Node | None:
+    """x when n is mean(x, dim=-1 (the last dim alone), keepdim=True) (and x is ``of``, if given)."""
+    if not isinstance(n, fx.Node):
+        return None
+    op = classify(n, gm)
+    if op.kind != "reduction" or op.name != "mean" or not op.p.get("keepdim") or op.p.get("dtype") is not None:
+        return None
+    x = op.operands[0]
+    shape = node_shape(x) if isinstance(x, fx.Node) else None
+    if not shape or norm_dims(op.p.get("dim"), len(shape)) != [len(shape) - 1] or (of is not None and x is not of):
+        return None
+    return x
+
+
+def _centered(gm: fx.GraphModule, n) -> tuple | None:
+    """(x, mu) when n is x - mu with mu = mean(x, -1, keepdim=True)."""
+    if not isinstance(n, fx.Node):
+        return None
+    op = classify(n, gm)
+    if op.kind != "pointwise" or op.name != "sub" or len(op.operands) != 2 or op.p.get("alpha", 1) != 1:
+        return None
+    x, mu = op.operands
+    return (x, mu) if _float(x) and _mean_last(gm, mu, of=x) is not None else None
+
+
+def _biased_var_last(gm: fx.GraphModule, v, x, mu) -> bool:
+    """Is v the biased variance of x over its last dim (keepdim): mean((x - mu)^2, -1, keepdim)
+    (the square of a centered value of the same x and mu), or x.var(-1, keepdim=True,
+    unbiased=False / correction=0)?"""
+    import torch
+
+    if not isinstance(v, fx.Node):
+        return False
+    sq = _mean_last(gm, v)
+    if sq is not None:
+        c = _square_of(gm, sq)
+        return c is not None and _centered(gm, c) == (x, mu)
+    if not ((v.op == "call_method" and v.target == "var") or (v.op == "call_function" and v.target is torch.var)):
+        return False
+    args = list(v.args[1:])
+    kw = dict(v.kwargs)
+    if v.args[0] is not x or len(args) > 1:
+        return False
+    dim = kw.pop("dim", args[0] if args else None)
+    keep = kw.pop("keepdim", False)
+    unbiased = kw.pop("unbiased", None)
+    correction = kw.pop("correction", None)
+    biased = (unbiased is False and correction is None) or (unbiased is None and correction in (0, 0.0))
+    shape = node_shape(x)
+    return (not kw and keep is True and biased and shape is not None
+            and norm_dims(dim, len(shape)) == [len(shape) - 1])
+
+
+def layer_norm_pattern(gm: fx.GraphModule) -> bool:
+    """rw-layer-norm: (x - mean(x)) * rsqrt(var(x) + eps) (or / sqrt(var + eps)) over the last dim,
+    the variance biased (mean((x - mean)^2), x.var(unbiased=False)), is layer_norm(x, (D,),
+    eps=eps): one norm-template kernel per row instead of two reductions and an elementwise
+    pass (a weight and bias after it join the kernel as its epilogue)."""
+    import operator
+
+    import torch.nn.functional as F
+
+    graph = gm.graph
+    changed = False
+    for n, op in _ops(gm, "pointwise", ("mul", "div")):
+        if len(op.operands) != 2:
+            continue
+        a, b = op.operands
+        for c, scale in ((a, b), (b, a)) if op.name == "mul" else ((a, b),):
+            cx, other = _centered(gm, c), None
+            if cx is None and op.name == "mul" and isinstance(c, fx.Node) and len(c.users) == 1:
+                # w * (x - mu) * rsqrt(...): the weight multiplied in first
+                cop = classify(c, gm)
+                if cop.kind == "pointwise" and cop.name == "mul" and len(cop.operands) == 2:
+                    for u, w in (cop.operands, cop.operands[::-1]):
+                        if _centered(gm, u) is not None:
+                            cx, other = _centered(gm, u), w
+                            break
+            if cx is None or not isinstance(scale, fx.Node) or len(scale.users) != 1:
+                continue
+            sop = classify(scale, gm)
+            if sop.kind != "pointwise" or sop.name != ("rsqrt" if op.name == "mul" else "sqrt"):
+                continue
+            pe = _plus_scalar(gm, sop.operands[0])
+            if pe is None or len(sop.operands[0].users) != 1 or not _biased_var_last(gm, pe[0], *cx):
+                continue
+            x = cx[0]
+            shape = node_shape(x)
+            if node_shape(n) != shape:
+                continue
+            with graph.inserting_before(n):
+                v = graph.call_function(F.layer_norm, (x, (shape[-1],), None, None, float(pe[1])))
+                if other is not None:
+                    v = graph.call_function(operator.mul, (v, other))
+            _replace(n, v)  # what fed it (the statistics) goes with rw-dead-code when unused
+            changed = True
+            break
+    return changed

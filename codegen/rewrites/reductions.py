@@ -306,3 +306,91 @@ def mean_from_sum(gm: fx.GraphModule) -> bool:
         _erase_unused_above([n], stop=x)
         changed = True
     return changed
+
+
+def _reduced_keep(gm: fx.GraphModule, n, names: tuple[str, ...]) -> tuple | None:
+    """(x, dim) when n is one of these reductions of x over one dim with keepdim (max(x, d,
+    keepdim=True)[0] counts as amax)."""
+    import operator
+
+    if not isinstance(n, fx.Node):
+        return None
+    if (n.op == "call_function" and n.target is operator.getitem and n.args[1] == 0
+            and isinstance(n.args[0], fx.Node) and "amax" in names):
+        inner = classify(n.args[0], gm)
+        if inner.kind == "reduction" and inner.name == "max_dim" and inner.p.get("keepdim"):
+            x = inner.operands[0]
+            shape = node_shape(x) if isinstance(x, fx.Node) else None
+            dims = norm_dims(inner.p.get("dim"), len(shape)) if shape else None
+            return (x, dims[0]) if dims and len(dims) == 1 else None
+        return None
+    op = classify(n, gm)
+    if op.kind != "reduction" or op.name not in names or not op.p.get("keepdim") or op.p.get("dtype") is not None:
+        return None
+    x = op.operands[0]
+    shape = node_shape(x) if isinstance(x, fx.Node) else None
+    dims = norm_dims(op.p.get("dim"), len(shape)) if shape else None
+    return (x, dims[0]) if dims and len(dims) == 1 and shape[dims[0]] > 1 else None
+
+
+def _shifted(gm: fx.GraphModule, z) -> tuple | None:
+    """(x, dim) when z is x - amax(x, dim, keepdim=True) (the max subtracted, as softmax does)."""
+    if not isinstance(z, fx.Node):
+        return None
+    op = classify(z, gm)
+    if op.kind != "pointwise" or op.name != "sub" or len(op.operands) != 2 or op.p.get("alpha", 1) != 1:
+        return None
+    x, m = op.operands
+    got = _reduced_keep(gm, m, ("amax",))
+    return got if got is not None and got[0] is x and _float(x) else None
+
+
+def softmax_pattern(gm: fx.GraphModule) -> bool:
+    """rw-softmax: softmax and log-softmax written out with the max subtracted,
+    ``e = exp(x - amax(x, d)); e / sum(e, d)`` and ``z = x - amax(x, d); z - log(sum(exp(z), d))``
+    (``max(x, d, keepdim=True)[0]`` for amax; ``x - logsumexp(x, d, keepdim=True)`` too), are
+    softmax(x, d) and log_softmax(x, d): one softmax-template kernel per row instead of two
+    reductions and two elementwise passes. Only the stable forms: exp(x) / sum(exp(x)) overflows
+    where softmax does not, and that is eager's behaviour to keep."""
+    import torch
+
+    graph = gm.graph
+    changed = False
+    for n, op in _ops(gm, "pointwise", ("div", "sub")):
+        if len(op.operands) != 2 or op.p.get("alpha", 1) != 1:
+            continue
+        a, b = op.operands
+        new = None
+        if op.name == "div":  # e / sum(e, d, keepdim) with e = exp(x - amax(x, d))
+            s = _reduced_keep(gm, b, ("sum",))
+            eop = classify(a, gm) if isinstance(a, fx.Node) else None
+            if s is None or s[0] is not a or eop is None or eop.kind != "pointwise" or eop.name != "exp":
+                continue
+            xd = _shifted(gm, eop.operands[0])
+            if xd is None or xd[1] != s[1]:
+                continue
+            new = (torch.softmax, xd)
+        else:  # z - log(sum(exp(z), d, keepdim)) with z = x - amax(x, d); x - logsumexp(x, d, keepdim)
+            lse = _reduced_keep(gm, b, ("logsumexp",))
+            if lse is not None and lse[0] is a and _float(a):
+                new = (torch.log_softmax, lse)
+            else:
+                xd = _shifted(gm, a)
+                lop = classify(b, gm) if isinstance(b, fx.Node) else None
+                if xd is None or lop is None or lop.kind != "pointwise" or lop.name != "log":
+                    continue
+                s = _reduced_keep(gm, lop.operands[0], ("sum",))
+                if s is None or s[1] != xd[1] or not isinstance(s[0], fx.Node):
+                    continue
+                eop = classify(s[0], gm)
+                if eop.kind != "pointwise" or eop.name != "exp" or eop.operands[0] is not a:
+                    continue
+                new = (torch.log_softmax, xd)
+        fn, (x, d) = new
+        if node_shape(n) != node_shape(x):
+            continue
+        with graph.inserting_before(n):
+            v = graph.call_function(fn, (x, d))
+        _replace(n, v)  # the pieces go with rw-dead-code when nothing else reads them
+        changed = True
+    return changed
