@@ -150,6 +150,8 @@ RMS_W = "        self.w = nn.Parameter(torch.randn(48) * 0.1 + 1.0)\n"
      "        return self.w * (h * torch.rsqrt(v + 1e-5))\n", True),
     ("        return x / torch.sqrt(torch.mean(x ** 2, dim=-1, keepdim=True) + 1e-6)\n", True),
     ("        return torch.rsqrt(1e-6 + (x * x).mean(dim=2, keepdim=True)) * x\n", True),
+    # the weight multiplied in first: (w * x) * rsqrt(...)
+    ("        return self.w * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)\n", True),
     # over the channels of a 4-d tensor (not the last dim), or the mean also used elsewhere
     ("        y = x.view(2, 3, 4, 48)\n"
      "        return y / torch.sqrt(torch.mean(y ** 2, dim=1, keepdim=True) + 1e-6)\n", False),

@@ -35,10 +35,35 @@ def _plus_scalar(gm: fx.GraphModule, n) -> tuple | None:
     return step[0], step[2]
 
 
+def _squared_factor(gm: fx.GraphModule, h, sop, how: str) -> tuple:
+    """(the normalized value, a factor multiplied in before the scale or None): for
+    ``w * h * rsqrt(mean(h^2) + eps)`` (parsed ``(w * h) * rsqrt(...)``) the h the mean squares,
+    with w; else (h, None)."""
+    if how != "mul" or not isinstance(h, fx.Node) or len(h.users) != 1:
+        return h, None
+    pe = _plus_scalar(gm, sop.operands[0])
+    mop = classify(pe[0], gm) if pe is not None and isinstance(pe[0], fx.Node) else None
+    if mop is None or mop.kind != "reduction" or mop.name != "mean":
+        return h, None
+    sq = _square_of(gm, mop.operands[0])
+    hop = classify(h, gm)
+    if sq is None or hop.kind != "pointwise" or hop.name != "mul" or len(hop.operands) != 2:
+        return h, None
+    u, w = hop.operands
+    if u is sq:
+        return sq, w
+    if w is sq:
+        return sq, u
+    return h, None
+
+
 def rms_norm_pattern(gm: fx.GraphModule) -> bool:
     """rw-rms-norm: h * rsqrt(mean(h^2, -1, keepdim=True) + eps) (or h / sqrt(...)) over the last
     dimension is rms_norm(h, (H,), eps=eps): one norm-template kernel per row instead of a
-    square, a reduction and an elementwise pass that each read the rows again."""
+    square, a reduction and an elementwise pass that each read the rows again. A weight
+    multiplied in first (``w * h * rsqrt(...)``) is multiplied after the norm."""
+    import operator
+
     import torch.nn.functional as F
 
     graph = gm.graph
@@ -54,6 +79,7 @@ def rms_norm_pattern(gm: fx.GraphModule) -> bool:
             want = "rsqrt" if op.name == "mul" else "sqrt"
             if sop.kind != "pointwise" or sop.name != want:
                 continue
+            h, other = _squared_factor(gm, h, sop, op.name)
             pe = _plus_scalar(gm, sop.operands[0])
             if pe is None or len(sop.operands[0].users) != 1:
                 continue
@@ -69,6 +95,8 @@ def rms_norm_pattern(gm: fx.GraphModule) -> bool:
                 continue
             with graph.inserting_before(n):
                 v = graph.call_function(F.rms_norm, (h, (shape[-1],), None, float(eps)))
+                if other is not None:  # w * h * rsqrt(...): the weight after the norm
+                    v = graph.call_function(operator.mul, (v, other))
             dead = [scale, sop.operands[0], mean, sq]
             _replace(n, v)
             for d in dead:
