@@ -47,13 +47,18 @@ RULES = [("rw-attention", attention_pattern), ("rw-relu-attention", relu_attenti
          ("rw-linear-cross-entropy", linear_cross_entropy_pattern),
          ("rw-loss-decompose", loss_decompose), ("rw-rotate-half", rotate_half_pattern),
          ("rw-rotate-half", rotate_pairs_pattern),
-         ("rw-conv-bias-epilogue", conv_bias_epilogue), ("rw-rms-norm", rms_norm_pattern),
-         ("rw-layer-norm", layer_norm_pattern), ("rw-softmax", softmax_pattern),
+         ("rw-conv-bias-epilogue", conv_bias_epilogue), ("rw-layer-norm", layer_norm_pattern),
+         ("rw-rms-norm", rms_norm_pattern), ("rw-softmax", softmax_pattern),
          ("rw-linear-reduce", linear_reduce), ("rw-size1-reduction", size1_reductions),
          ("rw-nest-reduction", nest_uneven_reductions),
          ("rw-softmax-size1", softmax_size1), ("rw-merge-clamps", merge_clamps),
          ("rw-fold-scalar-chain", fold_scalar_chains), ("rw-select-first", select_first),
          ("rw-dead-code", drop_dead_code)]
+
+
+# rw-layer-norm before rw-rms-norm: the RMS norm of a centered value (w * (x - mu) *
+# rsqrt(mean((x - mu)^2) + eps)) is a layer norm, one kernel, where the RMS form leaves the mean
+# as a pass of its own
 
 
 def apply_all(gm: fx.GraphModule, inputs: list | None = None) -> list[str]:

@@ -36,6 +36,16 @@ def _replace(n: fx.Node, new: fx.Node) -> None:
     n.graph.erase_node(n)
 
 
+def _sub_operands(gm: fx.GraphModule, n) -> tuple | None:
+    """(a, b) when n is the plain difference a - b of two operands (no alpha)."""
+    if not isinstance(n, fx.Node):
+        return None
+    op = classify(n, gm)
+    if op.kind != "pointwise" or op.name != "sub" or len(op.operands) != 2 or op.p.get("alpha", 1) != 1:
+        return None
+    return op.operands[0], op.operands[1]
+
+
 def _scalar(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 

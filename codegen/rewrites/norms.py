@@ -7,7 +7,7 @@ from torch import fx
 from codegen.fusion import norm_dims
 from codegen.ops import classify, node_shape
 from codegen.rewrites.common import (_attr_node, _float, _live, _module_calls, _ops, _replace,
-                                     _scalar_step)
+                                     _scalar_step, _sub_operands)
 
 
 def _square_of(gm: fx.GraphModule, n) -> fx.Node | None:
@@ -293,12 +293,10 @@ def _mean_last(gm: fx.GraphModule, n, of=None) -> fx.Node | None:
 
 def _centered(gm: fx.GraphModule, n) -> tuple | None:
     """(x, mu) when n is x - mu with mu = mean(x, -1, keepdim=True)."""
-    if not isinstance(n, fx.Node):
+    xm = _sub_operands(gm, n)
+    if xm is None:
         return None
-    op = classify(n, gm)
-    if op.kind != "pointwise" or op.name != "sub" or len(op.operands) != 2 or op.p.get("alpha", 1) != 1:
-        return None
-    x, mu = op.operands
+    x, mu = xm
     return (x, mu) if _float(x) and _mean_last(gm, mu, of=x) is not None else None
 
 

@@ -8,7 +8,7 @@ from torch import fx
 from codegen.fusion import norm_dims
 from codegen.ops import classify, node_shape
 from codegen.rewrites.common import (_attr_node, _erase_unused_above, _float, _op_name, _ops,
-                                     _replace)
+                                     _replace, _sub_operands)
 
 
 SIZE1_REDUCTIONS = ("sum", "mean", "amax", "amin", "logsumexp", "max_dim", "min_dim")
@@ -335,12 +335,10 @@ def _reduced_keep(gm: fx.GraphModule, n, names: tuple[str, ...]) -> tuple | None
 
 def _shifted(gm: fx.GraphModule, z) -> tuple | None:
     """(x, dim) when z is x - amax(x, dim, keepdim=True) (the max subtracted, as softmax does)."""
-    if not isinstance(z, fx.Node):
+    xm = _sub_operands(gm, z)
+    if xm is None:
         return None
-    op = classify(z, gm)
-    if op.kind != "pointwise" or op.name != "sub" or len(op.operands) != 2 or op.p.get("alpha", 1) != 1:
-        return None
-    x, m = op.operands
+    x, m = xm
     got = _reduced_keep(gm, m, ("amax",))
     return got if got is not None and got[0] is x and _float(x) else None
 
