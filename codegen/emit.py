@@ -8,6 +8,7 @@ call of its wrapper. Everything not fused stays the torch code it was.
 from __future__ import annotations
 
 import hashlib
+import math
 import operator
 import re
 import types
@@ -511,18 +512,82 @@ def _guard_value(g, tril: list[str] | None = None) -> dict | None:
     return {"args": g.args, "lead": g.lead, **({"tril": list(tril)} if tril else {})}
 
 
+def model_forward(problem_source: str, n_args: int) -> tuple[str, list[str], str] | None:
+    """Model.forward of the problem as a method of ModelNew named ``_egg_model_forward``, with
+    its parameter names and its parameter list (defaults kept): for the calls the traced
+    reference was specialized against (fx traced ``forward(self, x, h0=None)`` for h0 None) and
+    for the names a caller passes by keyword. None where a copy would not be the same code:
+    no such method, ``*args`` / ``**kwargs`` / keyword-only parameters, another count of
+    arguments than the trace's, ``super()``, a private ``__name`` (mangled per class), a
+    decorator."""
+    import ast
+    import textwrap
+
+    try:
+        tree = ast.parse(problem_source)
+    except SyntaxError:
+        return None
+    cls = next((c for c in tree.body if isinstance(c, ast.ClassDef) and c.name == "Model"), None)
+    fn = next((f for f in (cls.body if cls else []) if isinstance(f, ast.FunctionDef) and f.name == "forward"),
+              None)
+    if fn is None or fn.decorator_list:
+        return None
+    a = fn.args
+    if a.vararg or a.kwarg or a.kwonlyargs or a.posonlyargs or len(a.args) != n_args + 1:
+        return None
+    for node in ast.walk(fn):
+        if (isinstance(node, ast.Name) and node.id == "super") or (
+                isinstance(node, ast.Attribute) and node.attr.startswith("__") and not node.attr.endswith("__")):
+            return None
+    names = [x.arg for x in a.args[1:]]
+    lines = problem_source.splitlines()
+    src = textwrap.dedent("\n".join(lines[fn.lineno - 1:fn.end_lineno]))
+    src = src.replace("def forward(", "def _egg_model_forward(", 1)
+    if not src.startswith("def _egg_model_forward("):  # a line indented less than the def
+        return None
+    try:
+        ast.parse(src)
+    except SyntaxError:
+        return None
+    params = ast.unparse(a).split(",", 1)
+    return src, names, (params[1].strip() if len(params) > 1 else "")
+
+
+def _traced_values(names: list[str], guard_args: list[dict]) -> str | None:
+    """A Python condition: every non-tensor argument holds the value the trace was made with
+    (None where a value has no literal to compare with)."""
+    conds = []
+    for n, a in zip(names, guard_args):
+        if "value" not in a:
+            continue
+        v = a["value"]
+        if v is None or isinstance(v, bool):
+            conds.append(f"{n} is {v!r}")
+        elif type(v) in (int, str) or (type(v) is float and math.isfinite(v)):
+            conds.append(f"(type({n}) is {type(v).__name__} and {n} == {v!r})")
+        else:
+            return None
+    return " and ".join(conds) if conds else None
+
+
 def _dispatch(dr, fast: dict[bool, str | None], ref: dict[bool, str], sig: str,
-              graph: bool = False) -> list[str]:
+              graph: bool = False, original: tuple[list[str], str] | None = None) -> list[str]:
     """ModelNew.forward: the route of this call (cached per mode, shapes, dtypes, devices and
     values), then the kernels (``graph``: replayed from a CUDA graph per route, _egg_graphed) or
-    Model's traced ops."""
+    Model's traced ops. ``original``: Model.forward's parameter names and list (model_forward):
+    the signature a caller knows (fx renames a parameter that a later statement reassigns), and
+    a call whose other arguments are not the traced values takes the copy of Model.forward."""
     names = dr.arg_names
+    values = None
+    if original is not None and len(original[0]) == len(names):
+        names, sig = original
+        values = _traced_values(names, dr.train.args if dr.train is not None else [])
     plain = all(n.isidentifier() for n in names)
     guard_args = (dr.train.args if dr.train is not None else [])
     modes = dr.mode_modules  # their flags choose the kernels (or Model's ops)
     parts = ["self.training"]
     if modes:
-        parts += [f"mm[{i}].training" for i in range(len(modes))]
+        parts += [f"_egg_mm[{i}].training" for i in range(len(modes))]
     for n, a in zip(names, guard_args):
         parts += [f"{n}.shape", f"{n}.dtype", f"{n}.device"] if "dtype" in a else [n]
     for i, b in enumerate(dr.tril_buffers):  # a new route when the buffer is written or replaced
@@ -534,7 +599,7 @@ def _dispatch(dr, fast: dict[bool, str | None], ref: dict[bool, str], sig: str,
         if graphed:
             fn = (f"self.{table[True]}" if table[True] == table[False] else
                   f"(self.{table[True]} if self.training else self.{table[False]})")
-            return f"_egg_graphed(self, key, {fn}, {call_args})"
+            return f"_egg_graphed(self, _egg_key, {fn}, {call_args})"
         if table[True] == table[False]:
             return f"self.{table[True]}({args})"
         return f"self.{table[True]}({args}) if self.training else self.{table[False]}({args})"
@@ -544,28 +609,30 @@ def _dispatch(dr, fast: dict[bool, str | None], ref: dict[bool, str], sig: str,
         lines.append(f"    return {pick(ref)}")
         return lines
     if modes:
-        lines.append("    mm = self._egg_mode_modules")
+        lines.append("    _egg_mm = self._egg_mode_modules")
     lines += [
         "    try:",
-        f"        key = ({', '.join(parts)})",
-        "        fast = self._egg_routes.get(key)",
+        f"        _egg_key = ({', '.join(parts)})",
+        "        _egg_go = self._egg_routes.get(_egg_key)",
         "    except (AttributeError, TypeError):  # not the tensors / values the kernels take",
-        "        key, fast = None, False",
-        "    if fast is None:",
-        f"        fast = _egg_route(self, key, {call_args})",
+        "        _egg_key, _egg_go = None, False",
+        "    if _egg_go is None:",
+        f"        _egg_go = _egg_route(self, _egg_key, {call_args})",
     ]
+    tail = [f"    return {pick(ref)}"]
+    if values is not None:  # the traced reference holds these values: others take Model's code
+        tail = [f"    if not ({values}):", f"        return self._egg_model_forward({args})"] + tail
     if fast[True] is None and fast[False] is None:
-        lines.append(f"    return {pick(ref)}")
+        lines += tail
         return lines
     if fast[True] is not None and fast[False] is not None:
-        lines += ["    if fast:", f"        return {pick(fast, graph)}"]
+        lines += ["    if _egg_go:", f"        return {pick(fast, graph)}"]
     else:
         mode = "self.training" if fast[True] is not None else "not self.training"
         one = fast[True] or fast[False]
-        lines += [f"    if fast and {mode}:",
+        lines += [f"    if _egg_go and {mode}:",
                   f"        return {pick({True: one, False: one}, graph)}"]
-    lines.append(f"    return {pick(ref)}")
-    return lines
+    return lines + tail
 
 
 def _what(dr, n_train: int, n_eval: int) -> list[str]:
@@ -648,7 +715,11 @@ def emit_model(problem_source: str, plan: FusionPlan, configs: dict[str, dict] |
                 False: "_egg_fast" if dr.same else ("_egg_fast_eval" if core_e else None)}
         ref = ({True: "_egg_reference", False: "_egg_reference"} if len(refs) == 1
                else {True: "_egg_reference_train", False: "_egg_reference_eval"})
-        fwd = "\n".join(_dispatch(dr, fast, ref, _signature(core_t.forward), graph))
+        orig = model_forward(problem_source, len(dr.arg_names))
+        fwd = "\n".join(_dispatch(dr, fast, ref, _signature(core_t.forward), graph,
+                                  orig[1:] if orig is not None else None))
+        if orig is not None and "_egg_model_forward(" in fwd:
+            methods.append(orig[0])
         methods.append(_renamed(core_t.forward, fast[True]))
         if core_e is not None:
             methods.append(_renamed(core_e.forward, fast[False]))

@@ -207,7 +207,7 @@ def test_a_launch_bound_plan_replays_from_a_graph_and_a_memory_bound_one_does_no
     assert len(fplan.groups) >= 12
     assert graph_choice(st, fplan, set())[0]
     draft = ExpertPolicy().design(st, Settings(device="cpu"))
-    assert GRAPH_PRINCIPLE in draft.principle_ids and "_egg_graphed(self, key," in draft.source
+    assert GRAPH_PRINCIPLE in draft.principle_ids and "_egg_graphed(self, _egg_key," in draft.source
     assert any("CUDA graph" in d for d in draft.decisions)
     assert not graph_choice(st, fplan, {"nograph"})[0]
     cpu = _state(write_problem, *DEEP, "deepcpu", device="cpu")

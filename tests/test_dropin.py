@@ -317,7 +317,8 @@ def test_a_forward_argument_left_at_its_default_takes_the_kernels(write_problem)
     """forward(self, x, h0=None, scale=2.0) called with x alone (get_inputs() gives x): the file
     was built for h0 None and scale 2.0, and takes its kernels for such calls (before, the guard
     listed x alone and no call matched it: Mamba-2's and NetVLAD's files never ran a kernel);
-    another h0 or scale takes Model's ops."""
+    another h0 or scale takes Model's own code (a copy of its forward: the traced reference holds
+    the defaults), by position or by keyword."""
     comp = compiled(write_problem, OPTIONAL_ARG, "optional_arg")
     assert comp.plan.dropin.train.args[1:] == [{"value": None}, {"value": 2.0}]
     report = check_dropin(OPTIONAL_ARG, comp.emitted.source, calls=1, variants=("own", "batch", "padded"))
@@ -330,10 +331,30 @@ def test_a_forward_argument_left_at_its_default_takes_the_kernels(write_problem)
     assert cand._egg_admit(new, cand._EGG_GUARDS[True], (x, None, 2.0))
     with torch.no_grad():
         torch.testing.assert_close(new(x), ref(x))
-        # known limit (docs/dropin.md): another value takes the traced reference, which fx
-        # specialized to the default: it raises rather than compute something else
+        # another value: the traced reference was specialized to the default (fx: "h0 has been
+        # specialized to have value None"), so the call takes the copy of Model.forward
         assert not cand._egg_admit(new, cand._EGG_GUARDS[True], (x, None, 3.0))
-        with pytest.raises(AssertionError, match="specialized to have value 2.0"):
-            new(x, None, 3.0)
-        with pytest.raises(AssertionError, match="specialized to have value None"):
-            new(x, h)
+        for args, kw in (((x, None, 3.0), {}), ((x, h), {}), ((x,), {"h0": h, "scale": 0.5}),
+                         ((x,), {"scale": 2.0})):
+            torch.testing.assert_close(new(*args, **kw), ref(*args, **kw))
+
+
+QKV_NAMES = problem("",
+                    "    def forward(self, query, key, value, fast=1.0):\n"
+                    "        return F.softmax(query @ key.transpose(-1, -2) * fast, dim=-1) @ value\n",
+                    "[torch.randn(2, 8, 16), torch.randn(2, 8, 16), torch.randn(2, 8, 16)]")
+
+
+def test_forward_parameters_named_like_the_dispatch_locals(write_problem):
+    """forward(self, query, key, value, fast=1.0): the dispatch's own locals (the route's key,
+    whether to take the kernels) once shadowed parameters so named, and the kernels got a tuple
+    for ``key``; the signature is Model's, so keyword calls work."""
+    comp = compiled(write_problem, QKV_NAMES, "qkv_names")
+    report = check_dropin(QKV_NAMES, comp.emitted.source, calls=1, variants=("own", "batch"))
+    assert report.fast("own") and report.fast("batch", "eval")
+    prob, cand = load_sources(QKV_NAMES, comp.emitted.source)
+    ref, new = prob.Model(), cand.ModelNew()
+    q, k, v = (torch.randn(2, 8, 16) for _ in range(3))
+    with torch.no_grad():
+        torch.testing.assert_close(new(q, key=k, value=v), ref(q, key=k, value=v))
+        torch.testing.assert_close(new(q, k, v, fast=0.5), ref(q, k, v, fast=0.5))
