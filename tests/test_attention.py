@@ -66,3 +66,54 @@ def test_attention_heuristic_keeps_the_gpu_busy():
     assert decode["BLOCK_M"] == 16
     assert H.attention_config(1024, 1024, 256, 64)["BLOCK_N"] == 32
     assert H.attention_config(1, 8192, 128, 256, sm_count=132)["SPLIT_PROGRAMS"] == 4 * 132
+
+
+WRITTEN_OUT = {
+    # GPT-2 style: the mask applied with torch.where and a full_like fill
+    "where_full_like": (
+        "        T = q.size(-2)\n"
+        "        att = torch.matmul(q, k.transpose(-1, -2)) * (1.0 / math.sqrt(k.size(-1)))\n"
+        "        causal = torch.tril(torch.ones(T, T, device=q.device)).view(1, 1, T, T)\n"
+        "        att = torch.where(causal == 0, torch.full_like(att, float('-inf')), att)\n"
+        "        return torch.matmul(F.softmax(att, dim=-1), v)\n", True),
+    # Bloom / GPT-NeoX style: scores by baddbmm with beta 0, heads folded into the batch
+    "baddbmm": (
+        "        b, h, t, d = q.shape\n"
+        "        qf, kf, vf = q.reshape(b * h, t, d), k.reshape(b * h, t, d), v.reshape(b * h, t, d)\n"
+        "        s = torch.baddbmm(torch.zeros(b * h, t, t, dtype=q.dtype, device=q.device), qf,\n"
+        "                          kf.transpose(1, 2), beta=0.0, alpha=1.0 / math.sqrt(d))\n"
+        "        return torch.bmm(torch.softmax(s, dim=-1), vf).reshape(b, h, t, d)\n", True),
+    # the softmax written out (rw-softmax first)
+    "manual_softmax": (
+        "        s = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])\n"
+        "        T = q.shape[-2]\n"
+        "        s = s.masked_fill(torch.triu(torch.ones(T, T, dtype=torch.bool, device=q.device), 1), float('-inf'))\n"
+        "        e = torch.exp(s - s.amax(dim=-1, keepdim=True))\n"
+        "        return (e / e.sum(dim=-1, keepdim=True)) @ v\n", True),
+    # baddbmm adding a real input (beta 1): the scores carry it, not an attention kernel
+    "baddbmm_bias": (
+        "        b, h, t, d = q.shape\n"
+        "        qf, kf, vf = q.reshape(b * h, t, d), k.reshape(b * h, t, d), v.reshape(b * h, t, d)\n"
+        "        s = torch.baddbmm(vf[:, :, :1].expand(b * h, t, t), qf, kf.transpose(1, 2))\n"
+        "        return torch.bmm(torch.softmax(s, dim=-1), vf).reshape(b, h, t, d)\n", False),
+}
+
+
+@pytest.mark.parametrize("name", sorted(WRITTEN_OUT))
+def test_attention_written_other_ways_is_one_kernel(name, write_problem):
+    """Attention spelled as the libraries' authors spell it gets the attention kernel, and the
+    file is a drop-in (tests/dropin.check_dropin)."""
+    from codegen.pipeline import compile_problem
+    from tests.dropin import check_dropin
+
+    body, one = WRITTEN_OUT[name]
+    src = (HEAD + "import math\nclass Model(nn.Module):\n    def forward(self, q, k, v):\n" + body
+           + "def get_inputs():\n    return [torch.randn(2, 3, 12, 8) for _ in range(3)]\n"
+           + "def get_init_inputs():\n    return []\n")
+    path = write_problem(src, f"written_{name}")
+    plan, _rw, err = analyze(load_problem(path))
+    assert plan is not None, err
+    assert ([g.kind for g in plan.groups] == ["attention"]) is one, [g.kind for g in plan.groups]
+    comp = compile_problem(load_problem(path))
+    report = check_dropin(src, comp.emitted.source, calls=1, variants=("own", "x3", "batch", "padded"))
+    assert report.fast("own")

@@ -9,12 +9,12 @@ same math one way for the planner. Both lists are read here, in this order, by `
 ``canonicalize`` (codegen.pipeline). The families:
 
 - ``attention``: softmax over a size-1 dim, attention written out, GQA head repeats,
-  multi-head attention modules whose weights nothing reads
+  multi-head attention modules whose weights nothing reads, baddbmm as a product
 - ``lmhead``: LM head + cross-entropy;  ``losses``: losses decomposed
 - ``rope``: rotate_half by halves or by pairs;  ``conv``: conv bias as an epilogue
 - ``norms``: RMS norm and layer norm written out; batch norm, vector norms, rsqrt forms
 - ``reductions``: size-1, nested, linear-reduce, softmax written out; keepdim and mean-as-sum forms
-- ``scalars``: clamps, scalar chains, 0-d constants;  ``scans``: flipped and exclusive scans
+- ``scalars``: clamps, scalar chains, 0-d constants, a where's full_like fill;  ``scans``: flipped and exclusive scans
 - ``selects``: an index of a product's, an einsum's or a pointwise op's result taken first
 - ``metadata``: dtype / device / shape queries, redundant upcasts;  ``modules``: modules to
   functionals;  ``deadcode``: dead code, value copies;  ``common``: the helpers they share
@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from torch import fx
 
-from codegen.rewrites.attention import (attention_pattern, gqa_repeats, mha_weights_unused,
-                                       relu_attention_pattern, softmax_size1)
+from codegen.rewrites.attention import (attention_pattern, baddbmm_as_product, gqa_repeats,
+                                       mha_weights_unused, relu_attention_pattern, softmax_size1)
 from codegen.rewrites.conv import conv_bias_epilogue
 from codegen.rewrites.deadcode import drop_dead_code, drop_value_copies
 from codegen.rewrites.lmhead import linear_cross_entropy_pattern
@@ -37,7 +37,7 @@ from codegen.rewrites.norms import (batchnorm_decompose, layer_norm_pattern, rms
 from codegen.rewrites.reductions import (keepdim_reductions, linear_reduce, mean_from_sum,
                                          nest_uneven_reductions, size1_reductions, softmax_pattern)
 from codegen.rewrites.rope import rotate_half_pattern, rotate_pairs_pattern
-from codegen.rewrites.scalars import fold_scalar_chains, merge_clamps, scalar_constants
+from codegen.rewrites.scalars import fold_scalar_chains, merge_clamps, scalar_constants, where_scalar_fills
 from codegen.rewrites.selects import select_first
 from codegen.rewrites.scans import exclusive_scans, flipped_scans
 
@@ -90,9 +90,10 @@ def _propagate(gm: fx.GraphModule, inputs: list | None) -> None:
 
 CANONICAL = [modules_to_functionals, flipped_scans, exclusive_scans, batchnorm_decompose,
              vector_norms, fold_dtype_queries, device_queries_from_inputs, scalar_constants,
+             where_scalar_fills,
              shape_queries_from_sources,
              drop_value_copies, mean_from_sum, keepdim_reductions, rsqrt_forms, redundant_upcasts,
-             gqa_repeats]
+             gqa_repeats, baddbmm_as_product]
 
 
 def canonicalize(gm: fx.GraphModule, inputs: list | None = None) -> None:

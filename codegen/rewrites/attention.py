@@ -188,9 +188,32 @@ def _is_causal_mask(val, kind: str) -> bool:
     return bool((m == (keep if kind == "keep" else ~keep)).all())
 
 
+def _fill_value(v) -> float | None:
+    """A where's fill as a number: a number, or a tensor of one value made for it
+    (``torch.full_like(s, -inf)``, ``torch.full(shape, -inf)``, ``torch.tensor(-inf)``)."""
+    import torch
+
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return float(v)
+    if not isinstance(v, fx.Node) or v.op not in ("call_function", "call_method"):
+        return None
+    name = _op_name(v)
+    if set(v.kwargs) - {"dtype", "device", "layout", "requires_grad", "fill_value"}:
+        return None
+    if name in ("full_like", "full", "new_full"):
+        args = list(v.args) + ([v.kwargs["fill_value"]] if "fill_value" in v.kwargs else [])
+        val = args[1] if len(args) > 1 else None
+    elif v.op == "call_function" and v.target is torch.tensor and len(v.args) == 1:
+        val = v.args[0]
+    else:
+        return None
+    return float(val) if isinstance(val, (int, float)) and not isinstance(val, bool) else None
+
+
 def _mask_step(gm: fx.GraphModule, n: fx.Node):
     """(scores, mask node, kind) when n masks scores: masked_fill(s, mask, fill), where(mask, s,
-    fill), where(mask, fill, s) or s + mask, with a fill at or below MASK_FILL_MAX; else None."""
+    fill), where(mask, fill, s) (the fill a number or a full_like of one) or s + mask, with a fill
+    at or below MASK_FILL_MAX; else None."""
     import operator
 
     import torch
@@ -205,9 +228,10 @@ def _mask_step(gm: fx.GraphModule, n: fx.Node):
         return None
     if n.op == "call_function" and n.target is torch.where and len(args) == 3 and not n.kwargs:
         cond, a, b = args
-        if isinstance(b, (int, float)) and b <= MASK_FILL_MAX:
+        fa, fb = _fill_value(a), _fill_value(b)
+        if fb is not None and fb <= MASK_FILL_MAX:
             return a, cond, "keep"
-        if isinstance(a, (int, float)) and a <= MASK_FILL_MAX:
+        if fa is not None and fa <= MASK_FILL_MAX:
             return b, cond, "drop"
         return None
     if n.op == "call_function" and n.target in (operator.add, torch.add) and len(args) == 2 and not n.kwargs:
@@ -668,5 +692,49 @@ def mha_weights_unused(gm: fx.GraphModule) -> bool:
             n.args = tuple(args)
         else:
             n.kwargs = {**n.kwargs, "need_weights": False}
+        changed = True
+    return changed
+
+
+def baddbmm_as_product(gm: fx.GraphModule) -> bool:
+    """``torch.baddbmm(input, a, b, beta=β, alpha=α)`` as ``bmm(a, b) * α`` (β = 0: the input is
+    not read, as PyTorch documents) or ``input * β + bmm(a, b) * α``: attention scores spelled
+    with baddbmm (Bloom, GPT-NeoX style) become the product the attention pattern reads, and an
+    added input joins the epilogue. Factors of 1 are left out."""
+    import operator
+
+    import torch
+
+    graph = gm.graph
+    changed = False
+    for n in _live(graph):
+        if not ((n.op == "call_function" and n.target is torch.baddbmm)
+                or (n.op == "call_method" and n.target == "baddbmm")):
+            continue
+        args = list(n.args)
+        kw = dict(n.kwargs)
+        if len(args) < 3 or set(kw) - {"beta", "alpha"}:
+            continue
+        inp, a, b = args[:3]
+        beta, alpha = kw.get("beta", 1), kw.get("alpha", 1)
+        def number(x) -> bool:
+            return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+        # beta a number (whether it is 0 decides what is read); alpha a number or a Python
+        # number computed in the forward (1 / math.sqrt(d)): a node without a tensor's metadata
+        scalar_node = isinstance(alpha, fx.Node) and node_shape(alpha) is None and node_dtype(alpha) is None
+        if len(args) > 3 or not number(beta) or not (number(alpha) or scalar_node):
+            continue
+        if not (_float(inp) and _float(a) and _float(b)):
+            continue
+        with graph.inserting_before(n):
+            new = graph.call_function(torch.bmm, (a, b))
+            if scalar_node or alpha != 1:
+                new = graph.call_function(operator.mul, (new, alpha if scalar_node else float(alpha)))
+            if beta != 0:
+                term = inp if beta == 1 else graph.call_function(operator.mul, (inp, float(beta)))
+                new = graph.call_function(operator.add, (term, new))
+        new.meta = dict(n.meta)
+        _replace(n, new)
         changed = True
     return changed

@@ -138,3 +138,30 @@ def scalar_constants(gm: fx.GraphModule) -> bool:
             if isinstance(dev, fx.Node) and not dev.users and dev.target is getattr:
                 graph.erase_node(dev)  # the device query made only for the constant
     return changed
+
+
+def where_scalar_fills(gm: fx.GraphModule) -> bool:
+    """``torch.where(c, torch.full_like(s, v), s)`` (either order) is ``torch.where(c, v, s)``:
+    the fill tensor has s's shape and dtype, so the number gives the same values and shape; the
+    planner then sees one elementwise op on s (and a causal mask so written is one attention
+    kernel: the scores no longer have a second reader)."""
+    import torch
+
+    graph = gm.graph
+    changed = False
+    for n in _live(graph):
+        if n.op != "call_function" or n.target is not torch.where or len(n.args) != 3 or n.kwargs:
+            continue
+        cond, a, b = n.args
+        for i, (fill, other) in ((1, (a, b)), (2, (b, a))):
+            if not (isinstance(fill, fx.Node) and _op_name(fill) == "full_like" and fill.args
+                    and fill.args[0] is other and len(fill.args) == 2 and _scalar(fill.args[1])
+                    and not fill.kwargs and len(fill.users) == 1):
+                continue
+            args = list(n.args)
+            args[i] = float(fill.args[1])
+            n.args = tuple(args)
+            graph.erase_node(fill)
+            changed = True
+            break
+    return changed
