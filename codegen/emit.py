@@ -578,12 +578,12 @@ def _dispatch(dr, fast: dict[bool, str | None], ref: dict[bool, str], sig: str,
     the signature a caller knows (fx renames a parameter that a later statement reassigns), and
     a call whose other arguments are not the traced values takes the copy of Model.forward."""
     names = dr.arg_names
+    guard_args = (dr.train.args if dr.train is not None else [])
     values = None
     if original is not None and len(original[0]) == len(names):
         names, sig = original
-        values = _traced_values(names, dr.train.args if dr.train is not None else [])
+        values = _traced_values(names, guard_args)
     plain = all(n.isidentifier() for n in names)
-    guard_args = (dr.train.args if dr.train is not None else [])
     modes = dr.mode_modules  # their flags choose the kernels (or Model's ops)
     parts = ["self.training"]
     if modes:

@@ -204,16 +204,8 @@ def relayout(x, how: str):
     if how == "transposed" and x.dim() >= 2 and x.shape[-1] > 1 and x.shape[-2] > 1:
         return x.transpose(-1, -2).contiguous().transpose(-1, -2)
     n = x.shape[-1]
-    rows = x.numel() // n
-    base = torch.zeros(ROW_PAD + rows * (n + ROW_PAD), dtype=x.dtype, device=x.device)
-    stride, acc = [], n + ROW_PAD
-    for d in range(x.dim() - 1, -1, -1):
-        stride.insert(0, 1 if d == x.dim() - 1 else acc)
-        if d < x.dim() - 1:
-            acc *= x.shape[d]
-    out = base.as_strided(x.shape, stride, ROW_PAD)
-    out.copy_(x)
-    return out
+    base = torch.zeros(ROW_PAD + x.numel() // n * (n + ROW_PAD), dtype=x.dtype, device=x.device)
+    return base[ROW_PAD:].view(*x.shape[:-1], n + ROW_PAD)[..., :n].copy_(x)
 
 
 def copy_layout(x: torch.Tensor) -> torch.Tensor:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import torch
 
 from harness.problem import load_module
+from harness.trials import LAYOUTS, copy_layout, relayout
 
 
 @dataclass
@@ -133,8 +134,6 @@ def input_variants(inputs: list, seed: int, shapes: bool = True, rank: bool = Tr
     # the same values in other layouts: rows padded at an offset (what split / chunk / a slice
     # give) and, from two dims, the last two dims transposed in memory (what .t() gives)
     if any(isinstance(x, torch.Tensor) and x.dim() for x in inputs):
-        from harness.trials import relayout
-
         out += [(how, [relayout(x, how) for x in inputs]) for how in LAYOUTS]
     tensors = [(i, x) for i, x in enumerate(inputs) if isinstance(x, torch.Tensor)]
     if shapes and tensors:
@@ -167,18 +166,12 @@ def input_variants(inputs: list, seed: int, shapes: bool = True, rank: bool = Tr
     return out
 
 
-#: the non-contiguous input sets (harness.trials.relayout)
-LAYOUTS = ("padded", "transposed")
-
-
 def _flat(out):
     return list(out) if isinstance(out, (list, tuple)) else [out]
 
 
 def _clone(inputs):
     """Copies in the same layout (clone() makes a padded tensor contiguous)."""
-    from harness.trials import copy_layout
-
     return [copy_layout(x) if isinstance(x, torch.Tensor) else x for x in inputs]
 
 

@@ -35,26 +35,38 @@ def _plus_scalar(gm: fx.GraphModule, n) -> tuple | None:
     return step[0], step[2]
 
 
-def _squared_factor(gm: fx.GraphModule, h, sop, how: str) -> tuple:
-    """(the normalized value, a factor multiplied in before the scale or None): for
-    ``w * h * rsqrt(mean(h^2) + eps)`` (parsed ``(w * h) * rsqrt(...)``) the h the mean squares,
-    with w; else (h, None)."""
-    if how != "mul" or not isinstance(h, fx.Node) or len(h.users) != 1:
-        return h, None
-    pe = _plus_scalar(gm, sop.operands[0])
-    mop = classify(pe[0], gm) if pe is not None and isinstance(pe[0], fx.Node) else None
-    if mop is None or mop.kind != "reduction" or mop.name != "mean":
-        return h, None
-    sq = _square_of(gm, mop.operands[0])
-    hop = classify(h, gm)
-    if sq is None or hop.kind != "pointwise" or hop.name != "mul" or len(hop.operands) != 2:
-        return h, None
-    u, w = hop.operands
-    if u is sq:
-        return sq, w
-    if w is sq:
-        return sq, u
-    return h, None
+def _inverse_root_scalings(gm: fx.GraphModule):
+    """(n, v, root, arg, how) for each n = v * rsqrt(arg) (either order; how "mul") or
+    v / sqrt(arg) (how "div") whose root nothing else reads: a normalization's last step."""
+    for n, op in _ops(gm, "pointwise", ("mul", "div")):
+        if len(op.operands) != 2:
+            continue
+        a, b = op.operands
+        for v, root in ((a, b), (b, a)) if op.name == "mul" else ((a, b),):
+            if getattr(n, "_erased", False):  # the consumer rewrote it
+                break
+            if not isinstance(root, fx.Node) or len(root.users) != 1:
+                continue
+            rop = classify(root, gm)
+            if rop.kind == "pointwise" and rop.name == ("rsqrt" if op.name == "mul" else "sqrt"):
+                yield n, v, root, rop.operands[0], op.name
+
+
+def _weighted(gm: fx.GraphModule, v, how: str, match) -> tuple | None:
+    """(u, w): (v, None) when match(v); for a product scaling (how "mul"), v = u * w or w * u
+    read by nothing else with match(u) (the weight multiplied in first: ``w * h * rsqrt(...)``,
+    parsed ``(w * h) * rsqrt(...)``); else None."""
+    if match(v):
+        return v, None
+    if how != "mul" or not isinstance(v, fx.Node) or len(v.users) != 1:
+        return None
+    vop = classify(v, gm)
+    if vop.kind != "pointwise" or vop.name != "mul" or len(vop.operands) != 2:
+        return None
+    for u, w in (vop.operands, vop.operands[::-1]):
+        if match(u):
+            return u, w
+    return None
 
 
 def rms_norm_pattern(gm: fx.GraphModule) -> bool:
@@ -68,41 +80,34 @@ def rms_norm_pattern(gm: fx.GraphModule) -> bool:
 
     graph = gm.graph
     changed = False
-    for n, op in _ops(gm, "pointwise", ("mul", "div")):
-        if len(op.operands) != 2:
+    for n, v, root, arg, how in _inverse_root_scalings(gm):
+        if not _float(v):
             continue
-        a, b = op.operands
-        for h, scale in ((a, b), (b, a)) if op.name == "mul" else ((a, b),):
-            if not _float(h) or not isinstance(scale, fx.Node) or len(scale.users) != 1:
-                continue
-            sop = classify(scale, gm)
-            want = "rsqrt" if op.name == "mul" else "sqrt"
-            if sop.kind != "pointwise" or sop.name != want:
-                continue
-            h, other = _squared_factor(gm, h, sop, op.name)
-            pe = _plus_scalar(gm, sop.operands[0])
-            if pe is None or len(sop.operands[0].users) != 1:
-                continue
-            mean, eps = pe
-            mop = classify(mean, gm) if isinstance(mean, fx.Node) else None
-            shape = node_shape(h)
-            if (mop is None or mop.kind != "reduction" or mop.name != "mean" or len(mean.users) != 1
-                    or not mop.p.get("keepdim") or not shape
-                    or norm_dims(mop.p.get("dim"), len(shape)) != [len(shape) - 1]):
-                continue
-            sq = mop.operands[0]
-            if _square_of(gm, sq) is not h or len(sq.users) != 1 or node_shape(n) != shape:
-                continue
-            with graph.inserting_before(n):
-                v = graph.call_function(F.rms_norm, (h, (shape[-1],), None, float(eps)))
-                if other is not None:  # w * h * rsqrt(...): the weight after the norm
-                    v = graph.call_function(operator.mul, (v, other))
-            dead = [scale, sop.operands[0], mean, sq]
-            _replace(n, v)
-            for d in dead:
-                graph.erase_node(d)
-            changed = True
-            break
+        pe = _plus_scalar(gm, arg)
+        if pe is None or len(arg.users) != 1:
+            continue
+        mean, eps = pe
+        mop = classify(mean, gm) if isinstance(mean, fx.Node) else None
+        if mop is None or mop.kind != "reduction" or mop.name != "mean":
+            continue
+        sq = mop.operands[0]
+        hw = _weighted(gm, v, how, lambda u: _square_of(gm, sq) is u)
+        if hw is None:
+            continue
+        h, other = hw
+        shape = node_shape(h)
+        if (len(mean.users) != 1 or not mop.p.get("keepdim") or not shape
+                or norm_dims(mop.p.get("dim"), len(shape)) != [len(shape) - 1]
+                or len(sq.users) != 1 or node_shape(n) != shape):
+            continue
+        with graph.inserting_before(n):
+            new = graph.call_function(F.rms_norm, (h, (shape[-1],), None, float(eps)))
+            if other is not None:  # w * h * rsqrt(...): the weight after the norm
+                new = graph.call_function(operator.mul, (new, other))
+        _replace(n, new)
+        for d in (root, arg, mean, sq):
+            graph.erase_node(d)
+        changed = True
     return changed
 
 
@@ -332,44 +337,30 @@ def layer_norm_pattern(gm: fx.GraphModule) -> bool:
     """rw-layer-norm: (x - mean(x)) * rsqrt(var(x) + eps) (or / sqrt(var + eps)) over the last dim,
     the variance biased (mean((x - mean)^2), x.var(unbiased=False)), is layer_norm(x, (D,),
     eps=eps): one norm-template kernel per row instead of two reductions and an elementwise
-    pass (a weight and bias after it join the kernel as its epilogue)."""
+    pass (a weight and bias after it join the kernel as its epilogue; a weight multiplied in
+    first, ``w * (x - mu) * rsqrt(...)``, is multiplied after it)."""
     import operator
 
     import torch.nn.functional as F
 
     graph = gm.graph
     changed = False
-    for n, op in _ops(gm, "pointwise", ("mul", "div")):
-        if len(op.operands) != 2:
+    for n, v, _root, arg, how in _inverse_root_scalings(gm):
+        cw = _weighted(gm, v, how, lambda u: _centered(gm, u) is not None)
+        if cw is None:
             continue
-        a, b = op.operands
-        for c, scale in ((a, b), (b, a)) if op.name == "mul" else ((a, b),):
-            cx, other = _centered(gm, c), None
-            if cx is None and op.name == "mul" and isinstance(c, fx.Node) and len(c.users) == 1:
-                # w * (x - mu) * rsqrt(...): the weight multiplied in first
-                cop = classify(c, gm)
-                if cop.kind == "pointwise" and cop.name == "mul" and len(cop.operands) == 2:
-                    for u, w in (cop.operands, cop.operands[::-1]):
-                        if _centered(gm, u) is not None:
-                            cx, other = _centered(gm, u), w
-                            break
-            if cx is None or not isinstance(scale, fx.Node) or len(scale.users) != 1:
-                continue
-            sop = classify(scale, gm)
-            if sop.kind != "pointwise" or sop.name != ("rsqrt" if op.name == "mul" else "sqrt"):
-                continue
-            pe = _plus_scalar(gm, sop.operands[0])
-            if pe is None or len(sop.operands[0].users) != 1 or not _biased_var_last(gm, pe[0], *cx):
-                continue
-            x = cx[0]
-            shape = node_shape(x)
-            if node_shape(n) != shape:
-                continue
-            with graph.inserting_before(n):
-                v = graph.call_function(F.layer_norm, (x, (shape[-1],), None, None, float(pe[1])))
-                if other is not None:
-                    v = graph.call_function(operator.mul, (v, other))
-            _replace(n, v)  # what fed it (the statistics) goes with rw-dead-code when unused
-            changed = True
-            break
+        c, other = cw
+        x, mu = _centered(gm, c)
+        pe = _plus_scalar(gm, arg)
+        if pe is None or len(arg.users) != 1 or not _biased_var_last(gm, pe[0], x, mu):
+            continue
+        shape = node_shape(x)
+        if node_shape(n) != shape:
+            continue
+        with graph.inserting_before(n):
+            new = graph.call_function(F.layer_norm, (x, (shape[-1],), None, None, float(pe[1])))
+            if other is not None:
+                new = graph.call_function(operator.mul, (new, other))
+        _replace(n, new)  # what fed it (the statistics) goes with rw-dead-code when unused
+        changed = True
     return changed
