@@ -405,6 +405,8 @@ class _Assigns:
 
 #: factories that take a size as varargs (``torch.ones(T, T)``)
 SIZE_FACTORIES = ("ones", "zeros", "empty", "rand", "randn")
+#: dtype information (``torch.finfo(x.dtype).min``: a mask's fill) recorded when the dtype is traced
+TYPE_INFO = ("finfo", "iinfo")
 #: Python types given as a dtype, and the torch dtype they mean
 _PY_DTYPES = {bool: torch.bool, int: torch.int64, float: torch.float32}
 
@@ -418,10 +420,24 @@ class _FactorySizes:
     traced values go to PyTorch unchanged."""
 
     def __enter__(self):
-        self.saved = {n: getattr(torch, n) for n in SIZE_FACTORIES}
+        self.saved = {n: getattr(torch, n) for n in SIZE_FACTORIES + TYPE_INFO}
         for n, f in self.saved.items():
-            setattr(torch, n, self._sized(f))
+            setattr(torch, n, self._info(f) if n in TYPE_INFO else self._sized(f))
         return self
+
+    @staticmethod
+    def _info(cls):
+        """``torch.finfo(x.dtype)`` of a traced x: recorded as a call (fx cannot pass a traced
+        dtype to the constructor: "finfo() requires a floating point input type"); the
+        canonical forms answer it from the dtype the trace knows (codegen.rewrites.metadata)."""
+        def call(*args, **kwargs):
+            if not _has_proxy((args, kwargs)):
+                return cls(*args, **kwargs)
+            proxy = next(a for a in (*args, *kwargs.values()) if isinstance(a, fx.Proxy))
+            return proxy.tracer.create_proxy("call_function", cls, args, kwargs)
+        call.__name__ = cls.__name__
+        call.__wrapped__ = cls
+        return call
 
     @staticmethod
     def _sized(f):

@@ -15,6 +15,7 @@ same math one way for the planner. Both lists are read here, in this order, by `
 - ``norms``: RMS norm and layer norm written out; batch norm, vector norms, rsqrt forms
 - ``reductions``: size-1, nested, linear-reduce, softmax written out; keepdim and mean-as-sum forms
 - ``scalars``: clamps, scalar chains, 0-d constants, a where's full_like fill;  ``scans``: flipped and exclusive scans
+- ``einsums``: two-operand einsums that are matrix products as matmul
 - ``selects``: an index of a product's, an einsum's or a pointwise op's result taken first
 - ``metadata``: dtype / device / shape queries, redundant upcasts;  ``modules``: modules to
   functionals;  ``deadcode``: dead code, value copies;  ``common``: the helpers they share
@@ -26,10 +27,11 @@ from torch import fx
 from codegen.rewrites.attention import (attention_pattern, baddbmm_as_product, gqa_repeats,
                                        mha_weights_unused, relu_attention_pattern, softmax_size1)
 from codegen.rewrites.conv import conv_bias_epilogue
+from codegen.rewrites.einsums import einsum_as_matmul
 from codegen.rewrites.deadcode import drop_dead_code, drop_value_copies
 from codegen.rewrites.lmhead import linear_cross_entropy_pattern
 from codegen.rewrites.losses import loss_decompose
-from codegen.rewrites.metadata import (device_queries_from_inputs, fold_dtype_queries,
+from codegen.rewrites.metadata import (device_queries_from_inputs, fold_dtype_queries, fold_type_info,
                                        redundant_upcasts, shape_queries_from_sources)
 from codegen.rewrites.modules import modules_to_functionals
 from codegen.rewrites.norms import (batchnorm_decompose, layer_norm_pattern, rms_norm_pattern, rsqrt_forms,
@@ -88,8 +90,8 @@ def _propagate(gm: fx.GraphModule, inputs: list | None) -> None:
     propagate(gm, inputs)
 
 
-CANONICAL = [modules_to_functionals, flipped_scans, exclusive_scans, batchnorm_decompose,
-             vector_norms, fold_dtype_queries, device_queries_from_inputs, scalar_constants,
+CANONICAL = [modules_to_functionals, einsum_as_matmul, flipped_scans, exclusive_scans, batchnorm_decompose,
+             vector_norms, fold_dtype_queries, fold_type_info, device_queries_from_inputs, scalar_constants,
              where_scalar_fills,
              shape_queries_from_sources,
              drop_value_copies, mean_from_sum, keepdim_reductions, rsqrt_forms, redundant_upcasts,

@@ -134,3 +134,59 @@ def _is_shape_query(n: fx.Node) -> bool:
     if n.op == "call_function" and n.target is getattr:
         return len(n.args) == 2 and n.args[1] == "shape"
     return n.op == "call_method" and n.target in SHAPE_QUERIES
+
+
+def _einsum_parts(n: fx.Node):
+    """(operand specs, output spec, operands, their shapes) of ``torch.einsum(eq, *ops)`` with an
+    explicit ``->``, no ``...``, no letter twice in an operand, tensor operands of shapes known
+    from the trace; else None."""
+    import torch
+
+    if n.op != "call_function" or n.target is not torch.einsum or n.kwargs:
+        return None
+    eq = n.args[0] if n.args and isinstance(n.args[0], str) else None
+    ops = list(n.args[1:])
+    if len(ops) == 1 and isinstance(ops[0], (list, tuple)):
+        ops = list(ops[0])
+    if eq is None or "->" not in eq or "." in eq or not ops:
+        return None
+    lhs, out = eq.replace(" ", "").split("->")
+    specs = lhs.split(",")
+    if len(specs) != len(ops) or not all(isinstance(o, fx.Node) for o in ops):
+        return None
+    shapes = [node_shape(o) for o in ops]
+    if any(s is None or len(s) != len(sp) or len(set(sp)) != len(sp) for s, sp in zip(shapes, specs)):
+        return None
+    return specs, out, ops, [tuple(s) for s in shapes]
+
+
+def _annotate(nodes: list) -> bool:
+    """Record shape and dtype metadata on nodes a rule just made (in order), by running each on
+    meta tensors of its inputs' recorded metadata, so that the forms after it read their shapes
+    before the next propagation. False (and nothing recorded past that node) where an input has
+    no metadata or the op fails on meta tensors."""
+    import torch
+    from torch.fx.passes.shape_prop import _extract_tensor_metadata
+
+    def value(a):
+        if not isinstance(a, fx.Node):
+            return a
+        tm = a.meta.get("tensor_meta")
+        if tm is None or not hasattr(tm, "shape"):
+            raise LookupError(a.name)
+        return torch.empty_strided(tuple(tm.shape), tuple(tm.stride), dtype=tm.dtype, device="meta")
+
+    for n in nodes:
+        try:
+            args = fx.node.map_aggregate(n.args, value)
+            kwargs = fx.node.map_aggregate(n.kwargs, value)
+            if n.op == "call_method":
+                out = getattr(args[0], n.target)(*args[1:], **kwargs)
+            else:
+                out = n.target(*args, **kwargs)
+        except Exception:  # noqa: BLE001 - no metadata: the next propagation records it
+            return False
+        if not isinstance(out, torch.Tensor):
+            return False
+        n.meta["tensor_meta"] = _extract_tensor_metadata(out)
+    return True

@@ -23,6 +23,50 @@ def fold_dtype_queries(gm: fx.GraphModule) -> bool:
     return changed
 
 
+#: Python operators on numbers that fold_type_info evaluates once their operands are numbers
+_NUMBER_OPS = {"neg", "pos", "abs", "mul", "truediv", "floordiv", "add", "sub", "pow"}
+
+
+def fold_type_info(gm: fx.GraphModule) -> bool:
+    """``torch.finfo(dtype).max`` (``iinfo``, ``.min``, ``.eps``, ...) of a dtype the trace
+    knows (after fold_dtype_queries) is a number: written in place, and arithmetic on it
+    (``-torch.finfo(s.dtype).max``) folded, so that a mask's fill is the number the attention
+    pattern reads."""
+    import operator
+
+    import torch
+
+    graph = gm.graph
+    changed = False
+    for n in _live(graph):
+        if (n.op != "call_function" or n.target not in (torch.finfo, torch.iinfo)
+                or any(isinstance(a, fx.Node) for a in (*n.args, *n.kwargs.values()))):
+            continue
+        try:
+            info = n.target(*n.args, **n.kwargs)
+        except (TypeError, ValueError):
+            continue
+        todo = []
+        for u in list(n.users):
+            if (u.op == "call_function" and u.target is getattr and len(u.args) == 2
+                    and isinstance(getattr(info, u.args[1], None), (int, float))):
+                todo.append((u, getattr(info, u.args[1])))
+        while todo:
+            u, value = todo.pop()
+            for w in list(u.users):
+                name = getattr(w.target, "__name__", "") if w.op == "call_function" else ""
+                if name in _NUMBER_OPS and getattr(operator, name, None) is w.target and not w.kwargs:
+                    args = [value if a is u else a for a in w.args]
+                    if not any(isinstance(a, fx.Node) for a in args):
+                        todo.append((w, w.target(*args)))
+            u.replace_all_uses_with(value)
+            graph.erase_node(u)
+            changed = True
+        if not n.users:
+            graph.erase_node(n)
+    return changed
+
+
 #: calls that may move a tensor to another device (a device query does not look past them)
 MOVES = {"to", "cuda", "cpu", "type"}
 
@@ -65,26 +109,86 @@ def device_queries_from_inputs(gm: fx.GraphModule) -> bool:
     return changed
 
 
+def _elementwise_root(gm: fx.GraphModule, x: fx.Node) -> fx.Node | None:
+    """Where x was computed from through elementwise ops of x's traced shape (x itself when it is
+    no elementwise op), or None when a step's shape is not known."""
+    while x.op in ("call_function", "call_method"):
+        shape = node_shape(x)
+        op = classify(x, gm)
+        if shape is None:
+            return None
+        if op.kind != "pointwise":
+            return x
+        same = [a for a in op.operands if isinstance(a, fx.Node) and node_shape(a) == shape]
+        if not same:
+            return None
+        x = same[0]
+    return x
+
+
+def _product_operands(gm: fx.GraphModule, x: fx.Node) -> tuple | None:
+    """(a, b) when x = a @ b (matmul, bmm, ``@``; no bias) of operands of x's rank whose leading
+    dims are x's: x's shape is a's without its last dim, then b's last dim."""
+    if x.op not in ("call_function", "call_method"):
+        return None
+    op = classify(x, gm)
+    if op.kind != "matmul" or op.name not in ("matmul", "bmm", "mm") or any(
+            o is not None for o in op.operands[2:]):
+        return None
+    a, b = op.operands[:2]
+    sx, sa, sb = node_shape(x), node_shape(a), node_shape(b)
+    if (sx is None or sa is None or sb is None or not (len(sx) == len(sa) == len(sb) >= 2)
+            or tuple(sa[:-1]) != tuple(sx[:-1]) or sb[-1] != sx[-1]):
+        return None
+    return a, b
+
+
+def _product_shape_query(gm: fx.GraphModule, q: fx.Node, a: fx.Node, b: fx.Node) -> bool:
+    """Answer the shape query q of a @ b from a's and b's shapes (``s.shape`` ->
+    ``torch.Size(a.shape[:-1] + (b.shape[-1],))``, ``s.size(d)`` -> ``a.size(d)`` or
+    ``b.size(-1)``, ``s.dim()`` -> ``a.dim()``)."""
+    import operator
+
+    import torch
+
+    graph = gm.graph
+    rank = len(node_shape(a))
+    whole = (q.op == "call_function" and q.target is getattr) or (
+        q.target == "size" and len(q.args) == 1 and not q.kwargs)
+    if whole:
+        with graph.inserting_before(q):
+            lead = graph.call_function(operator.getitem, (graph.call_function(getattr, (a, "shape")),
+                                                          slice(None, -1)))
+            last = graph.call_function(operator.getitem, (graph.call_function(getattr, (b, "shape")), -1))
+            new = graph.call_function(torch.Size, (graph.call_function(operator.add, (lead, (last,))),))
+        q.replace_all_uses_with(new)
+        graph.erase_node(q)
+        return True
+    if q.target == "dim" and len(q.args) == 1 and not q.kwargs:
+        q.replace_input_with(q.args[0], a)
+        return True
+    if q.target == "size" and len(q.args) == 2 and isinstance(q.args[1], int) and not q.kwargs:
+        if not -rank <= q.args[1] < rank:
+            return False
+        d = q.args[1] % rank
+        q.args = (b, -1) if d == rank - 1 else (a, d)
+        return True
+    return False
+
+
 def _same_shape_source(gm: fx.GraphModule, x: fx.Node) -> fx.Node | None:
     """A graph input or parameter of x's traced shape that x was computed from through
     elementwise ops only (an elementwise result has its operands' broadcast shape), or None.
     Not another op's result: a query there would be one more consumer of that op (the
     convolution-bias rule counts them)."""
-    while x.op in ("call_function", "call_method"):
-        shape = node_shape(x)
-        op = classify(x, gm)
-        if shape is None or op.kind != "pointwise":
-            return None
-        same = [a for a in op.operands if isinstance(a, fx.Node) and node_shape(a) == shape]
-        if not same:
-            return None
-        x = same[0]
-    return x if x.op in ("placeholder", "get_attr") else None
+    x = _elementwise_root(gm, x)
+    return x if x is not None and x.op in ("placeholder", "get_attr") else None
 
 
 def shape_queries_from_sources(gm: fx.GraphModule) -> bool:
     """``x.shape`` / ``x.size()`` / ``x.dim()`` / ``x.numel()`` of an elementwise result reads
-    the input of the same shape it was computed from, so that kl_div's ``batchmean`` (the loss
+    the input of the same shape it was computed from (of a matrix product's result: its
+    operands' shapes), so that kl_div's ``batchmean`` (the loss
     divided by ``input.size(0)``, input = log(p)) does not make log(p) a kernel output of its
     own: a metadata read is a user the fusion planner must order after the kernel producing x
     (the chain was cut in two)."""
@@ -96,6 +200,11 @@ def shape_queries_from_sources(gm: fx.GraphModule) -> bool:
         if src is not None and src is not n.args[0]:
             n.replace_input_with(n.args[0], src)
             changed = True
+        root = _elementwise_root(gm, n.args[0]) if src is None else None
+        if root is not None and _product_operands(gm, root) is not None:
+            # attention scores' ``i, j = s.shape[-2:]`` (a causal mask of their size) read from
+            # q and k: the scores keep the softmax as their one reader, so rw-attention sees them
+            changed |= _product_shape_query(gm, n, *_product_operands(gm, root))
     return changed
 
 

@@ -22,7 +22,7 @@ import torch
 from torch import fx
 
 from codegen.ops import classify, node_shape
-from codegen.rewrites.common import _live
+from codegen.rewrites.common import _einsum_parts, _live
 
 
 def _entries(idx, rank: int) -> list | None:
@@ -65,35 +65,40 @@ def _index_node(graph: fx.Graph, src, entries: list):
 
 def _through_product(gm, n: fx.Node, op, entries: list):
     """linear(x, W, b)[i] -> linear(x[i], W, b) (matmul(a, B) likewise) when the index keeps the
-    last dim whole and the second operand is a matrix."""
+    last dim whole and the second operand is a matrix; a batched product of two operands of the
+    result's rank and batch dims (an einsum written as matmul) indexes both on the batch dims and
+    the first on its rows (an int row kept as a slice of one, squeezed after)."""
     a, b = op.operands[0], op.operands[1]
     sa, sb = node_shape(a), node_shape(b)
-    if sa is None or sb is None or len(sb) != 2 or len(sa) < 2 or not _whole(entries[-1]):
+    if sa is None or sb is None or len(sa) < 2 or not _whole(entries[-1]) or len(entries) != len(sa):
         return None
-    if len(entries) != len(sa):
+    graph = gm.graph
+    if len(sb) == 2:
+        with graph.inserting_before(n):
+            a2 = _index_node(graph, a, entries[:-1] + [slice(None)])
+            if op.name == "linear":
+                return graph.call_function(torch.nn.functional.linear, (a2, b, op.operands[2]))
+            return graph.call_function(torch.matmul, (a2, b))
+    if op.name not in ("matmul", "bmm") or len(sb) != len(sa) or tuple(sa[:-2]) != tuple(sb[:-2]):
         return None
-    with gm.graph.inserting_before(n):
-        a2 = _index_node(gm.graph, a, entries[:-1] + [slice(None)])
-        if op.name == "linear":
-            return gm.graph.call_function(torch.nn.functional.linear, (a2, b, op.operands[2]))
-        return gm.graph.call_function(torch.matmul, (a2, b))
+    batch, row = entries[:-2], entries[-2]
+    one_row = isinstance(row, int)
+    if one_row:
+        row = slice(row, row + 1) if row != -1 else slice(-1, None)
+    with graph.inserting_before(n):
+        a2 = _index_node(graph, a, batch + [row, slice(None)])
+        b2 = _index_node(graph, b, batch + [slice(None), slice(None)])
+        new = graph.call_function(torch.matmul, (a2, b2))
+        return graph.call_method("squeeze", (new, -2)) if one_row else new
 
 
 def _through_einsum(gm, n: fx.Node, entries: list):
-    eq = n.args[0] if n.args and isinstance(n.args[0], str) else None
-    ops = list(n.args[1:])
-    if len(ops) == 1 and isinstance(ops[0], (list, tuple)):
-        ops = list(ops[0])
-    if eq is None or n.kwargs or "->" not in eq or "." in eq or not ops:
+    parts = _einsum_parts(n)
+    if parts is None:
         return None
-    lhs, out = eq.replace(" ", "").split("->")
-    specs = lhs.split(",")
-    if len(specs) != len(ops) or len(out) != len(entries) or not all(isinstance(o, fx.Node) for o in ops):
-        return None
-    shapes = [node_shape(o) for o in ops]
+    specs, out, ops, shapes = parts
     oshape = node_shape(n)
-    if oshape is None or any(s is None or len(s) != len(sp) or len(set(sp)) != len(sp)
-                             for s, sp in zip(shapes, specs)):
+    if oshape is None or len(out) != len(entries):
         return None
     chosen = {out[d]: e for d, e in enumerate(entries) if not _whole(e)}
     for letter in chosen:
@@ -137,7 +142,7 @@ def select_first(gm: fx.GraphModule) -> bool:
             continue
         op = classify(src, gm)
         new = None
-        if op.kind == "matmul" and op.name in ("linear", "matmul", "mm"):
+        if op.kind == "matmul" and op.name in ("linear", "matmul", "mm", "bmm"):
             new = _through_product(gm, src, op, entries)
         elif op.kind == "library" and src.op == "call_function" and src.target is torch.einsum:
             new = _through_einsum(gm, src, entries)
