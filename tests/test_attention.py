@@ -2,6 +2,7 @@
 others. Its numerics (causal, GQA, 3-d, irregular lengths, bf16 flash and split-KV decode) are in
 tests/test_templates.py and tests/test_llm_kernels.py."""
 import pytest
+import torch
 
 from codegen.pipeline import analyze, group_geometry
 from harness.problem import load_problem
@@ -90,6 +91,14 @@ WRITTEN_OUT = {
         "        s = s.masked_fill(torch.triu(torch.ones(T, T, dtype=torch.bool, device=q.device), 1), float('-inf'))\n"
         "        e = torch.exp(s - s.amax(dim=-1, keepdim=True))\n"
         "        return (e / e.sum(dim=-1, keepdim=True)) @ v\n", True),
+    # einsum, the mask of the scores' own size (i, j = s.shape[-2:]; bottom-right aligned,
+    # causal where i == j) filled with -finfo.max (lucidrains style)
+    "einsum_finfo": (
+        "        s = torch.einsum('bhid,bhjd->bhij', q, k) * q.shape[-1] ** -0.5\n"
+        "        i, j = s.shape[-2:]\n"
+        "        mask = torch.ones((i, j), dtype=torch.bool, device=q.device).triu(j - i + 1)\n"
+        "        s = s.masked_fill(mask, -torch.finfo(s.dtype).max)\n"
+        "        return torch.einsum('bhij,bhjd->bhid', s.softmax(dim=-1), v)\n", True),
     # baddbmm adding a real input (beta 1): the scores carry it, not an attention kernel
     "baddbmm_bias": (
         "        b, h, t, d = q.shape\n"
@@ -117,3 +126,22 @@ def test_attention_written_other_ways_is_one_kernel(name, write_problem):
     comp = compile_problem(load_problem(path))
     report = check_dropin(src, comp.emitted.source, calls=1, variants=("own", "x3", "batch", "padded"))
     assert report.fast("own")
+
+
+def test_bottom_right_mask_at_other_lengths_is_the_reference(write_problem):
+    """The einsum file's mask is bottom-right aligned (triu(j - i + 1)): causal top-left only
+    where the query and key lengths are equal, as traced. Called with other lengths (a decode
+    step), the file must give Model's values: the guard keeps those calls on the reference."""
+    from codegen.pipeline import compile_problem
+    from tests.dropin import load_sources
+
+    body, _one = WRITTEN_OUT["einsum_finfo"]
+    src = (HEAD + "import math\nclass Model(nn.Module):\n    def forward(self, q, k, v):\n" + body
+           + "def get_inputs():\n    return [torch.randn(2, 3, 12, 8) for _ in range(3)]\n"
+           + "def get_init_inputs():\n    return []\n")
+    comp = compile_problem(load_problem(write_problem(src, "bottom_right")))
+    pm, cm = load_sources(src, comp.emitted.source)
+    ref, new = pm.Model(), cm.ModelNew()
+    for tq, tk in ((12, 12), (5, 12), (1, 12), (7, 7)):
+        q, k, v = torch.randn(2, 3, tq, 8), torch.randn(2, 3, tk, 8), torch.randn(2, 3, tk, 8)
+        torch.testing.assert_close(new(q, k, v), ref(q, k, v), atol=1e-5, rtol=1e-5)

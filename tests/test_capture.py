@@ -567,3 +567,24 @@ def test_a_break_that_differs_between_modes_is_refused_with_both_lines(write_pro
     refs["eval"].meta["egg_break_sources"][name] = body.replace("2.0", "3.0")
     with pytest.raises(EmitError, match=r"train\(\) (kernels|reference) vs eval\(\) reference: line \d+"):
         emit_model(prob.source, plan, {}, "# changed")
+
+
+def test_dtype_information_of_a_traced_tensor_is_captured_and_folded(write_problem, tmp_path):
+    """``torch.finfo(s.dtype).max`` (a mask's fill) and ``torch.iinfo(i.dtype).max`` of traced
+    tensors were graph breaks ("finfo() requires a floating point input type"): now one graph;
+    the canonical forms write the numbers in place, the values match in fp32 and after
+    ``.to(float64)`` (the fill then float64's), and finfo is the class again after the trace."""
+    body = ("        s = x.masked_fill(x > 1.0, -torch.finfo(x.dtype).max)\n"
+            "        n = torch.iinfo(torch.int32).bits + 0 * x.sum()\n"
+            "        return s.softmax(-1) * torch.finfo(x.dtype).eps, n\n")
+    prob = load_problem(write_problem(_problem(body, "torch.randn(3, 8)"), "finfo"))
+    cap = capture(prob)
+    assert cap.gm is not None and cap.breaks == [], (cap.error, cap.breaks)
+    assert [n for n in cap.gm.graph.nodes if n.target is torch.finfo]
+    assert isinstance(torch.finfo, type) and torch.finfo(torch.float16).max == 65504.0  # restored
+    comp, mod = _new_module(prob, tmp_path, "finfo_new")
+    assert not [n for n in comp.plan.gm.graph.nodes if n.target in (torch.finfo, torch.iinfo)]
+    ref, new = _pair(prob, mod)
+    torch.manual_seed(2)
+    _same(ref, new, prob.inputs())
+    _same(ref.to(torch.float64), new.to(torch.float64), [torch.randn(3, 8, dtype=torch.float64) * 3])

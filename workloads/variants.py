@@ -50,6 +50,21 @@ def _v_attention(q, k, v, is_causal=False, enable_gqa=False, scale=None):
     p = torch.softmax(s.float(), dim=-1).to(q.dtype)
     return p @ v
 ''',
+    "_v_attention_einsum": '''
+def _v_attention_einsum(q, k, v, is_causal=False, enable_gqa=False, scale=None):
+    if enable_gqa:
+        g = q.shape[1] // k.shape[1]
+        k = k.repeat_interleave(g, dim=1)
+        v = v.repeat_interleave(g, dim=1)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    s = torch.einsum("bhid,bhjd->bhij", q, k) * scale
+    if is_causal:
+        i, j = s.shape[-2:]
+        mask = torch.ones((i, j), dtype=torch.bool, device=q.device).triu(1)
+        s = s.masked_fill(mask, -torch.finfo(s.dtype).max)
+    p = s.float().softmax(dim=-1).to(q.dtype)
+    return torch.einsum("bhij,bhjd->bhid", p, v)
+''',
     "_v_halves": '''
 def _v_halves(t):
     h = t.shape[-1] // 2
@@ -279,13 +294,24 @@ class SdpaByHand(_Counting):
     q @ k^T * scale, a causal mask by masked_fill, softmax in fp32, @ v (the scores rounded to
     the operands' dtype as eager computes them: not the same values)."""
 
+    helper = "_v_attention"
+
     def visit_Call(self, node):
         self.generic_visit(node)
         if not _dotted(node.func).endswith("scaled_dot_product_attention") or len(node.args) != 3 \
                 or any(k.arg not in ("is_causal", "enable_gqa", "scale") for k in node.keywords):
             return node
         self.hits += 1
-        return _call("_v_attention", list(node.args), list(node.keywords))
+        return _call(self.helper, list(node.args), list(node.keywords))
+
+
+class SdpaByEinsum(SdpaByHand):
+    """scaled_dot_product_attention -> written with einsum ('bhid,bhjd->bhij', then
+    'bhij,bhjd->bhid'), the causal mask of the scores' own size (``i, j = s.shape[-2:]``)
+    filled with ``-torch.finfo(s.dtype).max`` (research code's spelling; not the same values:
+    the scores rounded as eager computes them)."""
+
+    helper = "_v_attention_einsum"
 
 
 class ChunkAsSlices(_Counting):
@@ -449,6 +475,8 @@ RULES: list[Rule] = [
          helpers=("_v_repeat_kv", "_v_sdpa_repeat")),
     Rule("sdpa_written_out", SdpaByHand.__doc__, SdpaByHand, exact=False,
          helpers=("_v_attention",), imports=("math",)),
+    Rule("sdpa_as_einsum", SdpaByEinsum.__doc__, SdpaByEinsum, exact=False,
+         helpers=("_v_attention_einsum",)),
     Rule("chunk_as_slices", ChunkAsSlices.__doc__, ChunkAsSlices, helpers=("_v_halves",)),
     Rule("silu_written_out", SiluExplicit.__doc__, SiluExplicit, exact=False, helpers=("_v_silu",)),
     Rule("rotate_half_chunked", RotateHalfChunked.__doc__, RotateHalfChunked),

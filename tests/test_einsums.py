@@ -1,0 +1,73 @@
+"""Two-operand einsums that are matrix products become matmul (codegen/rewrites/einsums.py), the
+values and the output's layout unchanged; the others stay einsum. Attention written with einsum
+is one attention kernel (tests/test_attention.py WRITTEN_OUT)."""
+import pytest
+import torch
+
+from codegen import pipeline
+from codegen.emit import emit_model
+from harness.problem import load_module, load_problem
+
+HEAD = "import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n\n"
+
+
+def _src(eq: str, a: str, b: str) -> str:
+    return (HEAD + "class Model(nn.Module):\n    def forward(self, a, b):\n"
+            f"        return torch.einsum({eq!r}, a, b)\n\n"
+            f"def get_inputs():\n    return [{a}, {b}]\n\ndef get_init_inputs():\n    return []\n")
+
+
+def _einsums(plan) -> int:
+    return sum(1 for n in plan.gm.graph.nodes if n.op == "call_function" and n.target is torch.einsum)
+
+
+R = "torch.randn"
+
+
+@pytest.mark.parametrize("eq, a, b", [
+    ("bhid,bhjd->bhij", f"{R}(2, 3, 5, 4)", f"{R}(2, 3, 6, 4)"),  # attention scores
+    ("bhij,bhjd->bhid", f"{R}(2, 3, 5, 6)", f"{R}(2, 3, 6, 4)"),  # probabilities @ values
+    ("bnd,de->bne", f"{R}(2, 5, 4)", f"{R}(4, 7)"),  # a projection: leading rows
+    ("bnd,ed->bne", f"{R}(2, 5, 4)", f"{R}(7, 4)"),  # ... by a weight stored [out, in]
+    ("bhd,bhsd->bhs", f"{R}(2, 3, 4)", f"{R}(2, 3, 6, 4)"),  # decode: no row dim
+    ("bhs,bhsd->bhd", f"{R}(2, 3, 6)", f"{R}(2, 3, 6, 4)"),
+    ("bhid,bhjd->bhji", f"{R}(2, 3, 5, 4)", f"{R}(2, 3, 6, 4)"),  # operands swapped
+    ("bhid,bhjd->hbij", f"{R}(2, 3, 5, 4)", f"{R}(2, 3, 6, 4)"),  # output permuted
+    ("ij,jk->ki", f"{R}(5, 4)", f"{R}(4, 6)"),
+    ("bi,bi->b", f"{R}(5, 4)", f"{R}(5, 4)"),  # batched dot: neither row nor column
+])
+def test_einsum_products_are_matmul(eq, a, b, write_problem):
+    path = write_problem(_src(eq, a, b), "eins")
+    prob = load_problem(path)
+    plan, _applied, err = pipeline.analyze(prob)
+    assert err is None and _einsums(plan) == 0
+    cand = path.with_name("eins_new.py")
+    cand.write_text(emit_model(prob.source, plan, {}, "# test").source)
+    mod = load_module(cand, "candidate")
+    for seed in range(2):
+        torch.manual_seed(seed)
+        xs = mod.get_inputs()
+        ref, new = mod.Model()(*xs), mod.ModelNew()(*xs)
+        torch.testing.assert_close(new, ref, atol=1e-5, rtol=1e-5)
+        assert new.shape == ref.shape and new.stride() == ref.stride()
+
+
+@pytest.mark.parametrize("eq, a, b", [
+    ("bij,bjk->bik", f"{R}(1, 5, 4)", f"{R}(3, 4, 6)"),  # size-1 broadcast of a letter
+    ("bijk,bjkl->bil", f"{R}(2, 5, 4, 3)", f"{R}(2, 4, 3, 6)"),  # two contracted letters
+    ("bij,bjk->bk", f"{R}(2, 5, 4)", f"{R}(2, 4, 6)"),  # i summed in one operand alone
+    ("bnd,hdk->bnhk", f"{R}(2, 5, 4)", f"{R}(3, 4, 6)"),  # two column letters
+    ("ij,jk->ik", "torch.randint(0, 5, (5, 4))", "torch.randint(0, 5, (4, 6))"),  # integers
+    ("bi,bj->bij", f"{R}(5, 4)", f"{R}(5, 3)"),  # an outer product: nothing contracted
+])
+def test_other_einsums_stay_einsum(eq, a, b, write_problem):
+    plan, _applied, err = pipeline.analyze(load_problem(write_problem(_src(eq, a, b), "other")))
+    assert err is None and _einsums(plan) == 1
+
+
+def test_three_operand_einsum_stays(write_problem):
+    src = (HEAD + "class Model(nn.Module):\n    def forward(self, a, b):\n"
+           "        return torch.einsum('ij,jk,kl->il', a, b, b.transpose(0, 1))\n\n"
+           f"def get_inputs():\n    return [{R}(5, 4), {R}(4, 4)]\n\ndef get_init_inputs():\n    return []\n")
+    plan, _applied, err = pipeline.analyze(load_problem(write_problem(src, "three")))
+    assert err is None and _einsums(plan) == 1
