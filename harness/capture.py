@@ -131,8 +131,11 @@ def capture_model(make, inputs: list) -> Captured:
     first = None
     concrete = unsupplied_defaults(model, inputs)
     try:
+        tracer = _PlainTracer()
+        tracer.meta_inputs = list(inputs)
         with _FactorySizes():
-            gm = fx.symbolic_trace(model, concrete_args=concrete or None)
+            graph = tracer.trace(model, concrete_args=concrete or None)
+        gm = fx.GraphModule(tracer.root, graph, type(model).__name__)
         assigned = _proxy_attrs(model)
         if assigned:  # fx would drop the update of module state the forward makes
             first = f"forward assigns {', '.join(assigned[:3])}: a trace would drop the update"
@@ -411,6 +414,22 @@ TYPE_INFO = ("finfo", "iinfo")
 _PY_DTYPES = {bool: torch.bool, int: torch.int64, float: torch.float32}
 
 
+class _FactoriesOff:
+    """torch's own factories and dtype information while a _FactorySizes trace evaluates a
+    value on meta tensors (no traced values reach them there)."""
+
+    def __enter__(self):
+        self.saved = {n: getattr(torch, n) for n in SIZE_FACTORIES + TYPE_INFO}
+        for n, f in self.saved.items():
+            setattr(torch, n, getattr(f, "__wrapped__", f))
+        return self
+
+    def __exit__(self, *exc):
+        for n, f in self.saved.items():
+            setattr(torch, n, f)
+        return False
+
+
 class _FactorySizes:
     """While a trace runs: ``torch.ones(T, T, dtype=bool)`` with a traced size T (a causal mask
     built in forward, Mamba-2's segment sum) is recorded as ``torch.ones((T, T), dtype=torch.bool)``.
@@ -459,7 +478,112 @@ class _FactorySizes:
         return False
 
 
-class _BreakTracer(fx.Tracer):
+class _ShapeIter:
+    """A tracer mixin: a traced shape iterated (``x.view(*x.shape[:-1], h, d)``,
+    ``for d in x.shape``) is as long as the traced tensor's rank, which the meta inputs give: the
+    iteration yields ``shape[i]`` for each i (graph values: the sizes stay symbolic), where fx
+    raised "Proxy object cannot be iterated" (a graph break, or no capture at all). The graph
+    traced so far is evaluated on the meta inputs (memoized per node); only a tuple of ints (a
+    shape, a slice of one) is iterated so, never a tensor (its length is data the trace fixes).
+    A traced tensor's ``ndim`` / ``dim()`` is its traced rank (fixed in any graph)."""
+
+    meta_inputs: list | None = None
+
+    def proxy(self, node: fx.Node) -> fx.Proxy:
+        return _SizedProxy(node, self)
+
+    def iter(self, obj):
+        length = self._traced_length(obj.node)
+        if length is None:
+            return super().iter(obj)
+        return iter([obj[i] for i in range(length)])
+
+    def _traced_length(self, node: fx.Node) -> int | None:
+        value = self._traced_value(node)
+        if isinstance(value, (tuple, list, torch.Size)) and all(
+                isinstance(v, int) and not isinstance(v, bool) for v in value):
+            return len(value)
+        return None
+
+    def _traced_rank(self, node: fx.Node) -> int | None:
+        value = self._traced_value(node)
+        return value.dim() if isinstance(value, torch.Tensor) else None
+
+    def _traced_value(self, node: fx.Node):
+        if self.meta_inputs is None:
+            return None
+        memo = self.__dict__.setdefault("_meta_values", {})
+        placeholders = [n for n in node.graph.nodes if n.op == "placeholder"]
+        from torch.fx._symbolic_trace import _maybe_revert_all_patches
+
+        try:  # (fx's patches of Module.__call__ and wrapped functions off while it runs)
+            with _maybe_revert_all_patches(), _FactoriesOff(), torch.no_grad(), FastMeta():
+                return self._meta_value(node, memo, placeholders)
+        except Exception:  # noqa: BLE001 - not evaluable on meta tensors
+            return None
+
+    def _meta_value(self, node: fx.Node, memo: dict, placeholders: list):
+        todo, order = [node], []
+        while todo:  # the nodes node depends on that have no value yet, then node
+            m = todo.pop()
+            if m in memo or m in order:
+                continue
+            order.append(m)
+            todo.extend(m.all_input_nodes)
+        for m in sorted(order, key=lambda x: list(x.graph.nodes).index(x)):
+            if m.op == "placeholder":
+                i = placeholders.index(m)
+                if i >= len(self.meta_inputs):
+                    raise LookupError(m.name)
+                memo[m] = self.meta_inputs[i]
+                continue
+            args = fx.node.map_arg(m.args, memo.__getitem__)
+            kwargs = fx.node.map_arg(m.kwargs, memo.__getitem__)
+            if m.op == "get_attr":
+                memo[m] = ROOT_VALUE if m.target == ROOT_REF else _attr_path(self.root, m.target)
+            elif m.op == "call_module":
+                memo[m] = self.root.get_submodule(m.target)(*args, **kwargs)
+            elif m.op == "call_method":
+                memo[m] = getattr(args[0], m.target)(*args[1:], **kwargs)
+            elif getattr(m.target, "__module__", None) == GENERATED_MODULE:
+                raise LookupError(m.name)  # a graph break's statement: not run here
+            else:
+                memo[m] = m.target(*args, **kwargs)
+        return memo[node]
+
+
+class _SizedProxy(fx.Proxy):
+    """``len()`` of a traced shape is the traced rank (_ShapeIter); Python asks for it when a
+    shape is unpacked into a call (``reshape(*x.shape[:-1], -1, 2)``)."""
+
+    def __len__(self) -> int:
+        length = self.tracer._traced_length(self.node)
+        if length is None:
+            return super().__len__()
+        return length
+
+    def __getattr__(self, name: str):
+        # a tensor's rank is fixed in a graph (ops on it have their shapes' arity): ``x.ndim``
+        # and ``x.dim()`` as numbers let ``[d if i == x.ndim - 1 else 1 for ...]`` run
+        if name in ("ndim", "dim"):
+            rank = self.tracer._traced_rank(self.node)
+            if rank is not None:
+                return rank if name == "ndim" else (lambda: rank)
+        return super().__getattr__(name)
+
+
+def _attr_path(root: torch.nn.Module, target: str):
+    obj = root
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+class _PlainTracer(_ShapeIter, fx.Tracer):
+    """fx's symbolic tracer, with traced shapes iterable (_ShapeIter)."""
+
+
+class _BreakTracer(_ShapeIter, fx.Tracer):
     proxy_buffer_attributes = True
 
     def __init__(self, rewrites: dict, owner: dict):
@@ -524,6 +648,7 @@ def capture_with_breaks(model: torch.nn.Module, inputs: list, concrete: dict | N
     last = ""
     for _attempt in range(MAX_BREAKS + 1):
         tracer = _BreakTracer(rewrites, owner)
+        tracer.meta_inputs = list(inputs)
         root_fn = _unwrapped_forward(model)
         rw = rewrites.get(root_fn)
         try:
