@@ -10,7 +10,9 @@ same math one way for the planner. Both lists are read here, in this order, by `
 
 - ``attention``: softmax over a size-1 dim, attention written out, GQA head repeats,
   multi-head attention modules whose weights nothing reads, baddbmm as a product
-- ``lmhead``: LM head + cross-entropy;  ``losses``: losses decomposed
+- ``lmhead``: LM head + cross-entropy;  ``losses``: losses decomposed; cross-entropy written as
+  nll_loss of log_softmax, per-token log-probabilities by gather (with log_softmax or minus
+  logsumexp) as cross_entropy
 - ``rope``: rotate_half by halves or by pairs;  ``conv``: conv bias as an epilogue
 - ``norms``: RMS norm and layer norm written out; batch norm, vector norms, rsqrt forms
 - ``reductions``: size-1, nested, linear-reduce, softmax written out; keepdim and mean-as-sum forms
@@ -28,7 +30,7 @@ from codegen.rewrites.attention import (attention_pattern, baddbmm_as_product, g
 from codegen.rewrites.conv import conv_bias_epilogue
 from codegen.rewrites.deadcode import drop_dead_code, drop_value_copies
 from codegen.rewrites.lmhead import linear_cross_entropy_pattern
-from codegen.rewrites.losses import loss_decompose
+from codegen.rewrites.losses import cross_entropy_spellings, loss_decompose
 from codegen.rewrites.metadata import (device_queries_from_inputs, fold_dtype_queries,
                                        redundant_upcasts, shape_queries_from_sources)
 from codegen.rewrites.modules import modules_to_functionals
@@ -93,7 +95,7 @@ CANONICAL = [modules_to_functionals, flipped_scans, exclusive_scans, batchnorm_d
              where_scalar_fills,
              shape_queries_from_sources,
              drop_value_copies, mean_from_sum, keepdim_reductions, rsqrt_forms, redundant_upcasts,
-             gqa_repeats, baddbmm_as_product]
+             gqa_repeats, baddbmm_as_product, cross_entropy_spellings]
 
 
 def canonicalize(gm: fx.GraphModule, inputs: list | None = None) -> None:
