@@ -73,6 +73,8 @@ def cross_entropy(x, t, reduction="mean", ignore_index=-100):
     ignored targets excluded (the mean divides by the targets kept, as torch does)."""
     keep = t != ignore_index
     picked = torch.gather(x, 1, torch.where(keep, t, 0).unsqueeze(1)).squeeze(1)
+    # logsumexp - picked: picked - logsumexp is a per-token log-probability to the canonical
+    # form cross_entropy_spellings, which runs after the rules too (it would undo this)
     loss = torch.where(keep, torch.logsumexp(x, 1) - picked, 0.0)
     if reduction == "mean":
         return loss.sum() / keep.sum()

@@ -162,6 +162,8 @@ class _WrongRotation(V.RotateHalfChunked):
     ("01_rms_norm", "mean_as_sum_div", RW.mean_from_sum),
     ("01_rms_norm", "keepdim_as_unsqueeze", RW.keepdim_reductions),
     ("01_rms_norm", "rsqrt_as_reciprocal_sqrt", RW.rsqrt_forms),
+    ("08_lm_head_cross_entropy", "cross_entropy_as_nll_log_softmax", RW.cross_entropy_spellings),
+    ("16_lm_head_cross_entropy_padded", "cross_entropy_as_nll_log_softmax", RW.cross_entropy_spellings),
 ])
 def test_without_its_canonical_form_the_variant_gets_another_plan(name, rule, form, problems,
                                                                  monkeypatch):

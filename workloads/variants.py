@@ -3,7 +3,7 @@
 A plan must not depend on the spelling (issue 21): ``x.sum(-1) / n`` or ``x.mean(-1)``,
 ``x * rsqrt(v)`` or ``x / sqrt(v)``, keepdim or unsqueeze, the weight multiplied before or after
 the downcast, repeat_interleave or expand + reshape for grouped KV heads, attention by
-scaled_dot_product_attention or written out, ... Each rule below rewrites a problem's source
+scaled_dot_product_attention or written out, cross_entropy or nll_loss of log_softmax, ... Each rule below rewrites a problem's source
 (its ``ast``: every match of the rule, helpers appended as module-level functions that fx traces
 through) into one variant. tests/test_variants.py checks, for the workload suite and for problems
 written in tests, that each variant gets the same plan as its original (the same template kinds,
@@ -375,6 +375,23 @@ class CrossEntropyFlat(_Counting):
         return node
 
 
+class CrossEntropyAsNll(_Counting):
+    """F.cross_entropy(x, t[, weight=, ignore_index=, reduction=]) -> F.nll_loss(F.log_softmax(x,
+    dim=1), t, ...): torch's own definition of cross_entropy (the class dim is 1), the same
+    kernels in eager."""
+
+    def visit_Call(self, node):
+        self.generic_visit(node)
+        name = _dotted(node.func)
+        if name not in ("F.cross_entropy", "torch.nn.functional.cross_entropy") or len(node.args) != 2 \
+                or any(k.arg not in ("weight", "ignore_index", "reduction") for k in node.keywords):
+            return node
+        self.hits += 1
+        ns = name.rsplit(".", 1)[0]
+        logp = _call(f"{ns}.log_softmax", [node.args[0]], [ast.keyword(arg="dim", value=ast.Constant(1))])
+        return _call(f"{ns}.nll_loss", [logp, node.args[1]], list(node.keywords))
+
+
 class SoftmaxSpelling(_Counting):
     """torch.softmax(x, dim=d) / F.softmax(x, dim=d) -> x.softmax(d)."""
 
@@ -481,6 +498,7 @@ RULES: list[Rule] = [
     Rule("silu_written_out", SiluExplicit.__doc__, SiluExplicit, exact=False, helpers=("_v_silu",)),
     Rule("rotate_half_chunked", RotateHalfChunked.__doc__, RotateHalfChunked),
     Rule("cross_entropy_flattened", CrossEntropyFlat.__doc__, CrossEntropyFlat),
+    Rule("cross_entropy_as_nll_log_softmax", CrossEntropyAsNll.__doc__, CrossEntropyAsNll),
     Rule("softmax_method", SoftmaxSpelling.__doc__, SoftmaxSpelling),
     Rule("div_as_reciprocal_mul", DivAsReciprocalMul.__doc__, DivAsReciprocalMul, exact=False),
     Rule("softmax_written_out", SoftmaxWrittenOut.__doc__, SoftmaxWrittenOut, exact=False,

@@ -10,7 +10,9 @@ same math one way for the planner. Both lists are read here, in this order, by `
 
 - ``attention``: softmax over a size-1 dim, attention written out, GQA head repeats,
   multi-head attention modules whose weights nothing reads, baddbmm as a product
-- ``lmhead``: LM head + cross-entropy;  ``losses``: losses decomposed
+- ``lmhead``: LM head + cross-entropy;  ``losses``: losses decomposed; cross-entropy written as
+  nll_loss of log_softmax, per-token log-probabilities by gather (with log_softmax or minus
+  logsumexp) as cross_entropy
 - ``rope``: rotate_half by halves or by pairs;  ``conv``: conv bias as an epilogue
 - ``norms``: RMS norm and layer norm written out; batch norm, vector norms, rsqrt forms
 - ``reductions``: size-1, nested, linear-reduce, softmax written out; keepdim and mean-as-sum forms
@@ -30,7 +32,7 @@ from codegen.rewrites.conv import conv_bias_epilogue
 from codegen.rewrites.einsums import einsum_as_matmul
 from codegen.rewrites.deadcode import drop_dead_code, drop_value_copies
 from codegen.rewrites.lmhead import linear_cross_entropy_pattern
-from codegen.rewrites.losses import loss_decompose
+from codegen.rewrites.losses import cross_entropy_spellings, loss_decompose
 from codegen.rewrites.metadata import (device_queries_from_inputs, fold_dtype_queries, fold_type_info,
                                        redundant_upcasts, shape_queries_from_sources)
 from codegen.rewrites.modules import modules_to_functionals
@@ -95,7 +97,7 @@ CANONICAL = [modules_to_functionals, einsum_as_matmul, flipped_scans, exclusive_
              where_scalar_fills,
              shape_queries_from_sources,
              drop_value_copies, mean_from_sum, keepdim_reductions, rsqrt_forms, redundant_upcasts,
-             gqa_repeats, baddbmm_as_product]
+             gqa_repeats, baddbmm_as_product, cross_entropy_spellings]
 
 
 def canonicalize(gm: fx.GraphModule, inputs: list | None = None) -> None:
