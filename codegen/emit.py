@@ -571,12 +571,15 @@ def _traced_values(names: list[str], guard_args: list[dict]) -> str | None:
 
 
 def _dispatch(dr, fast: dict[bool, str | None], ref: dict[bool, str], sig: str,
-              graph: bool = False, original: tuple[list[str], str] | None = None) -> list[str]:
+              graph: bool = False, original: tuple[list[str], str] | None = None,
+              rank_fixed: bool = False) -> list[str]:
     """ModelNew.forward: the route of this call (cached per mode, shapes, dtypes, devices and
     values), then the kernels (``graph``: replayed from a CUDA graph per route, _egg_graphed) or
     Model's traced ops. ``original``: Model.forward's parameter names and list (model_forward):
     the signature a caller knows (fx renames a parameter that a later statement reassigns), and
-    a call whose other arguments are not the traced values takes the copy of Model.forward."""
+    a call whose other arguments are not the traced values takes the copy of Model.forward;
+    ``rank_fixed`` (the trace took a rank as a number: harness.capture.RANK_FIXED): a call
+    whose tensors have other ranks takes it too (the traced reference holds only at its ranks)."""
     names = dr.arg_names
     guard_args = (dr.train.args if dr.train is not None else [])
     values = None
@@ -622,6 +625,12 @@ def _dispatch(dr, fast: dict[bool, str | None], ref: dict[bool, str], sig: str,
     tail = [f"    return {pick(ref)}"]
     if values is not None:  # the traced reference holds these values: others take Model's code
         tail = [f"    if not ({values}):", f"        return self._egg_model_forward({args})"] + tail
+    ranks = [f"{n}.dim() != {len(a['dims'])}" for n, a in zip(names, guard_args) if "dims" in a]
+    if rank_fixed and original is not None and len(original[0]) == len(dr.arg_names) and ranks:
+        # the traced reference holds at the traced ranks alone: others take Model's code
+        tail = [f"    if isinstance({n}, torch.Tensor) and {cond}:"
+                f"\n        return self._egg_model_forward({args})"
+                for (n, a), cond in zip([(n, a) for n, a in zip(names, guard_args) if "dims" in a], ranks)] + tail
     if fast[True] is None and fast[False] is None:
         lines += tail
         return lines
@@ -716,8 +725,11 @@ def emit_model(problem_source: str, plan: FusionPlan, configs: dict[str, dict] |
         ref = ({True: "_egg_reference", False: "_egg_reference"} if len(refs) == 1
                else {True: "_egg_reference_train", False: "_egg_reference_eval"})
         orig = model_forward(problem_source, len(dr.arg_names))
+        from harness.capture import RANK_FIXED
+
         fwd = "\n".join(_dispatch(dr, fast, ref, _signature(core_t.forward), graph,
-                                  orig[1:] if orig is not None else None))
+                                  orig[1:] if orig is not None else None,
+                                  any(gm.meta.get(RANK_FIXED) for gm in refs.values())))
         if orig is not None and "_egg_model_forward(" in fwd:
             methods.append(orig[0])
         methods.append(_renamed(core_t.forward, fast[True]))

@@ -168,6 +168,7 @@ ROLLED = {"rotate_half": "roll", "rotate_pairs": "pair"}
 linear_cross_entropy = RT._egg_linear_cross_entropy
 relu_attention = RT._egg_relu_attention
 mask_fits = RT._egg_mask_fits
+complex_fits = RT._egg_complex_fits
 FUNCTIONS.update({linear_cross_entropy: "linear_ce", relu_attention: "relu_attention"})
 RELU_ATTENTION = _d("relu_attention", "attention", ["q", "k", "v", "is_causal", "scale"])
 FUNCTIONS.update({torch.cumsum: "cumsum", torch.cumprod: "cumprod", torch.flip: "flip",

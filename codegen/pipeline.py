@@ -132,8 +132,12 @@ def _reference(cap):
 
     from torch import fx
 
+    from harness.capture import RANK_FIXED
+
     ref = fx.GraphModule(cap.gm, copy.deepcopy(cap.gm.graph))
     ref.meta["egg_break_sources"] = dict(cap.break_sources)
+    if cap.gm.meta.get(RANK_FIXED):
+        ref.meta[RANK_FIXED] = True
     return ref
 
 

@@ -63,6 +63,10 @@ class RootRef:
 
 
 ROOT_VALUE = RootRef()
+#: gm.meta key: the trace took a tensor's rank as a number (``*x.shape[:-1]``, ``x.ndim``), so
+#: the traced graph, the reference too, holds only at the traced ranks (codegen.emit routes a
+#: call of another rank to a copy of Model.forward)
+RANK_FIXED = "egg_rank_fixed"
 #: the module name of every function a capture creates (codegen.emit defines them in the file)
 GENERATED_MODULE = "egg_breaks"
 
@@ -136,6 +140,8 @@ def capture_model(make, inputs: list) -> Captured:
         with _FactorySizes():
             graph = tracer.trace(model, concrete_args=concrete or None)
         gm = fx.GraphModule(tracer.root, graph, type(model).__name__)
+        if tracer.rank_fixed:
+            gm.meta[RANK_FIXED] = True
         assigned = _proxy_attrs(model)
         if assigned:  # fx would drop the update of module state the forward makes
             first = f"forward assigns {', '.join(assigned[:3])}: a trace would drop the update"
@@ -492,10 +498,14 @@ class _ShapeIter:
     def proxy(self, node: fx.Node) -> fx.Proxy:
         return _SizedProxy(node, self)
 
+    #: whether the trace took a rank as a number (the graph holds only at the traced ranks)
+    rank_fixed = False
+
     def iter(self, obj):
         length = self._traced_length(obj.node)
         if length is None:
             return super().iter(obj)
+        self.rank_fixed = True
         return iter([obj[i] for i in range(length)])
 
     def _traced_length(self, node: fx.Node) -> int | None:
@@ -560,6 +570,7 @@ class _SizedProxy(fx.Proxy):
         length = self.tracer._traced_length(self.node)
         if length is None:
             return super().__len__()
+        self.tracer.rank_fixed = True
         return length
 
     def __getattr__(self, name: str):
@@ -568,6 +579,7 @@ class _SizedProxy(fx.Proxy):
         if name in ("ndim", "dim"):
             rank = self.tracer._traced_rank(self.node)
             if rank is not None:
+                self.tracer.rank_fixed = True
                 return rank if name == "ndim" else (lambda: rank)
         return super().__getattr__(name)
 
@@ -668,6 +680,8 @@ def capture_with_breaks(model: torch.nn.Module, inputs: list, concrete: dict | N
                     graph = tracer.trace(model, concrete_args=concrete or None)
             object.__setattr__(model, ROOT_REF, ROOT_VALUE)  # the stand-in get_attr target
             gm = fx.GraphModule(model, graph, type(model).__name__)
+            if tracer.rank_fixed:
+                gm.meta[RANK_FIXED] = True
             object.__setattr__(gm, "_egg_root", model)
             propagate(gm, inputs)
         except Exception as e:  # noqa: BLE001 - a statement to break at, or the end of the road

@@ -116,13 +116,14 @@ def test_llama_decoder_layer_captures_whole():
 def test_a_traced_shape_unpacks_to_the_traced_rank(write_problem, tmp_path):
     """``x.reshape(*x.shape[:-1], 2, -1)``, a tuple built with ``*x.shape[:-1]``, ``len`` of a
     shape and ``x.ndim`` / ``x.dim()`` in a list comprehension are traced (the sizes stay graph
-    values: the file runs at other batch sizes); iterating a tensor's rows is still a graph
+    values: the file runs at other batch sizes; a call of another rank takes a copy of
+    Model.forward, since the trace took the rank as a number); iterating a tensor's rows is still a graph
     break (its length is data the trace would fix)."""
     body = ("        lead = x.shape[:-1]\n"
             "        y = x.reshape(*lead, 2, -1).sum(-1)\n"
             "        shape = [d if i == x.ndim - 1 or i == 0 else 1 for i, d in enumerate(x.shape)]\n"
             "        w = x.mean(dim=tuple(range(1, x.dim())), keepdim=True).view(*shape[:-1], 1)\n"
-            "        return y.reshape((*lead, len(lead) * 1)) * 2.0 + w\n")
+            "        return y.reshape((*lead, -1)) * len(lead) + w\n")
     prob = load_problem(write_problem(_problem(body, "torch.randn(3, 5, 8)"), "unpack"))
     cap = capture(prob)
     assert cap.gm is not None and cap.breaks == [], (cap.error, [b.describe() for b in cap.breaks])
@@ -130,6 +131,9 @@ def test_a_traced_shape_unpacks_to_the_traced_rank(write_problem, tmp_path):
     ref, new = _pair(prob, mod)
     _same(ref, new, prob.inputs())
     _same(ref, new, [torch.randn(6, 5, 8)])
+    # one more dim: the traced graph (the reference too) took the rank as a number (len(lead)
+    # is 2 there, 3 here): the call takes Model's own code
+    _same(ref, new, [torch.randn(2, 6, 5, 8)])
     rows = ("        out = []\n        for row in x:\n            out.append(row * 2.0)\n"
             "        return torch.stack(out)\n")
     cap = capture(load_problem(write_problem(_problem(rows, "torch.randn(3, 8)"), "rows")))

@@ -389,6 +389,68 @@ def test_the_pair_rotation_needs_the_odd_columns_negated(write_problem):
     assert "rw-rotate-half" not in applied
 
 
+COMPLEX_ROPE = HEAD + '''
+def precompute_freqs_cis(dim, end, theta=10000.0):
+    freqs = 1.0 / (theta ** (torch.arange(0, dim, 2)[: (dim // 2)].float() / dim))
+    t = torch.arange(end, device=freqs.device)
+    return torch.polar(torch.ones(end, dim // 2), torch.outer(t, freqs).float())
+
+
+def reshape_for_broadcast(freqs_cis, x):
+    shape = [d if i == 1 or i == x.ndim - 1 else 1 for i, d in enumerate(x.shape)]
+    return freqs_cis.view(*shape)
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("freqs_cis", precompute_freqs_cis(8, 32), persistent=False)
+
+    def forward(self, xq, xk):
+        xq_ = torch.view_as_complex(xq.float().reshape(*xq.shape[:-1], -1, 2))
+        xk_ = torch.view_as_complex(xk.float().reshape(*xk.shape[:-1], -1, 2))
+        freqs_cis = reshape_for_broadcast(self.freqs_cis[: xq.shape[1]], xq_)
+        xq_out = torch.view_as_real(xq_ * freqs_cis).flatten(3)
+        xk_out = torch.view_as_real(xk_ * freqs_cis).flatten(3)
+        return xq_out.type_as(xq), xk_out.type_as(xk){extra}
+
+
+def get_inputs():
+    return [torch.randn(2, 12, 4, 8, dtype={dtype}), torch.randn(2, 12, 2, 8, dtype={dtype})]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
+@pytest.mark.parametrize("dtype", ["torch.float32", "torch.bfloat16"])
+def test_rope_by_complex_numbers_is_one_kernel_per_tensor(dtype, write_problem):
+    """Meta's Llama RoPE (view_as_complex of the pairs, times freqs_cis, view_as_real,
+    flatten): one pointwise kernel per tensor (x * cos + rotate_pairs(x) * sin, the tables the
+    buffer's real and imaginary parts, folded), no complex op left; a drop-in, including the
+    layouts where view_as_complex raises (a transposed input: ModelNew raises too) and a call of
+    another rank (Model's own code)."""
+    from codegen.pipeline import compile_problem
+    from tests.dropin import check_dropin
+
+    src = COMPLEX_ROPE.replace("{extra}", "").replace("{dtype}", dtype)
+    comp = compile_problem(load_problem(write_problem(src, "rope_complex")))
+    assert [g.kind for g in comp.plan.groups] == ["pointwise", "pointwise"]
+    targets = {getattr(n.target, "__name__", str(n.target)) for n in comp.plan.gm.graph.nodes}
+    assert not targets & {"view_as_complex", "view_as_real"}
+    tol = 1e-4 if dtype == "torch.float32" else 1e-2
+    report = check_dropin(src, comp.emitted.source, calls=1, atol=tol, rtol=tol)
+    assert report.fast("own") and {"transposed", "rank"} <= report.names()
+
+
+def test_complex_products_read_elsewhere_stay_complex(write_problem):
+    src = (COMPLEX_ROPE.replace("{dtype}", "torch.float32")
+           .replace("{extra}", ", (xq_ * freqs_cis).abs()"))
+    plan, _applied = plan_of(write_problem, src, "rope_complex_kept")
+    assert any(n.op == "call_function" and n.target is torch.view_as_complex for n in plan.gm.graph.nodes)
+
+
 # ---------------------------------------------------------------------- canonical forms
 def canonical_ops(write_problem, src: str, name: str) -> list[str]:
     cap = capture(load_problem(write_problem(src, name)))

@@ -13,7 +13,7 @@ same math one way for the planner. Both lists are read here, in this order, by `
 - ``lmhead``: LM head + cross-entropy;  ``losses``: losses decomposed; cross-entropy written as
   nll_loss of log_softmax, per-token log-probabilities by gather (with log_softmax or minus
   logsumexp) as cross_entropy
-- ``rope``: rotate_half by halves or by pairs;  ``conv``: conv bias as an epilogue
+- ``rope``: rotate_half by halves or by pairs, complex-number rotations;  ``conv``: conv bias as an epilogue
 - ``norms``: RMS norm and layer norm written out; batch norm, vector norms, rsqrt forms
 - ``reductions``: size-1, nested, linear-reduce, softmax written out; keepdim and mean-as-sum forms
 - ``scalars``: clamps, scalar chains, 0-d constants, a where's full_like fill;  ``scans``: flipped and exclusive scans
@@ -40,7 +40,7 @@ from codegen.rewrites.norms import (batchnorm_decompose, layer_norm_pattern, rms
                                    vector_norms)
 from codegen.rewrites.reductions import (keepdim_reductions, linear_reduce, mean_from_sum,
                                          nest_uneven_reductions, size1_reductions, softmax_pattern)
-from codegen.rewrites.rope import rotate_half_pattern, rotate_pairs_pattern
+from codegen.rewrites.rope import complex_rotations, rotate_half_pattern, rotate_pairs_pattern
 from codegen.rewrites.scalars import fold_scalar_chains, merge_clamps, scalar_constants, where_scalar_fills
 from codegen.rewrites.selects import select_first
 from codegen.rewrites.scans import exclusive_scans, flipped_scans
@@ -97,7 +97,7 @@ CANONICAL = [modules_to_functionals, einsum_as_matmul, flipped_scans, exclusive_
              where_scalar_fills,
              shape_queries_from_sources,
              drop_value_copies, mean_from_sum, keepdim_reductions, rsqrt_forms, redundant_upcasts,
-             gqa_repeats, baddbmm_as_product, cross_entropy_spellings]
+             gqa_repeats, baddbmm_as_product, cross_entropy_spellings, complex_rotations]
 
 
 def canonicalize(gm: fx.GraphModule, inputs: list | None = None) -> None:

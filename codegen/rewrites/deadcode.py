@@ -21,8 +21,8 @@ EFFECT_OPS = {"register_hook", "register_post_accumulate_grad_hook", "retain_gra
 
 
 #: runtime helpers called for what they write or raise (a dead batch norm's running statistics,
-#: a mask's shape check)
-EFFECT_HELPERS = {"_egg_bn_update", "_egg_mask_fits"}
+#: a mask's shape check, the strides a complex view needed)
+EFFECT_HELPERS = {"_egg_bn_update", "_egg_mask_fits", "_egg_complex_fits"}
 
 
 def has_effect(n: fx.Node) -> bool:

@@ -4,7 +4,7 @@ from __future__ import annotations
 from torch import fx
 
 from codegen.ops import classify, node_shape
-from codegen.rewrites.common import _erase_unused_above, _float, _live, _replace, _static_int
+from codegen.rewrites.common import _erase_unused_above, _float, _is_shape_query, _live, _replace, _static_int
 
 
 def _half_of(v):
@@ -159,5 +159,153 @@ def rotate_pairs_pattern(gm: fx.GraphModule) -> bool:
         flat.replace_all_uses_with(new)
         graph.erase_node(flat)
         _erase_unused_above([n], stop=even[0])
+        changed = True
+    return changed
+
+
+def _is_call(n, name: str) -> bool:
+    import torch
+
+    return isinstance(n, fx.Node) and n.op == "call_function" and n.target is getattr(torch, name)
+
+
+def _merges_last_two(gm: fx.GraphModule, n: fx.Node, src: fx.Node) -> bool:
+    """Is n a view of src ([..., n, 2]) with the last two dims merged ([..., 2n])?"""
+    if n.op not in ("call_function", "call_method"):
+        return False
+    op = classify(n, gm)
+    s, t = node_shape(src), node_shape(n)
+    return (op.kind == "view" and op.name in ("flatten", "reshape", "view") and s is not None
+            and t is not None and len(t) == len(s) - 1 and tuple(t[:-1]) == tuple(s[:-2])
+            and t[-1] == s[-2] * s[-1])
+
+
+def _complex_shape_queries(graph: fx.Graph, queries: list, x: fx.Node) -> bool:
+    """Answer shape queries of view_as_complex(x.reshape(..., -1, 2)) from x (its shape with the
+    last dim halved): ``reshape_for_broadcast(freqs_cis, xq_)`` reads ``xq_.shape``. False (and
+    nothing changed) when a query is of another form."""
+    import operator
+
+    import torch
+
+    rank = len(node_shape(x))
+    plan = []
+    for q in queries:
+        if (q.op == "call_function" and q.target is getattr and q.args[1] == "shape") or (
+                q.op == "call_method" and q.target == "size" and len(q.args) == 1 and not q.kwargs):
+            plan.append((q, "shape"))
+        elif q.op == "call_method" and q.target == "dim" and len(q.args) == 1 and not q.kwargs:
+            plan.append((q, "dim"))
+        elif (q.op == "call_method" and q.target == "size" and len(q.args) == 2 and not q.kwargs
+              and isinstance(q.args[1], int) and -rank <= q.args[1] < rank):
+            plan.append((q, q.args[1] % rank))
+        else:
+            return False
+    for q, what in plan:
+        with graph.inserting_before(q):
+            if what == "dim":
+                new = graph.call_method("dim", (x,))
+            elif what == "shape":
+                sx = graph.call_function(getattr, (x, "shape"))
+                for g in list(q.users):  # shape[i]: x's size i, the last one halved
+                    if g.op == "call_function" and g.target is operator.getitem and isinstance(
+                            g.args[1], int) and -rank <= g.args[1] < rank:
+                        i = g.args[1] % rank
+                        with graph.inserting_before(g):
+                            size = graph.call_function(operator.getitem, (sx, i))
+                            if i == rank - 1:
+                                size = graph.call_function(operator.floordiv, (size, 2))
+                        g.replace_all_uses_with(size)
+                        graph.erase_node(g)
+                if not q.users:
+                    graph.erase_node(q)
+                    continue
+                lead = graph.call_function(operator.getitem, (sx, slice(None, -1)))
+                half = graph.call_function(operator.floordiv, (graph.call_function(operator.getitem, (sx, -1)), 2))
+                new = graph.call_function(torch.Size, (graph.call_function(operator.add, (lead, (half,))),))
+            elif what == rank - 1:
+                new = graph.call_function(operator.floordiv, (graph.call_method("size", (x, -1)), 2))
+            else:
+                new = graph.call_method("size", (x, what))
+        q.replace_all_uses_with(new)
+        graph.erase_node(q)
+    return True
+
+
+def complex_rotations(gm: fx.GraphModule) -> bool:
+    """RoPE by complex numbers (Meta's Llama reference): ``view_as_real(view_as_complex(
+    x.reshape(..., -1, 2)) * c).flatten(-2)``, c complex (freqs_cis, a buffer or an input) ->
+    ``x * cos + rotate_pairs(x) * sin`` with ``cos``/``sin`` the real and imaginary parts of c,
+    each repeated for the two columns of a pair: the product of complex numbers (a0 + i a1)(c0 +
+    i c1) is the rotation of the pair, and rotate_pairs loads x at the pair's other column
+    (one pointwise kernel; the tables depend on c alone, so they are folded when c is a
+    buffer). Only where the complex values have no other reader and the pairs are merged back
+    into the last dim."""
+    import operator
+
+    import torch
+
+    from codegen import ops as O
+
+    graph = gm.graph
+    changed = False
+    for vr in _live(graph):
+        if not _is_call(vr, "view_as_real") or len(vr.users) != 1 or not isinstance(vr.args[0], fx.Node):
+            continue
+        prod = vr.args[0]
+        flat = next(iter(vr.users))
+        if (prod.op != "call_function" or prod.target not in (operator.mul, torch.mul) or prod.kwargs
+                or len(prod.args) != 2 or len(prod.users) != 1 or not _merges_last_two(gm, flat, vr)):
+            continue
+        for vc, c in (prod.args, prod.args[::-1]):
+            if _is_call(vc, "view_as_complex") and isinstance(c, fx.Node) and all(
+                    u is prod or _is_shape_query(u) for u in vc.users):
+                break
+        else:
+            continue
+        pairs = vc.args[0]
+        ps, cs, out = node_shape(pairs), node_shape(c), node_shape(prod)
+        if (not _float(pairs) or ps is None or cs is None or out is None or ps[-1] != 2
+                or tuple(out) != tuple(ps[:-1]) or len(cs) > len(out)):
+            continue
+        flat_shape = tuple(ps[:-2]) + (ps[-2] * 2,)
+        # the pairs split from x's last dim by x.reshape(...) / x.view(...) (Meta's Llama code)
+        src = pairs.args[0] if pairs.op == "call_method" and pairs.target in ("reshape", "view") else None
+        if not (isinstance(src, fx.Node) and node_shape(src) is not None
+                and tuple(node_shape(src)) == flat_shape and not pairs.kwargs):
+            continue
+        sop = classify(src, gm) if src.op in ("call_function", "call_method") else None
+        cast = sop is not None and sop.kind == "pointwise" and sop.name == "cast"
+        y = sop.operands[0] if cast else src
+        if not (isinstance(y, fx.Node) and _float(y)):
+            continue
+        queries = [u for u in vc.users if u is not prod]
+        if queries and not _complex_shape_queries(graph, queries, src):
+            continue
+        with graph.inserting_before(flat):
+            x = src
+            # where view_as_complex would raise (a layout whose pairs are not adjacent), so
+            # must the file: the check replays the view on x's layout
+            # (named apart: fx names a node after its target, and the emitted forward calls
+            # the runtime helper by its plain name)
+            graph.create_node("call_function", O.complex_fits, (
+                y, sop.p.get("dtype") if cast else None, pairs.target, *pairs.args[1:]), {},
+                name="complex_ok")
+            parts = graph.call_function(torch.view_as_real, (c,))
+            cos, sin = (graph.call_method("repeat_interleave", (
+                graph.call_function(operator.getitem, (parts, (Ellipsis, i))), 2), {"dim": -1}) for i in (0, 1))
+            if cast:
+                # the pairs of a cast (x = h.float()): the cast of h's pairs, so that one
+                # kernel loads h at both columns (a rolled load of the cast's result would
+                # make the cast a kernel of its own)
+                rot = graph.node_copy(x, lambda a: graph.call_function(O.rotate_pairs, (y,)) if a is y else a)
+            else:
+                rot = graph.call_function(O.rotate_pairs, (x,))
+            new = graph.call_function(operator.add, (graph.call_function(operator.mul, (x, cos)),
+                                                    graph.call_function(operator.mul, (rot, sin))))
+        new.meta = dict(flat.meta)
+        flat.replace_all_uses_with(new)
+        graph.erase_node(flat)
+        _erase_unused_above([vr], stop=pairs)
         changed = True
     return changed

@@ -391,6 +391,19 @@ def _egg_mask_fits(mask, q, k):
     return None
 
 
+def _egg_complex_fits(x, dtype, method, *shape):
+    """Raise as ``torch.view_as_complex(x.to(dtype).<method>(*shape))`` would (a last dim of
+    stride 1, other strides and the offset even): the complex-rotation rewrite reads x's pairs
+    at their columns and never makes that view, so the strides it needed are checked here, on a
+    meta tensor of x's layout (no data is read or copied)."""
+    need = x.storage_offset() + sum((n - 1) * st for n, st in zip(x.shape, x.stride())) + 1
+    m = torch.empty(need, dtype=x.dtype, device="meta").as_strided(x.shape, x.stride(), x.storage_offset())
+    if dtype is not None:
+        m = m.to(dtype)
+    torch.view_as_complex(getattr(m, method)(*shape))
+    return None
+
+
 def _egg_mm_check(a, b, bias, b_nk, batched):
     """Raise as torch does when the operands of a matrix product do not fit: the kernel reads K
     from A and walks B and the bias with their strides, so a B or bias of another size would be
