@@ -35,12 +35,15 @@ def _v_sdpa_repeat(q, k, v, enable_gqa=False, **kwargs):
     return torch.nn.functional.scaled_dot_product_attention(
         q, _v_repeat_kv(k, g), _v_repeat_kv(v, g), **kwargs)
 ''',
+    "_v_gqa_heads": '''
+def _v_gqa_heads(q, k, v):
+    g = q.shape[1] // k.shape[1]
+    return k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
+''',
     "_v_attention": '''
 def _v_attention(q, k, v, is_causal=False, enable_gqa=False, scale=None):
     if enable_gqa:
-        g = q.shape[1] // k.shape[1]
-        k = k.repeat_interleave(g, dim=1)
-        v = v.repeat_interleave(g, dim=1)
+        k, v = _v_gqa_heads(q, k, v)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
     s = torch.matmul(q, k.transpose(-2, -1)) * scale
@@ -53,9 +56,7 @@ def _v_attention(q, k, v, is_causal=False, enable_gqa=False, scale=None):
     "_v_attention_einsum": '''
 def _v_attention_einsum(q, k, v, is_causal=False, enable_gqa=False, scale=None):
     if enable_gqa:
-        g = q.shape[1] // k.shape[1]
-        k = k.repeat_interleave(g, dim=1)
-        v = v.repeat_interleave(g, dim=1)
+        k, v = _v_gqa_heads(q, k, v)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     s = torch.einsum("bhid,bhjd->bhij", q, k) * scale
     if is_causal:
@@ -491,9 +492,9 @@ RULES: list[Rule] = [
     Rule("gqa_as_repeated_kv", GqaAsRepeat.__doc__, GqaAsRepeat,
          helpers=("_v_repeat_kv", "_v_sdpa_repeat")),
     Rule("sdpa_written_out", SdpaByHand.__doc__, SdpaByHand, exact=False,
-         helpers=("_v_attention",), imports=("math",)),
+         helpers=("_v_gqa_heads", "_v_attention"), imports=("math",)),
     Rule("sdpa_as_einsum", SdpaByEinsum.__doc__, SdpaByEinsum, exact=False,
-         helpers=("_v_attention_einsum",)),
+         helpers=("_v_gqa_heads", "_v_attention_einsum")),
     Rule("chunk_as_slices", ChunkAsSlices.__doc__, ChunkAsSlices, helpers=("_v_halves",)),
     Rule("silu_written_out", SiluExplicit.__doc__, SiluExplicit, exact=False, helpers=("_v_silu",)),
     Rule("rotate_half_chunked", RotateHalfChunked.__doc__, RotateHalfChunked),
