@@ -71,3 +71,43 @@ def test_three_operand_einsum_stays(write_problem):
            f"def get_inputs():\n    return [{R}(5, 4), {R}(4, 4)]\n\ndef get_init_inputs():\n    return []\n")
     plan, _applied, err = pipeline.analyze(load_problem(write_problem(src, "three")))
     assert err is None and _einsums(plan) == 1
+
+
+DECODE = (HEAD + "import math\nclass Model(nn.Module):\n    def forward(self, q, k, v):\n"
+          "        s = torch.einsum('bhd,bhsd->bhs', q, k) / math.sqrt(q.shape[-1])\n"
+          "{mid}"
+          "        return torch.einsum('bhs,bhsd->bhd', p, v)\n\n"
+          "def get_inputs():\n    return [torch.randn(2, 4, 8), torch.randn(2, 4, 40, 8), torch.randn(2, 4, 40, 8)]\n\n"
+          "def get_init_inputs():\n    return []\n")
+
+
+def test_decode_attention_by_einsum_is_one_attention_kernel(write_problem):
+    """A 3-d query (one token per head): the einsums are products of a one-row query
+    (unsqueeze / squeeze), the squeeze undone through the scaling and the softmax, so
+    rw-attention sees softmax(q @ k^T * c) @ v; the file is a drop-in."""
+    from codegen.pipeline import compile_problem
+    from tests.dropin import check_dropin
+
+    src = DECODE.replace("{mid}", "        p = torch.softmax(s.float(), -1).to(q.dtype)\n")
+    path = write_problem(src, "decode")
+    plan, applied, err = pipeline.analyze(load_problem(path))
+    assert err is None and [g.kind for g in plan.groups] == ["attention"] and "rw-attention" in applied
+    comp = compile_problem(load_problem(path))
+    assert check_dropin(src, comp.emitted.source, calls=1).fast("own")
+
+
+@pytest.mark.parametrize("mid", [
+    "        p = torch.softmax(s, 0)\n",  # over the batch: the row dim would move the softmax
+    "        p = torch.softmax(s, -1) + s.sum(-1, keepdim=True) * 0.0\n",  # s read twice
+])
+def test_squeezes_kept_where_the_row_dim_matters(mid, write_problem):
+    path = write_problem(DECODE.replace("{mid}", mid), "decode_no")
+    plan, applied, err = pipeline.analyze(load_problem(path))
+    assert err is None and "rw-attention" not in applied
+    cand = path.with_name("decode_no_new.py")
+    prob = load_problem(path)
+    cand.write_text(emit_model(prob.source, plan, {}, "# test").source)
+    mod = load_module(cand, "candidate")
+    torch.manual_seed(0)
+    xs = mod.get_inputs()
+    torch.testing.assert_close(mod.ModelNew()(*xs), mod.Model()(*xs), atol=1e-5, rtol=1e-5)

@@ -29,7 +29,7 @@ from torch import fx
 from codegen.rewrites.attention import (attention_pattern, baddbmm_as_product, gqa_repeats,
                                        mha_weights_unused, relu_attention_pattern, softmax_size1)
 from codegen.rewrites.conv import conv_bias_epilogue
-from codegen.rewrites.einsums import einsum_as_matmul
+from codegen.rewrites.einsums import einsum_as_matmul, squeezes_undone
 from codegen.rewrites.deadcode import drop_dead_code, drop_value_copies
 from codegen.rewrites.lmhead import linear_cross_entropy_pattern
 from codegen.rewrites.losses import cross_entropy_spellings, loss_decompose
@@ -97,7 +97,8 @@ CANONICAL = [modules_to_functionals, einsum_as_matmul, flipped_scans, exclusive_
              where_scalar_fills,
              shape_queries_from_sources,
              drop_value_copies, mean_from_sum, keepdim_reductions, rsqrt_forms, redundant_upcasts,
-             gqa_repeats, baddbmm_as_product, cross_entropy_spellings, complex_rotations]
+             gqa_repeats, baddbmm_as_product, cross_entropy_spellings, complex_rotations,
+             squeezes_undone]
 
 
 def canonicalize(gm: fx.GraphModule, inputs: list | None = None) -> None:

@@ -27,7 +27,7 @@ import operator
 import torch
 from torch import fx
 
-from codegen.ops import node_dtype
+from codegen.ops import classify, node_dtype, node_shape
 from codegen.rewrites.common import _annotate, _einsum_parts, _float, _live, _replace
 
 
@@ -107,5 +107,58 @@ def einsum_as_matmul(gm: fx.GraphModule) -> bool:
         _annotate(made)  # shapes for the forms after this one (the attention scores' queries)
         new.meta = {**n.meta, **new.meta}
         _replace(n, new)
+        changed = True
+    return changed
+
+
+def _row_wise(gm: fx.GraphModule, n: fx.Node) -> bool:
+    """n computes each element from its one tensor operand's element (a cast, a unary op, an op
+    with a number) or is a softmax over the last dim: the same op on a view with one more
+    size-1 dim before the last gives that view of its result."""
+    if n.op not in ("call_function", "call_method"):
+        return False
+    op = classify(n, gm)
+    tensors = [o for o in op.operands if isinstance(o, fx.Node) and node_shape(o) is not None]
+    if len(tensors) != 1 or any(isinstance(o, fx.Node) and node_dtype(o) is not None and o is not tensors[0]
+                                for o in op.operands):
+        return False
+    if op.kind == "pointwise":
+        return node_shape(tensors[0]) == node_shape(n)
+    return op.kind == "softmax" and op.p.get("dim") == -1
+
+
+def squeezes_undone(gm: fx.GraphModule) -> bool:
+    """``unsqueeze(f(squeeze(x, -2)), -2)`` with f a chain of row-wise ops (casts, scalings,
+    a softmax over the last dim), each read only by the next, is ``f(x)``: decode attention
+    written with a 3-d query (``einsum('bhd,bhsd->bhs', q, k)``, written as a product of a
+    query with one row) keeps its row dim through the softmax, so rw-attention sees
+    ``softmax(q @ k^T * c) @ v`` (the split-KV decode kernel)."""
+    graph = gm.graph
+    changed = False
+    for u in _live(graph):
+        if not (u.op == "call_method" and u.target == "unsqueeze" and len(u.args) == 2
+                and u.args[1] == -2 and not u.kwargs and isinstance(u.args[0], fx.Node)):
+            continue
+        chain, s = [], u.args[0]
+        while _row_wise(gm, s) and len(s.users) == 1:
+            chain.append(s)
+            s = next(o for o in classify(s, gm).operands if isinstance(o, fx.Node) and node_shape(o) is not None)
+        if not (s.op == "call_method" and s.target == "squeeze" and len(s.args) == 2 and s.args[1] == -2
+                and not s.kwargs and isinstance(s.args[0], fx.Node) and len(s.users) == 1):
+            continue
+        x = s.args[0]
+        xs = node_shape(x)
+        if xs is None or len(xs) < 2 or xs[-2] != 1:
+            continue
+        first = chain[-1] if chain else None
+        if first is None:
+            u.replace_all_uses_with(x)
+        else:
+            first.replace_input_with(s, x)
+            u.replace_all_uses_with(chain[0])
+        graph.erase_node(u)
+        graph.erase_node(s)
+        for m in chain:  # shapes change: the next propagation records them
+            m.meta.pop("tensor_meta", None)
         changed = True
     return changed
