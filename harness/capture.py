@@ -540,7 +540,8 @@ class _ShapeIter:
                 continue
             order.append(m)
             todo.extend(m.all_input_nodes)
-        for m in sorted(order, key=lambda x: list(x.graph.nodes).index(x)):
+        pos = {m: i for i, m in enumerate(node.graph.nodes)}
+        for m in sorted(order, key=pos.__getitem__):
             if m.op == "placeholder":
                 i = placeholders.index(m)
                 if i >= len(self.meta_inputs):
