@@ -124,10 +124,6 @@ LM_SPELLINGS = {
         ret("F.nll_loss(F.log_softmax(z.view(-1, z.shape[-1]), 1), t.view(-1), ignore_index=4, "
             "reduction='sum')"),
         ret("F.cross_entropy(z.view(-1, z.shape[-1]), t.view(-1), ignore_index=4, reduction='sum')"), H3),
-    # training code's rows: log_softmax over the vocabulary, then flattened (its size read once)
-    "nll_rows_of_log_softmax": (
-        "        lp = F.log_softmax(z, dim=-1)\n" + ret("F.nll_loss(lp.view(-1, lp.size(-1)), t.view(-1))"),
-        ret("F.cross_entropy(z.view(-1, z.shape[-1]), t.view(-1))"), H3),
     "gather": (ret("torch.log_softmax(z, -1).gather(-1, t.unsqueeze(-1)).squeeze(-1)"), ret(PER_TOKEN), H3),
     "gather_mean": (ret("-torch.log_softmax(z, -1).gather(-1, t.unsqueeze(-1)).squeeze(-1).mean()"),
                     ret(f"({PER_TOKEN}).mean()"), H3),
@@ -172,9 +168,6 @@ NOT_TAKEN = {
     "log_softmax_also_returned": (
         "        lp = torch.log_softmax(z, -1)\n" + ret("lp.gather(-1, t.unsqueeze(-1)).squeeze(-1), lp.exp()"), Z2),
     "nll_log_softmax_also_returned": ("        lp = F.log_softmax(z, 1)\n" + ret("F.nll_loss(lp, t), lp"), Z2),
-    # rows of a log_softmax over another dim than the vocabulary's
-    "nll_rows_of_log_softmax_dim0": (
-        "        lp = F.log_softmax(z, dim=0)\n" + ret("F.nll_loss(lp.view(-1, lp.size(-1)), t.view(-1))"), Z3),
     "nll_of_log_softmax_over_dim_0": (ret("F.nll_loss(F.log_softmax(z, 0), t)"),
                                       "[torch.randn(6, 6), torch.randint(0, 6, (6,))]"),
     "gather_along_dim_0": (ret("torch.log_softmax(z, -1).gather(0, t.unsqueeze(-1)).squeeze(-1)"),

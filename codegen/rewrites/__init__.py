@@ -106,8 +106,6 @@ def canonicalize(gm: fx.GraphModule, inputs: list | None = None) -> None:
     changed = False
     for fn in CANONICAL:
         changed |= bool(fn(gm))
-    if changed:  # a form can leave a value nothing reads (a product whose shape was queried)
-        drop_dead_code(gm)
     gm.graph.lint()
     if changed and inputs is not None:
         from harness.capture import propagate  # meta shapes; graph breaks, recurrent layers

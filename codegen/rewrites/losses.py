@@ -4,7 +4,7 @@ from __future__ import annotations
 from torch import fx
 
 from codegen.ops import classify, node_dtype, node_shape
-from codegen.rewrites.common import (_attr_node, _erase_unused_above, _float, _is_shape_query, _live, _replace,
+from codegen.rewrites.common import (_attr_node, _erase_unused_above, _float, _live, _replace,
                                      _sub_operands)
 
 
@@ -208,20 +208,16 @@ def _nll_of_log_softmax(gm: fx.GraphModule, n: fx.Node) -> bool:
     elif not (n.op == "call_function" and n.target is F.nll_loss and len(n.args) >= 2):
         return False
     logp, t = n.args[0], n.args[1]
-    flat, logp = _rows_of_log_softmax(gm, logp)
     ls = _log_softmax(logp, gm)
     if ls is None or len(logp.users) != 1 or not isinstance(t, fx.Node):
         return False
     z, dim, dtype = ls
     shape = node_shape(z)
-    want = len(shape) - 1 if flat is not None else (0 if len(shape) == 1 else 1)
-    if dim != want or node_dtype(t) != torch.int64 or node_shape(t) is None \
+    if dim != (0 if len(shape) == 1 else 1) or node_dtype(t) != torch.int64 or node_shape(t) is None \
             or not _no_writes_between(logp, n, gm):
         return False
     graph = gm.graph
     with graph.inserting_before(n):
-        if flat is not None:  # log_softmax over the last dim, then rows: the rows of z
-            z = graph.call_method("reshape", (z, -1, shape[-1]))
         z = _cast(graph, z, dtype)
         if module is None:
             args, kwargs = (z, t, *n.args[2:]), dict(n.kwargs)
@@ -233,37 +229,8 @@ def _nll_of_log_softmax(gm: fx.GraphModule, n: fx.Node) -> bool:
         new = graph.call_function(F.cross_entropy, args, kwargs)
     new.meta = dict(n.meta)
     _replace(n, new)
-    if flat is not None:
-        graph.erase_node(flat)
     graph.erase_node(logp)
     return True
-
-
-def _rows_of_log_softmax(gm: fx.GraphModule, v) -> tuple:
-    """(the view, the log_softmax) when v is ``log_softmax(z, -1).view(-1, V)`` (reshape,
-    view or flatten of the leading dims into one, the view read once, the log_softmax read by
-    the view alone): training code's ``F.nll_loss(logp.view(-1, V), t.view(-1))``; else
-    (None, v)."""
-    if not isinstance(v, fx.Node) or v.op not in ("call_function", "call_method") or len(v.users) != 1:
-        return None, v
-    op = classify(v, gm)
-    inner = v.args[0] if v.args else None
-    if op.kind != "view" or op.name not in ("view", "reshape", "flatten") or not isinstance(inner, fx.Node):
-        return None, v
-    ls = _log_softmax(inner, gm)
-    shape, vs = node_shape(inner), node_shape(v)
-    queries = [u for u in inner.users if u is not v]
-    if ls is None or not all(_is_shape_query(u) for u in queries) or shape is None or vs is None \
-            or len(shape) < 2:
-        return None, v
-    rows = 1
-    for d in shape[:-1]:
-        rows *= int(d)
-    if tuple(vs) != (rows, shape[-1]) or ls[1] != len(shape) - 1:
-        return None, v
-    for q in queries:  # ``logp.size(-1)``: z has the log-probabilities' shape
-        q.replace_input_with(inner, ls[0])
-    return v, inner
 
 
 def _picked_log_prob(gm: fx.GraphModule, n: fx.Node) -> bool:

@@ -127,31 +127,26 @@ def _elementwise_root(gm: fx.GraphModule, x: fx.Node) -> fx.Node | None:
 
 
 def _product_operands(gm: fx.GraphModule, x: fx.Node) -> tuple | None:
-    """(a, b, d) when x's shape is a's without its last dim, then b's dim d: x = a @ b (matmul,
-    bmm, ``@``; no bias; operands of x's rank, a's leading dims x's; d = -1) or x = linear(a,
-    W, bias) (b = W, d = 0)."""
+    """(a, b) when x = a @ b (matmul, bmm, ``@``; no bias) of operands of x's rank whose leading
+    dims are x's: x's shape is a's without its last dim, then b's last dim."""
     if x.op not in ("call_function", "call_method"):
         return None
     op = classify(x, gm)
-    if op.kind != "matmul":
+    if op.kind != "matmul" or op.name not in ("matmul", "bmm", "mm") or any(
+            o is not None for o in op.operands[2:]):
         return None
     a, b = op.operands[:2]
     sx, sa, sb = node_shape(x), node_shape(a), node_shape(b)
-    if sx is None or sa is None or sb is None or tuple(sa[:-1]) != tuple(sx[:-1]):
+    if (sx is None or sa is None or sb is None or not (len(sx) == len(sa) == len(sb) >= 2)
+            or tuple(sa[:-1]) != tuple(sx[:-1]) or sb[-1] != sx[-1]):
         return None
-    if op.name == "linear":
-        return (a, b, 0) if len(sb) == 2 and sb[0] == sx[-1] and len(sa) == len(sx) else None
-    if op.name not in ("matmul", "bmm", "mm") or any(o is not None for o in op.operands[2:]):
-        return None
-    if not (len(sx) == len(sa) == len(sb) >= 2) or sb[-1] != sx[-1]:
-        return None
-    return a, b, -1
+    return a, b
 
 
-def _product_shape_query(gm: fx.GraphModule, q: fx.Node, a: fx.Node, b: fx.Node, bd: int) -> bool:
-    """Answer the shape query q of a product from its operands' shapes (``s.shape`` ->
-    ``torch.Size(a.shape[:-1] + (b.shape[bd],))``, ``s.size(d)`` -> ``a.size(d)`` or
-    ``b.size(bd)``, ``s.dim()`` -> ``a.dim()``)."""
+def _product_shape_query(gm: fx.GraphModule, q: fx.Node, a: fx.Node, b: fx.Node) -> bool:
+    """Answer the shape query q of a @ b from a's and b's shapes (``s.shape`` ->
+    ``torch.Size(a.shape[:-1] + (b.shape[-1],))``, ``s.size(d)`` -> ``a.size(d)`` or
+    ``b.size(-1)``, ``s.dim()`` -> ``a.dim()``)."""
     import operator
 
     import torch
@@ -164,7 +159,7 @@ def _product_shape_query(gm: fx.GraphModule, q: fx.Node, a: fx.Node, b: fx.Node,
         with graph.inserting_before(q):
             lead = graph.call_function(operator.getitem, (graph.call_function(getattr, (a, "shape")),
                                                           slice(None, -1)))
-            last = graph.call_function(operator.getitem, (graph.call_function(getattr, (b, "shape")), bd))
+            last = graph.call_function(operator.getitem, (graph.call_function(getattr, (b, "shape")), -1))
             new = graph.call_function(torch.Size, (graph.call_function(operator.add, (lead, (last,))),))
         q.replace_all_uses_with(new)
         graph.erase_node(q)
@@ -176,7 +171,7 @@ def _product_shape_query(gm: fx.GraphModule, q: fx.Node, a: fx.Node, b: fx.Node,
         if not -rank <= q.args[1] < rank:
             return False
         d = q.args[1] % rank
-        q.args = (b, bd) if d == rank - 1 else (a, d)
+        q.args = (b, -1) if d == rank - 1 else (a, d)
         return True
     return False
 
