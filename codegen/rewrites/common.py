@@ -190,3 +190,19 @@ def _annotate(nodes: list) -> bool:
             return False
         n.meta["tensor_meta"] = _extract_tensor_metadata(out)
     return True
+
+
+def _shape_query_kind(q: fx.Node, rank: int):
+    """What the shape query q of a tensor of this rank asks: "shape" (``x.shape``, ``x.size()``),
+    "dim" (``x.dim()``), the dim d >= 0 of ``x.size(d)``, or None for another form."""
+    if q.op == "call_function" and q.target is getattr and len(q.args) == 2 and q.args[1] == "shape":
+        return "shape"
+    if q.op != "call_method" or q.kwargs:
+        return None
+    if q.target == "size" and len(q.args) == 1:
+        return "shape"
+    if q.target == "dim" and len(q.args) == 1:
+        return "dim"
+    if q.target == "size" and len(q.args) == 2 and isinstance(q.args[1], int) and -rank <= q.args[1] < rank:
+        return q.args[1] % rank
+    return None

@@ -5,7 +5,7 @@ from __future__ import annotations
 from torch import fx
 
 from codegen.ops import classify, node_dtype, node_shape
-from codegen.rewrites.common import _float, _is_shape_query, _live
+from codegen.rewrites.common import _float, _is_shape_query, _live, _shape_query_kind
 
 
 def fold_dtype_queries(gm: fx.GraphModule) -> bool:
@@ -153,9 +153,8 @@ def _product_shape_query(gm: fx.GraphModule, q: fx.Node, a: fx.Node, b: fx.Node)
 
     graph = gm.graph
     rank = len(node_shape(a))
-    whole = (q.op == "call_function" and q.target is getattr) or (
-        q.target == "size" and len(q.args) == 1 and not q.kwargs)
-    if whole:
+    kind = _shape_query_kind(q, rank)
+    if kind == "shape":
         with graph.inserting_before(q):
             lead = graph.call_function(operator.getitem, (graph.call_function(getattr, (a, "shape")),
                                                           slice(None, -1)))
@@ -164,14 +163,11 @@ def _product_shape_query(gm: fx.GraphModule, q: fx.Node, a: fx.Node, b: fx.Node)
         q.replace_all_uses_with(new)
         graph.erase_node(q)
         return True
-    if q.target == "dim" and len(q.args) == 1 and not q.kwargs:
+    if kind == "dim":
         q.replace_input_with(q.args[0], a)
         return True
-    if q.target == "size" and len(q.args) == 2 and isinstance(q.args[1], int) and not q.kwargs:
-        if not -rank <= q.args[1] < rank:
-            return False
-        d = q.args[1] % rank
-        q.args = (b, -1) if d == rank - 1 else (a, d)
+    if isinstance(kind, int):
+        q.args = (b, -1) if kind == rank - 1 else (a, kind)
         return True
     return False
 

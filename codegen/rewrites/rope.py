@@ -4,7 +4,8 @@ from __future__ import annotations
 from torch import fx
 
 from codegen.ops import classify, node_shape
-from codegen.rewrites.common import _erase_unused_above, _float, _is_shape_query, _live, _replace, _static_int
+from codegen.rewrites.common import (_erase_unused_above, _float, _is_shape_query, _live, _replace,
+                                     _shape_query_kind, _static_int)
 
 
 def _half_of(v):
@@ -191,16 +192,10 @@ def _complex_shape_queries(graph: fx.Graph, queries: list, x: fx.Node) -> bool:
     rank = len(node_shape(x))
     plan = []
     for q in queries:
-        if (q.op == "call_function" and q.target is getattr and q.args[1] == "shape") or (
-                q.op == "call_method" and q.target == "size" and len(q.args) == 1 and not q.kwargs):
-            plan.append((q, "shape"))
-        elif q.op == "call_method" and q.target == "dim" and len(q.args) == 1 and not q.kwargs:
-            plan.append((q, "dim"))
-        elif (q.op == "call_method" and q.target == "size" and len(q.args) == 2 and not q.kwargs
-              and isinstance(q.args[1], int) and -rank <= q.args[1] < rank):
-            plan.append((q, q.args[1] % rank))
-        else:
+        kind = _shape_query_kind(q, rank)
+        if kind is None:
             return False
+        plan.append((q, kind))
     for q, what in plan:
         with graph.inserting_before(q):
             if what == "dim":
