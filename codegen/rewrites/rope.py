@@ -275,7 +275,7 @@ def complex_rotations(gm: fx.GraphModule) -> bool:
         if not (isinstance(y, fx.Node) and _float(y)):
             continue
         queries = [u for u in vc.users if u is not prod]
-        if queries and not _complex_shape_queries(graph, queries, src):
+        if queries and not _complex_shape_queries(graph, queries, y):
             continue
         with graph.inserting_before(flat):
             x = src
