@@ -94,46 +94,50 @@ def _step(spec: AttentionSpec) -> tuple[list[str], str, list[str]]:
     return STEP, "acc * alpha[:, None]", ["m_i = m_new"]
 
 
-def _flash(spec: AttentionSpec, kname: str) -> str:
+def _key_block(spec: AttentionSpec, masked: bool, bound: str, rows: str) -> list[str]:
+    """One step over the key block at n0: scores, online softmax, P V. ``masked``: keys past
+    ``bound`` and (causal) keys after the query row ``rows`` are masked; whole blocks load
+    without a key mask, and without any mask when the head dim fills BLOCK_D (EVEN_D: a mask on
+    a runtime D keeps the loads from being vectorized)."""
     opt, p_cast = _dots(spec)
     step, carry, after = _step(spec)
+    kmask = "mn[None, :] & md[:, None]" if masked else "md[:, None]"
+    vmask = "mn[:, None] & md[None, :]" if masked else "md[None, :]"
+    kp = "K + kb + rn[None, :] * skn + rd[:, None] * skd"
+    vp = "V + vb + rn[:, None] * svn + rd[None, :] * svd"
+    lines = ["rn = n0 + tl.arange(0, BLOCK_N)", f"mn = rn < {bound}"]
+    if masked:
+        lines.append(f"kt = tl.load({kp}, mask={kmask}, other=0.0)")
+    else:
+        lines += ["if EVEN_D:", f"    kt = tl.load({kp})", "else:",
+                  f"    kt = tl.load({kp}, mask={kmask}, other=0.0)"]
+    lines += [
+        "if DOT_F32:",
+        "    kt = kt.to(tl.float32)",
+        f"s = tl.dot(q, kt{opt}) * QK_SCALE",  # scores in log2 units
+    ]
+    if masked:
+        lines += ["keep = mn[None, :]",
+                  "if CAUSAL:",
+                  f"    keep = keep & (rn[None, :] <= {rows}[:, None])",
+                  's = tl.where(keep, s, float("-inf"))']
+    lines += step
+    if masked:
+        lines.append(f"v = tl.load({vp}, mask={vmask}, other=0.0)")
+    else:
+        lines += ["if EVEN_D:", f"    v = tl.load({vp})", "else:",
+                  f"    v = tl.load({vp}, mask={vmask}, other=0.0)"]
+    lines += [
+        "if DOT_F32:",
+        "    v = v.to(tl.float32)",
+        *p_cast,
+        f"acc = tl.dot(pv, v, {carry}{opt})",
+        *after,
+    ]
+    return lines
 
-    def block(masked: bool) -> list[str]:
-        kmask = "mn[None, :] & md[:, None]" if masked else "md[:, None]"
-        vmask = "mn[:, None] & md[None, :]" if masked else "md[None, :]"
-        kp = "K + kb + rn[None, :] * skn + rd[:, None] * skd"
-        vp = "V + vb + rn[:, None] * svn + rd[None, :] * svd"
-        lines = ["rn = n0 + tl.arange(0, BLOCK_N)", "mn = rn < N"]
-        if masked:
-            lines.append(f"kt = tl.load({kp}, mask={kmask}, other=0.0)")
-        else:  # whole key blocks: no mask at all when the head dim fills BLOCK_D
-            lines += ["if EVEN_D:", f"    kt = tl.load({kp})", "else:",
-                      f"    kt = tl.load({kp}, mask={kmask}, other=0.0)"]
-        lines += [
-            "if DOT_F32:",
-            "    kt = kt.to(tl.float32)",
-            f"s = tl.dot(q, kt{opt}) * QK_SCALE",  # scores in log2 units
-        ]
-        if masked:
-            lines += ["keep = mn[None, :]",
-                      "if CAUSAL:",
-                      "    keep = keep & (rn[None, :] <= rm[:, None])",
-                      's = tl.where(keep, s, float("-inf"))']
-        lines += step
-        if masked:
-            lines.append(f"v = tl.load({vp}, mask={vmask}, other=0.0)")
-        else:
-            lines += ["if EVEN_D:", f"    v = tl.load({vp})", "else:",
-                      f"    v = tl.load({vp}, mask={vmask}, other=0.0)"]
-        lines += [
-            "if DOT_F32:",
-            "    v = v.to(tl.float32)",
-            *p_cast,
-            f"acc = tl.dot(pv, v, {carry}{opt})",
-            *after,
-        ]
-        return lines
 
+def _flash(spec: AttentionSpec, kname: str) -> str:
     body = [
         "pid_m = tl.program_id(0)",
         "if CAUSAL:  # the longest rows first: the short ones fill the tail",
@@ -163,9 +167,9 @@ def _flash(spec: AttentionSpec, kname: str) -> str:
         "    hi = N",
         "for n0 in range(0, full, BLOCK_N):",
     ]
-    body += ["    " + ln for ln in block(False)]
+    body += ["    " + ln for ln in _key_block(spec, False, "N", "rm")]
     body.append("for n0 in range(full, hi, BLOCK_N):  # the diagonal and the edge: masked")
-    body += ["    " + ln for ln in block(True)]
+    body += ["    " + ln for ln in _key_block(spec, True, "N", "rm")]
     body += [
         "out = acc / l_i[:, None]" if spec.score == "softmax" else "out = acc",
         "tl.store(O + bh * M * D + rm[:, None] * D + rd[None, :], out.to(O.dtype.element_ty),",
@@ -182,8 +186,6 @@ def _split(spec: AttentionSpec, kname: str) -> str:
     """Split-KV decode: program (b * HKV + hk, s) holds the G * M query rows of key/value head
     hk packed as tile rows r (head hk * G + r // M, query r % M) and walks keys [s * CHUNK,
     (s + 1) * CHUNK)."""
-    opt, p_cast = _dots(spec)
-    step, carry, after = _step(spec)
     body = [
         "bhk = tl.program_id(0).to(tl.int64)",
         "sp = tl.program_id(1)",
@@ -207,28 +209,14 @@ def _split(spec: AttentionSpec, kname: str) -> str:
         "acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)",
         "lo = sp * CHUNK",
         "hi = tl.minimum(NE, lo + CHUNK)",
-        "for n0 in range(lo, hi, BLOCK_N):",
-        "    rn = n0 + tl.arange(0, BLOCK_N)",
-        "    mn = rn < hi",
-        "    kt = tl.load(K + kb + rn[None, :] * skn + rd[:, None] * skd,",
-        "                 mask=mn[None, :] & md[:, None], other=0.0)",
-        "    if DOT_F32:",
-        "        kt = kt.to(tl.float32)",
-        f"    s = tl.dot(q, kt{opt}) * QK_SCALE",
-        "    keep = mn[None, :]",
-        "    if CAUSAL:",
-        "        keep = keep & (rn[None, :] <= mq[:, None])",
-        '    s = tl.where(keep, s, float("-inf"))',
+        # whole key blocks of the chunk need no key mask (causal decode rows: always masked)
+        "full = lo if CAUSAL else lo + ((hi - lo) // BLOCK_N) * BLOCK_N",
+        "for n0 in range(lo, full, BLOCK_N):",
     ]
-    body += ["    " + ln for ln in step]
+    body += ["    " + ln for ln in _key_block(spec, False, "hi", "mq")]
+    body.append("for n0 in range(full, hi, BLOCK_N):  # the chunk's last, partial block: masked")
+    body += ["    " + ln for ln in _key_block(spec, True, "hi", "mq")]
     body += [
-        "    v = tl.load(V + vb + rn[:, None] * svn + rd[None, :] * svd,",
-        "                mask=mn[:, None] & md[None, :], other=0.0)",
-        "    if DOT_F32:",
-        "        v = v.to(tl.float32)",
-        *["    " + ln for ln in p_cast],
-        f"    acc = tl.dot(pv, v, {carry}{opt})",
-        *["    " + ln for ln in after],
         "om = mr[:, None] & md[None, :]",
         "if SPLITS == 1:  # one chunk: normalize and store the output directly",
         "    out = acc / l_i[:, None]" if spec.score == "softmax" else "    out = acc",
@@ -243,7 +231,7 @@ def _split(spec: AttentionSpec, kname: str) -> str:
     params = ["Q", "K", "V", "O", "OP", "MP", "LP", "sqb", "sqh", "sqm", "sqd", "skb", "skh",
               "skn", "skd", "svb", "svh", "svn", "svd", "H", "HKV", "M", "NE", "D", "QK_SCALE",
               "CHUNK", "SPLITS: tl.constexpr", "CAUSAL: tl.constexpr", "DOT_F32: tl.constexpr",
-              "BLOCK_M: tl.constexpr", "BLOCK_N: tl.constexpr", "BLOCK_D: tl.constexpr"]
+              "EVEN_D: tl.constexpr", "BLOCK_M: tl.constexpr", "BLOCK_N: tl.constexpr", "BLOCK_D: tl.constexpr"]
     return f"@triton.jit\ndef {kname}_split({', '.join(params)}):\n{indent(body, 4)}\n"
 
 
@@ -322,7 +310,7 @@ def render(spec: AttentionSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         "        op = mp = lp = o",
         f"    {kname}_split[(B * HKV, splits)](q4, k4, v4, o, op, mp, lp, *q4.stride(), *k4.stride(),",
         "        *v4.stride(), H, HKV, M, ne, D, qk_scale, chunk, SPLITS=splits,",
-        f"        CAUSAL={causal}, DOT_F32=f32, BLOCK_M=BR, BLOCK_N={bn}, BLOCK_D=BD,",
+        f"        CAUSAL={causal}, DOT_F32=f32, EVEN_D=D == BD, BLOCK_M=BR, BLOCK_N={bn}, BLOCK_D=BD,",
         f"        num_warps={min(nw, DECODE_WARPS)}, num_stages={ns})",
         "    if splits > 1:",
         f"        {kname}_merge[(B * HKV * G * M,)](o, op, mp, lp, H, HKV, G, M, D, splits,",
