@@ -61,8 +61,8 @@ VARIANTS = {
              ("2 rows", {"norm": {"BLOCK_O": 2, "num_warps": 8}})],
 }
 KIND_OF = {"01": "norm", "02": "norm", "10": "norm", "11": "norm", "15": "norm",
-           "06": "decode", "12": "decode", "17": "decode", "07": "prefill", "13": "prefill",
-           "08": "lm_head", "16": "lm_head", "09": "gemv"}
+           "06": "decode", "12": "decode", "17": "decode", "19": "decode", "07": "prefill", "13": "prefill",
+           "08": "lm_head", "16": "lm_head", "20": "lm_head", "09": "gemv"}
 
 #: what was expected before any GPU run of these kernels (stage 1, heuristic configurations):
 #: (EGG ms, speedup over torch.compile, why); the table adds the percent of roofline these ms

@@ -125,6 +125,19 @@ def test_the_generator_covers_the_spellings_the_issue_names(problems):
     assert used == names, names - used
 
 
+#: (problem, rule): equivalent variants (their values agree) that the compiler plans otherwise
+#: today, gaps of the compiler and not of the variants; each fails the test once its gap closes
+#: (the entry is then removed), and the case is reported as xfail until then
+PLAN_GAPS = {
+    ("19_gqa_decode_einsum", "softmax_written_out"):
+        "the written-out softmax is torch.softmax again only through rw-softmax, a rule, after the "
+        "canonical forms ran (squeezes_undone saw no softmax between the einsums' squeeze and "
+        "unsqueeze), and rw-softmax writes it over dim 2, which squeezes_undone does not take for "
+        "the last dim (it asks for -1): one softmax kernel, the einsums two library matmuls on the "
+        "repeat_interleave'd cache, not the one attention kernel",
+}
+
+
 @pytest.mark.parametrize("name", _cases())
 def test_every_variant_gets_the_same_plan_and_eager_values(name, problems):
     paths, out = problems
@@ -132,12 +145,19 @@ def test_every_variant_gets_the_same_plan_and_eager_values(name, problems):
     base_sig = signature(path)
     base = eager_outputs(path)
     found = V.variants(path.read_text())
+    gaps = []
     for rule, src in found:
         vp = out / f"{name}__{rule.name}.py"
         vp.write_text(src)
         why = agree(base, eager_outputs(vp))
         assert why is None, f"{name} / {rule.name}: not an equivalent variant: {why}"
+        if (name, rule.name) in PLAN_GAPS:
+            assert signature(vp) != base_sig, f"{name} / {rule.name}: the plan gap closed, remove it from PLAN_GAPS"
+            gaps.append(f"{rule.name}: {PLAN_GAPS[name, rule.name]}")
+            continue
         assert signature(vp) == base_sig, f"{name} / {rule.name}: plan differs"
+    if gaps:
+        pytest.xfail("; ".join(gaps))
 
 
 def test_the_value_check_rejects_a_variant_that_is_not_equivalent(problems):
@@ -224,7 +244,8 @@ SPELLINGS = [
     (("01_rms_norm", "10_rms_norm_fp32_weight", "15_rms_norm_sum_div"), True),
     (("06_gqa_decode_attention", "12_gqa_decode_attention_manual", "17_sdpa_repeated_kv_decode"), True),
     (("07_causal_prefill_attention", "13_causal_prefill_attention_manual"), True),
-    (("03_rope", "14_rope_interleaved"), False),  # the other pairing of columns: other values
+    (("03_rope", "14_rope_interleaved", "18_rope_complex"), False),  # other pairings / layouts: other values
+    (("06_gqa_decode_attention", "19_gqa_decode_einsum"), False),  # a 3-d query: other shapes
     (("08_lm_head_cross_entropy", "16_lm_head_cross_entropy_padded"), False),  # other inputs
 ]
 

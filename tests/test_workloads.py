@@ -160,21 +160,53 @@ def test_gpu_llm_kernels_script_runs_on_the_cpu(tmp_path):
     assert "| norm | yes |" in row and "| 0.037, -%, 2.0x |" in row  # no floor on the CPU
 
 
-@pytest.mark.parametrize("name", ["07_causal_prefill_attention.py", "12_gqa_decode_attention_manual.py",
-                                  "08_lm_head_cross_entropy.py", "14_rope_interleaved.py"],
-                         ids=lambda n: n[:-3])
+#: the plan (template kinds of its groups, in order) each drop-in file below gets at small shapes
+KINDS = {
+    "07_causal_prefill_attention.py": ["attention"],
+    "12_gqa_decode_attention_manual.py": ["attention"],
+    "08_lm_head_cross_entropy.py": ["linear_ce"],
+    "14_rope_interleaved.py": ["pointwise", "pointwise"],
+    # complex_rotations: x * cos + rotate_pairs(x) * sin, one pointwise kernel per tensor
+    "18_rope_complex.py": ["pointwise", "pointwise"],
+    # squeezes_undone + rw-attention: the einsums of a 3-d query, one decode attention kernel
+    "19_gqa_decode_einsum.py": ["attention"],
+    # the gather of log_softmax is -cross_entropy(reduction='none'): the fused LM head + loss,
+    # then the negation of the [tokens] losses as a pointwise kernel of its own
+    "20_lm_head_token_logprobs.py": ["linear_ce", "pointwise"],
+}
+#: files whose emitted source the verifier's static check rejects (a gap of the compiler, not of
+#: the file: `egg verify` calls the kernel a cheat and a run keeps the reference); xfail until
+#: it passes, then the test fails and the entry is removed
+STATIC_GAPS = {
+    # _egg_complex_fits (knowledge/templates/_runtime.py), copied into the file by the complex
+    # rotation rewrite, calls getattr(m, method) with the reshape/view name as a variable
+    "18_rope_complex.py": "reads attributes by computed name (getattr)",
+}
+
+
+@pytest.mark.parametrize("name", list(KINDS), ids=lambda n: n[:-3])
 def test_llm_kernel_files_are_drop_ins(name, small_dir):
     """The files of the new kernels (flash prefill, split-KV decode, LM head + CE, interleaved
-    RoPE) are drop-ins (tests/dropin.check_dropin: random state, train() and eval(), scaled
-    inputs, another batch size, grad mode), and their kernels run for the problem's own inputs."""
+    RoPE) and of the spellings the rules bring to them (RoPE by complex numbers, decode
+    attention by einsum, per-token log-probabilities) get their plans and are drop-ins
+    (tests/dropin.check_dropin: random state, train() and eval(), scaled inputs, another batch
+    size, grad mode), their kernels run for the problem's own inputs, and the verifier's static
+    check passes them."""
     from codegen.pipeline import compile_problem
+    from harness.verify import static_findings_src
     from tests.dropin import check_dropin
 
     path = small_dir / name
     comp = compile_problem(load_problem(path))
     assert comp.emitted is not None and comp.emitted.kernels, comp.error
+    assert [g.kind for g in comp.plan.groups] == KINDS[name]
     # move=False: the checker's move trial goes to float64 and back to float32, which for a
     # bf16 model is another dtype than the reference's (its Model stays bf16)
     report = check_dropin(path.read_text(), comp.emitted.source, calls=1, atol=2e-2, rtol=2e-2,
                           variants=("own", "x3", "neg", "batch", "grad"), move=False)
     assert report.fast("own", "train")
+    found = static_findings_src(comp.emitted.source, path.read_text())
+    if name in STATIC_GAPS:
+        assert found and all(STATIC_GAPS[name] in f for f in found), found
+        pytest.xfail(f"the static check rejects the emitted file: {found}")
+    assert found == [], found

@@ -33,6 +33,9 @@ SMALL = {
     "15_rms_norm_sum_div": "BATCH, SEQ, HIDDEN = 2, 8, 64",
     "16_lm_head_cross_entropy_padded": "BATCH, SEQ, HIDDEN, VOCAB, PAD = 2, 8, 64, 500, 3",
     "17_sdpa_repeated_kv_decode": "BATCH, Q_HEADS, KV_HEADS, HEAD_DIM, CACHE_LEN = 2, 4, 2, 16, 64",
+    "18_rope_complex": "BATCH, SEQ, Q_HEADS, KV_HEADS, HEAD_DIM = 2, 8, 4, 2, 16",
+    "19_gqa_decode_einsum": "BATCH, Q_HEADS, KV_HEADS, HEAD_DIM, CACHE_LEN = 2, 4, 2, 16, 64",
+    "20_lm_head_token_logprobs": "TOKENS, HIDDEN, VOCAB = 16, 64, 500",
 }
 
 
