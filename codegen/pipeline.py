@@ -102,8 +102,15 @@ def _plan(cap, disabled: set[str] | None, use_rewrites: bool, channels_last: boo
     (its graph changes in place)."""
     RW.canonicalize(cap.gm, cap.inputs)
     applied = RW.apply_all(cap.gm, cap.inputs) if use_rewrites else []
-    if applied:  # a rule's output may hold forms the canonical pass rewrites (shape queries)
-        RW.canonicalize(cap.gm, cap.inputs)
+    # a rule's output may hold forms the canonical pass rewrites (shape queries; a softmax
+    # written out, made torch.softmax by a rule, between the squeeze and unsqueeze of a one-row
+    # product), and the canonical form may let a rule apply again (the attention rule)
+    new = applied
+    for _round in range(4):
+        if not new or not RW.canonicalize(cap.gm, cap.inputs):
+            break
+        new = RW.apply_all(cap.gm, cap.inputs)
+        applied += [r for r in new if r not in applied]
     folds = fold_constants(cap.gm, non_persistent(cap.root) if cap.root is not None else set())
     params = L.channels_last(cap.gm) if channels_last else []
     plan = plan_fusion(cap.gm, disabled)

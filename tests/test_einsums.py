@@ -81,14 +81,23 @@ DECODE = (HEAD + "import math\nclass Model(nn.Module):\n    def forward(self, q,
           "def get_init_inputs():\n    return []\n")
 
 
-def test_decode_attention_by_einsum_is_one_attention_kernel(write_problem):
+@pytest.mark.parametrize("mid", [
+    "        p = torch.softmax(s.float(), -1).to(q.dtype)\n",
+    # the last dim named by its index: renamed -1 when the row dim comes back
+    "        p = torch.softmax(s.float(), 2).to(q.dtype)\n",
+    "        p = s.float().softmax(dim=2).to(q.dtype)\n",
+    # written out: torch.softmax again only through rw-softmax (a rule, after the canonical
+    # forms), which names the dim by its index; the canonical pass runs again, then the rules
+    "        e = torch.exp(s - s.amax(-1, keepdim=True))\n        p = e / e.sum(-1, keepdim=True)\n",
+])
+def test_decode_attention_by_einsum_is_one_attention_kernel(mid, write_problem):
     """A 3-d query (one token per head): the einsums are products of a one-row query
     (unsqueeze / squeeze), the squeeze undone through the scaling and the softmax, so
     rw-attention sees softmax(q @ k^T * c) @ v; the file is a drop-in."""
     from codegen.pipeline import compile_problem
     from tests.dropin import check_dropin
 
-    src = DECODE.replace("{mid}", "        p = torch.softmax(s.float(), -1).to(q.dtype)\n")
+    src = DECODE.replace("{mid}", mid)
     path = write_problem(src, "decode")
     plan, applied, err = pipeline.analyze(load_problem(path))
     assert err is None and [g.kind for g in plan.groups] == ["attention"] and "rw-attention" in applied
@@ -98,6 +107,8 @@ def test_decode_attention_by_einsum_is_one_attention_kernel(write_problem):
 
 @pytest.mark.parametrize("mid", [
     "        p = torch.softmax(s, 0)\n",  # over the batch: the row dim would move the softmax
+    "        p = torch.softmax(s, 1)\n",  # over the heads (dim 1 of 3): not the last
+    "        p = torch.softmax(s, 2, torch.float32)\n",  # dim by index, dtype positional: kept
     "        p = torch.softmax(s, -1) + s.sum(-1, keepdim=True) * 0.0\n",  # s read twice
 ])
 def test_squeezes_kept_where_the_row_dim_matters(mid, write_problem):

@@ -128,14 +128,7 @@ def test_the_generator_covers_the_spellings_the_issue_names(problems):
 #: (problem, rule): equivalent variants (their values agree) that the compiler plans otherwise
 #: today, gaps of the compiler and not of the variants; each fails the test once its gap closes
 #: (the entry is then removed), and the case is reported as xfail until then
-PLAN_GAPS = {
-    ("19_gqa_decode_einsum", "softmax_written_out"):
-        "the written-out softmax is torch.softmax again only through rw-softmax, a rule, after the "
-        "canonical forms ran (squeezes_undone saw no softmax between the einsums' squeeze and "
-        "unsqueeze), and rw-softmax writes it over dim 2, which squeezes_undone does not take for "
-        "the last dim (it asks for -1): one softmax kernel, the einsums two library matmuls on the "
-        "repeat_interleave'd cache, not the one attention kernel",
-}
+PLAN_GAPS: dict[tuple[str, str], str] = {}
 
 
 @pytest.mark.parametrize("name", _cases())

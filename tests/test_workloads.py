@@ -177,11 +177,7 @@ KINDS = {
 #: files whose emitted source the verifier's static check rejects (a gap of the compiler, not of
 #: the file: `egg verify` calls the kernel a cheat and a run keeps the reference); xfail until
 #: it passes, then the test fails and the entry is removed
-STATIC_GAPS = {
-    # _egg_complex_fits (knowledge/templates/_runtime.py), copied into the file by the complex
-    # rotation rewrite, calls getattr(m, method) with the reshape/view name as a variable
-    "18_rope_complex.py": "reads attributes by computed name (getattr)",
-}
+STATIC_GAPS: dict[str, str] = {}
 
 
 @pytest.mark.parametrize("name", list(KINDS), ids=lambda n: n[:-3])

@@ -101,8 +101,9 @@ CANONICAL = [modules_to_functionals, einsum_as_matmul, flipped_scans, exclusive_
              squeezes_undone]
 
 
-def canonicalize(gm: fx.GraphModule, inputs: list | None = None) -> None:
-    """Apply the canonical forms; re-propagate shapes (on meta inputs) if anything changed."""
+def canonicalize(gm: fx.GraphModule, inputs: list | None = None) -> bool:
+    """Apply the canonical forms; re-propagate shapes (on meta inputs) if anything changed.
+    True when anything changed."""
     changed = False
     for fn in CANONICAL:
         changed |= bool(fn(gm))
@@ -112,3 +113,4 @@ def canonicalize(gm: fx.GraphModule, inputs: list | None = None) -> None:
 
         gm.recompile()
         propagate(gm, inputs)
+    return changed

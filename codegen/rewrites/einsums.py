@@ -124,7 +124,24 @@ def _row_wise(gm: fx.GraphModule, n: fx.Node) -> bool:
         return False
     if op.kind == "pointwise":
         return node_shape(tensors[0]) == node_shape(n)
-    return op.kind == "softmax" and op.p.get("dim") == -1
+    d = op.p.get("dim")
+    # a dim written as rank - 1 is renamed -1 when the squeeze is undone: where it sits
+    # (a keyword, or the second of two arguments) is known
+    return op.kind == "softmax" and _last_dim(d, len(node_shape(n))) and (
+        d == -1 or "dim" in n.kwargs or len(n.args) == 2)
+
+
+def _last_dim(d, rank: int) -> bool:
+    return isinstance(d, int) and not isinstance(d, bool) and d in (-1, rank - 1)
+
+
+def _softmax_over_last(n: fx.Node) -> None:
+    """A softmax whose dim was the last (as -1 or as rank - 1) names it -1: its operand gains a
+    dim before the last."""
+    if "dim" in n.kwargs:
+        n.kwargs = {**n.kwargs, "dim": -1}
+    else:
+        n.args = (n.args[0], -1)
 
 
 def squeezes_undone(gm: fx.GraphModule) -> bool:
@@ -159,6 +176,8 @@ def squeezes_undone(gm: fx.GraphModule) -> bool:
         graph.erase_node(u)
         graph.erase_node(s)
         for m in chain:  # shapes change: the next propagation records them
+            if classify(m, gm).kind == "softmax" and classify(m, gm).p.get("dim") != -1:
+                _softmax_over_last(m)
             m.meta.pop("tensor_meta", None)
         changed = True
     return changed

@@ -400,7 +400,7 @@ def _egg_complex_fits(x, dtype, method, *shape):
     m = torch.empty(need, dtype=x.dtype, device="meta").as_strided(x.shape, x.stride(), x.storage_offset())
     if dtype is not None:
         m = m.to(dtype)
-    torch.view_as_complex(getattr(m, method)(*shape))
+    torch.view_as_complex(m.reshape(*shape) if method == "reshape" else m.view(*shape))
     return None
 
 
