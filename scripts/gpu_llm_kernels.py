@@ -87,6 +87,10 @@ PREDICT = {
     "15": (0.037, 2.0, "one norm kernel after the canonical forms"),
     "16": (3.45, 1.0, "as 08 (3-d states flattened, 64 ignored targets)"),
     "17": (0.075, 5.0, "the repeat_interleave copies folded into enable_gqa (eager copies 1 GB, estimated)"),
+    "18": (0.076, 2.0, "complex RoPE as x * cos + rotate_pairs(x) * sin: 14's kernel time (0.076 ms)"),
+    "19": (0.080, 5.0, "the decode einsums as 12's split-KV kernel, its key blocks loaded unmasked "
+                       "(EVEN_D): 12's 0.134 ms down to ~0.08"),
+    "20": (3.35, 1.0, "the log-probs gather as -cross_entropy(reduction='none'): 08's linear_ce time"),
 }
 
 
