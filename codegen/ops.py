@@ -357,6 +357,22 @@ def _describe(node: fx.Node) -> str:
     return f"fn:{getattr(t, '__module__', '')}.{getattr(t, '__name__', str(t))}"
 
 
+
+def _parameter_shape(n: fx.Node):
+    """The shape of a parameter or buffer read as ``self.weight.shape`` (or ``.size()``): fixed
+    once the module is built, so a constant; None for the shape of anything else (an input's
+    shape changes from call to call)."""
+    if n.op == "call_function" and n.target is getattr and n.args[1:] == ("shape",):
+        src = n.args[0]
+    elif n.op == "call_method" and n.target == "size" and len(n.args) == 1 and not n.kwargs:
+        src = n.args[0]
+    else:
+        return None
+    if not (isinstance(src, fx.Node) and src.op == "get_attr"):
+        return None
+    shape = node_shape(src)
+    return tuple(int(d) for d in shape) if shape is not None else None
+
 def classify(node: fx.Node, gm: fx.GraphModule) -> NOp:
     """Normalize one fx node; anything unknown or unsupported becomes a library op."""
     if node.op in ("placeholder", "output"):
@@ -522,8 +538,17 @@ def _from_name(name: str, node: fx.Node, args: tuple, kwargs: dict, extra: dict 
             raise TypeError(f"{name}: input is not a floating tensor")
         p = {"eps": b.get("eps"), "num_groups": b.get("num_groups"),
              "normalized_shape": b.get("normalized_shape")}
-        if isinstance(p["normalized_shape"], int):
-            p["normalized_shape"] = (p["normalized_shape"],)
+        ns = p["normalized_shape"]
+        if isinstance(ns, fx.Node):  # nanoGPT's F.layer_norm(x, self.weight.shape, ...)
+            ns = _parameter_shape(ns)
+            if ns is None:
+                raise TypeError(f"{name}: normalized_shape read from a tensor's shape in forward")
+        if isinstance(ns, int):
+            ns = (ns,)
+        if ns is not None and not (isinstance(ns, (tuple, list)) and all(
+                isinstance(d, int) and not isinstance(d, bool) for d in ns)):
+            raise TypeError(f"{name}: normalized_shape is not a constant")
+        p["normalized_shape"] = tuple(ns) if ns is not None else None
         return NOp("norm", op.name, node, [b["input"], b.get("weight"), b.get("bias")], p)
     if name == "where_method":  # x.where(cond, other)
         b = _bind(_d("w", "x", ["input", "condition", "other"]), args, kwargs)

@@ -491,6 +491,81 @@ def test_redundant_upcasts(body, dropped, write_problem):
     assert ("float" not in ops) is dropped, ops
 
 
+@pytest.mark.parametrize("body,kind", [
+    # Hugging Face's eager attention and MoE routers: softmax in fp32 by dtype=
+    ("        return torch.nn.functional.softmax(s, dim=-1, dtype=torch.float32).to(s.dtype)\n", "softmax"),
+    ("        return torch.softmax(s, -1, torch.float32)\n", "softmax"),  # dtype by position
+    ("        return s.softmax(-1, dtype=torch.float32)\n", "softmax"),
+    ("        return torch.log_softmax(s, dim=1, dtype=torch.float32)\n", "softmax"),
+    ("        return s.sum(-1, dtype=torch.float32)\n", "reduction"),
+    ("        return torch.mean(s, (1,), keepdim=True, dtype=torch.float32) + 1.0\n", "reduction"),
+])
+def test_reductions_with_dtype_cast_first(body, kind, write_problem, tmp_path):
+    """``op(x, ..., dtype=D)`` casts x to D before the op (PyTorch's semantics): the canonical
+    form writes the cast out and the op gets its template (it was left to torch); the result
+    has D's dtype and eager's values."""
+    src = problem("s", body, f"[torch.randn(6, 40, {BF}) * 4]")
+    plan, _applied = plan_of(write_problem, src, "dtype_first")
+    assert kind in [g.kind for g in plan.groups], plan.groups
+    comp = generated_matches(write_problem(src, "dtype_first"), tmp_path, atol=1e-5, rtol=1e-5)
+    assert comp.emitted.kernels
+
+
+def test_hf_eager_attention_with_softmax_dtype_is_attention(write_problem):
+    """Hugging Face's eager_attention_forward without a mask: matmul * scaling, softmax(dim=-1,
+    dtype=torch.float32).to(q.dtype), matmul: one attention kernel."""
+    body = ("        w = torch.matmul(q, k.transpose(2, 3)) * 0.25\n"
+            "        w = nn.functional.softmax(w, dim=-1, dtype=torch.float32).to(q.dtype)\n"
+            "        return torch.matmul(w, v).transpose(1, 2).contiguous()\n")
+    src = problem("q, k, v", body, f"[torch.randn(2, 4, 8, 16, {BF}) for _ in range(3)]")
+    plan, applied = plan_of(write_problem, src, "hf_eager")
+    assert [g.kind for g in plan.groups if g.kind != "library"][:1] == ["attention"], plan.groups
+    assert "rw-attention" in applied
+
+
+NANOGPT_LN = (HEAD + "import torch.nn.functional as F\n"
+              "class LayerNorm(nn.Module):\n"
+              "    def __init__(self, ndim, bias):\n"
+              "        super().__init__()\n"
+              "        self.weight = nn.Parameter(torch.ones(ndim))\n"
+              "        self.bias = nn.Parameter(torch.zeros(ndim)) if bias else None\n"
+              "    def forward(self, input):\n"
+              "        return F.layer_norm(input, {shape}, self.weight, self.bias, 1e-5)\n"
+              "class Model(nn.Module):\n"
+              "    def __init__(self):\n"
+              "        super().__init__()\n"
+              "        self.ln = LayerNorm(48, bias={bias})\n"
+              "    def forward(self, x):\n"
+              "        return self.ln(x) * 2.0 + 1.0\n"
+              "def get_inputs():\n    return [torch.randn(2, 5, 48)]\n"
+              "def get_init_inputs():\n    return []\n")
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_nanogpt_layer_norm_by_the_weights_shape(bias, write_problem, tmp_path):
+    """nanoGPT's LayerNorm passes ``self.weight.shape`` as normalized_shape (a shape read in
+    forward: the planner failed on it and the whole program kept the reference): a parameter's
+    shape is a constant, so it is one norm kernel; a drop-in."""
+    from codegen.pipeline import compile_problem
+    from tests.dropin import check_dropin
+
+    src = NANOGPT_LN.format(shape="self.weight.shape", bias=bias)
+    plan, _applied = plan_of(write_problem, src, "nanogpt_ln")
+    assert [g.kind for g in plan.groups] == ["norm"]
+    generated_matches(write_problem(src, "nanogpt_ln"), tmp_path)
+    comp = compile_problem(load_problem(write_problem(src, "nanogpt_ln")))
+    assert check_dropin(src, comp.emitted.source, calls=1).fast("own")
+
+
+def test_layer_norm_by_an_inputs_shape_stays_torch(write_problem, tmp_path):
+    """``F.layer_norm(x, x.shape[-1:], ...)``: the normalized shape changes with the input, so
+    the norm stays torch's (the rest is planned; nothing fails)."""
+    src = NANOGPT_LN.format(shape="input.shape[-1:]", bias=True)
+    plan, _applied = plan_of(write_problem, src, "input_ln")
+    assert "norm" not in [g.kind for g in plan.groups]
+    generated_matches(write_problem(src, "input_ln"), tmp_path)
+
+
 # ------------------------------------------------------------------------------ decode GEMV
 def test_decode_gemv_is_a_split_k_kernel_and_matches_torch(write_problem, tmp_path):
     """A few decoding rows against a large bf16 weight (alg-decode-gemv): the template's 16-row

@@ -39,7 +39,8 @@ from codegen.rewrites.modules import modules_to_functionals
 from codegen.rewrites.norms import (batchnorm_decompose, layer_norm_pattern, rms_norm_pattern, rsqrt_forms,
                                    vector_norms)
 from codegen.rewrites.reductions import (keepdim_reductions, linear_reduce, mean_from_sum,
-                                         nest_uneven_reductions, size1_reductions, softmax_pattern)
+                                         nest_uneven_reductions, reduction_dtypes, size1_reductions,
+                                         softmax_pattern)
 from codegen.rewrites.rope import complex_rotations, rotate_half_pattern, rotate_pairs_pattern
 from codegen.rewrites.scalars import fold_scalar_chains, merge_clamps, scalar_constants, where_scalar_fills
 from codegen.rewrites.selects import select_first
@@ -96,7 +97,7 @@ CANONICAL = [modules_to_functionals, einsum_as_matmul, flipped_scans, exclusive_
              vector_norms, fold_dtype_queries, fold_type_info, device_queries_from_inputs, scalar_constants,
              where_scalar_fills,
              shape_queries_from_sources,
-             drop_value_copies, mean_from_sum, keepdim_reductions, rsqrt_forms, redundant_upcasts,
+             drop_value_copies, reduction_dtypes, mean_from_sum, keepdim_reductions, rsqrt_forms, redundant_upcasts,
              gqa_repeats, baddbmm_as_product, cross_entropy_spellings, complex_rotations,
              squeezes_undone]
 

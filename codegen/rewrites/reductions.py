@@ -7,7 +7,7 @@ from torch import fx
 
 from codegen.fusion import norm_dims
 from codegen.ops import classify, node_shape
-from codegen.rewrites.common import (_attr_node, _erase_unused_above, _float, _op_name, _ops,
+from codegen.rewrites.common import (_attr_node, _erase_unused_above, _float, _live, _op_name, _ops,
                                      _replace, _sub_operands)
 
 
@@ -263,6 +263,42 @@ def _size_query(n, x_shape, d: int) -> bool:
                                              and len(src.args) == 1)):
             return same(src.args[0]) and n.args[1] % nd == d
     return False
+
+
+#: ops whose ``dtype=`` casts the input before the op (PyTorch's documented semantics)
+DTYPE_FIRST = ("sum", "mean", "prod", "softmax", "log_softmax", "cumsum", "cumprod")
+
+
+def reduction_dtypes(gm: fx.GraphModule) -> bool:
+    """``softmax(s, dim=-1, dtype=torch.float32)`` (Hugging Face's eager attention, MoE routers)
+    and ``sum`` / ``mean`` / ``prod`` / ``log_softmax`` / ``cumsum`` / ``cumprod`` with ``dtype=D``
+    are the op on ``x.to(D)``: PyTorch casts the input to D before the op, so the cast is written
+    out as one (which fuses as a prologue) and the op loses its ``dtype=``, a form the templates
+    take. A dtype given by position (``torch.softmax(x, -1, torch.float32)``) counts too."""
+    import torch
+
+    from codegen.ops import FUNCTIONS, METHODS
+
+    graph = gm.graph
+    changed = False
+    for n in _live(graph):
+        name = (FUNCTIONS.get(n.target) if n.op == "call_function"
+                else METHODS.get(n.target) if n.op == "call_method" else None)
+        if name not in DTYPE_FIRST or not n.args or not isinstance(n.args[0], fx.Node):
+            continue
+        pos = [i for i, a in enumerate(n.args) if i >= 1 and isinstance(a, torch.dtype)]
+        dt = n.kwargs.get("dtype")
+        if (dt is None and not pos) or (dt is not None and pos) or len(pos) > 1:
+            continue
+        dt = dt if dt is not None else n.args[pos[0]]
+        if not isinstance(dt, torch.dtype):
+            continue
+        with graph.inserting_before(n):
+            cast = graph.call_method("to", (n.args[0], dt))
+        n.args = (cast,) + tuple(a for i, a in enumerate(n.args) if i >= 1 and i not in pos)
+        n.kwargs = {k: v for k, v in n.kwargs.items() if k != "dtype"}
+        changed = True
+    return changed
 
 
 def mean_from_sum(gm: fx.GraphModule) -> bool:
