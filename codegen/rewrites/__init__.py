@@ -9,7 +9,7 @@ same math one way for the planner. Both lists are read here, in this order, by `
 ``canonicalize`` (codegen.pipeline). The families:
 
 - ``attention``: softmax over a size-1 dim, attention written out, GQA head repeats,
-  multi-head attention modules whose weights nothing reads, baddbmm as a product
+  multi-head attention modules whose weights nothing reads, addmm and baddbmm as products
 - ``lmhead``: LM head + cross-entropy;  ``losses``: losses decomposed; cross-entropy written as
   nll_loss of log_softmax, per-token log-probabilities by gather (with log_softmax or minus
   logsumexp) as cross_entropy
@@ -17,7 +17,8 @@ same math one way for the planner. Both lists are read here, in this order, by `
 - ``norms``: RMS norm and layer norm written out; batch norm, vector norms, rsqrt forms
 - ``reductions``: size-1, nested, linear-reduce, softmax written out; keepdim and mean-as-sum forms
 - ``scalars``: clamps, scalar chains, 0-d constants, a where's full_like fill;  ``scans``: flipped and exclusive scans
-- ``einsums``: two-operand einsums that are matrix products as matmul
+- ``einsums``: two-operand einsums that are matrix products as matmul; a product's rows
+  reshaped as the reshape of its left operand
 - ``selects``: an index of a product's, an einsum's or a pointwise op's result taken first
 - ``metadata``: dtype / device / shape queries, redundant upcasts;  ``modules``: modules to
   functionals;  ``deadcode``: dead code, value copies;  ``common``: the helpers they share
@@ -26,10 +27,10 @@ from __future__ import annotations
 
 from torch import fx
 
-from codegen.rewrites.attention import (attention_pattern, baddbmm_as_product, gqa_repeats,
+from codegen.rewrites.attention import (addmm_as_product, attention_pattern, gqa_repeats,
                                        mha_weights_unused, relu_attention_pattern, softmax_size1)
 from codegen.rewrites.conv import conv_bias_epilogue
-from codegen.rewrites.einsums import einsum_as_matmul, squeezes_undone
+from codegen.rewrites.einsums import einsum_as_matmul, flattened_products, squeezes_undone
 from codegen.rewrites.deadcode import drop_dead_code, drop_value_copies
 from codegen.rewrites.lmhead import linear_cross_entropy_pattern
 from codegen.rewrites.losses import cross_entropy_spellings, loss_decompose
@@ -97,8 +98,9 @@ CANONICAL = [modules_to_functionals, einsum_as_matmul, flipped_scans, exclusive_
              vector_norms, fold_dtype_queries, fold_type_info, device_queries_from_inputs, scalar_constants,
              where_scalar_fills,
              shape_queries_from_sources,
-             drop_value_copies, reduction_dtypes, mean_from_sum, keepdim_reductions, rsqrt_forms, redundant_upcasts,
-             gqa_repeats, baddbmm_as_product, cross_entropy_spellings, complex_rotations,
+             drop_value_copies, reduction_dtypes, mean_from_sum, keepdim_reductions, rsqrt_forms,
+             redundant_upcasts, gqa_repeats, addmm_as_product, flattened_products, cross_entropy_spellings,
+             complex_rotations,
              squeezes_undone]
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from torch import fx
 
 from codegen.ops import classify, node_dtype, node_shape
-from codegen.rewrites.common import (_erase_unused_above, _float, _live, _op_name, _ops, _replace,
+from codegen.rewrites.common import (_annotate, _erase_unused_above, _float, _live, _op_name, _ops, _replace,
                                      _static_int)
 
 
@@ -696,45 +696,77 @@ def mha_weights_unused(gm: fx.GraphModule) -> bool:
     return changed
 
 
-def baddbmm_as_product(gm: fx.GraphModule) -> bool:
-    """``torch.baddbmm(input, a, b, beta=β, alpha=α)`` as ``bmm(a, b) * α`` (β = 0: the input is
-    not read, as PyTorch documents) or ``input * β + bmm(a, b) * α``: attention scores spelled
-    with baddbmm (Bloom, GPT-NeoX style) become the product the attention pattern reads, and an
-    added input joins the epilogue. Factors of 1 are left out."""
+#: a product with an added input -> (the product it adds to, the rank of its result)
+_ADD_PRODUCTS = {"addmm": ("mm", 2), "baddbmm": ("bmm", 3)}
+
+
+def addmm_as_product(gm: fx.GraphModule) -> bool:
+    """``torch.addmm(input, a, b, beta=β, alpha=α)`` as ``mm(a, b) * α`` (β = 0: the input is
+    not read, as PyTorch documents) or ``mm(a, b) * α + input * β`` (``torch.add(.., input,
+    alpha=β)``: one op on the product, which the epilogue takes), and ``torch.baddbmm`` the
+    same with ``bmm``; functions or methods, factors of 1 left out. A linear layer written with
+    addmm (Hugging Face GPT-2's ``Conv1D``) becomes a product whose bias, and the activation
+    after it, join the matmul template's epilogue; attention scores spelled with baddbmm (Bloom,
+    GPT-NeoX style) become the product the attention pattern reads.
+
+    Left to PyTorch where the two could differ: ``out=`` or other arguments; β or α not plain
+    numbers (β = 0 decides what is read; addmm does not read the product when α = 0, so a 0
+    there, or an α only known per call, stays addmm's); operands not all floating of one dtype
+    (addmm raises where ``+`` would promote); an input that does not broadcast to the result
+    without growing it (addmm raises where ``+`` would broadcast to a larger shape)."""
     import operator
 
     import torch
 
+    from codegen.fusion import broadcasts_to
+
     graph = gm.graph
     changed = False
     for n in _live(graph):
-        if not ((n.op == "call_function" and n.target is torch.baddbmm)
-                or (n.op == "call_method" and n.target == "baddbmm")):
+        if n.op == "call_function" and n.target in (torch.addmm, torch.baddbmm):
+            name = n.target.__name__
+        elif n.op == "call_method" and n.target in _ADD_PRODUCTS:
+            name = n.target
+        else:
             continue
+        product, rank = _ADD_PRODUCTS[name]
         args = list(n.args)
         kw = dict(n.kwargs)
-        if len(args) < 3 or set(kw) - {"beta", "alpha"}:
+        if len(args) != 3 or set(kw) - {"beta", "alpha"}:
             continue
-        inp, a, b = args[:3]
+        inp, a, b = args
         beta, alpha = kw.get("beta", 1), kw.get("alpha", 1)
         def number(x) -> bool:
             return isinstance(x, (int, float)) and not isinstance(x, bool)
 
-        # beta a number (whether it is 0 decides what is read); alpha a number or a Python
-        # number computed in the forward (1 / math.sqrt(d)): a node without a tensor's metadata
-        scalar_node = isinstance(alpha, fx.Node) and node_shape(alpha) is None and node_dtype(alpha) is None
-        if len(args) > 3 or not number(beta) or not (number(alpha) or scalar_node):
+        # baddbmm's alpha may be a Python number computed in the forward (1 / math.sqrt(d)): a
+        # node without a tensor's metadata; bmm reads the product whatever alpha is
+        scalar_node = (name == "baddbmm" and isinstance(alpha, fx.Node) and node_shape(alpha) is None
+                       and node_dtype(alpha) is None)
+        if not number(beta) or not (number(alpha) or scalar_node) or (number(alpha) and alpha == 0):
             continue
-        if not (_float(inp) and _float(a) and _float(b)):
+        if not (_float(inp) and _float(a) and _float(b)) \
+                or len({node_dtype(inp), node_dtype(a), node_dtype(b)}) != 1:
             continue
+        out, si = node_shape(n), node_shape(inp)
+        if out is None or si is None or len(out) != rank or not broadcasts_to(si, out):
+            continue
+        made = []
+
+        def call(*args):
+            made.append(graph.call_function(*args))
+            return made[-1]
+
         with graph.inserting_before(n):
-            new = graph.call_function(torch.bmm, (a, b))
+            new = call(getattr(torch, product), (a, b))
             if scalar_node or alpha != 1:
-                new = graph.call_function(operator.mul, (new, alpha if scalar_node else float(alpha)))
-            if beta != 0:
-                term = inp if beta == 1 else graph.call_function(operator.mul, (inp, float(beta)))
-                new = graph.call_function(operator.add, (term, new))
-        new.meta = dict(n.meta)
+                new = call(operator.mul, (new, alpha if scalar_node else float(alpha)))
+            if beta == 1:
+                new = call(operator.add, (inp, new))
+            elif beta != 0:  # the input scaled where the epilogue reads it: one op on the product
+                new = call(torch.add, (new, inp), {"alpha": float(beta)})
+        _annotate(made)  # shapes for the forms after this one (flattened_products)
+        new.meta = {**n.meta, **new.meta}
         _replace(n, new)
         changed = True
     return changed

@@ -181,3 +181,110 @@ def squeezes_undone(gm: fx.GraphModule) -> bool:
             m.meta.pop("tensor_meta", None)
         changed = True
     return changed
+
+
+def _view_shape(v: fx.Node):
+    """The shape argument of ``y.view(...)`` / ``y.reshape(...)`` / ``torch.reshape(y, s)``:
+    (one node or sequence holding the whole shape, or the list of its entries), else None."""
+    import torch
+
+    if v.kwargs or len(v.args) < 2 or not (
+            (v.op == "call_method" and v.target in ("view", "reshape"))
+            or (v.op == "call_function" and v.target is torch.reshape)):
+        return None
+    if len(v.args) == 2 and isinstance(v.args[1], (fx.Node, tuple, list)):
+        return v.args[1]
+    if v.op == "call_function":
+        return None
+    return list(v.args[1:])
+
+
+def _rows_broadcast(t, n: int) -> bool:
+    """Is t read the same by every row of an [M, n] product and of its rows reshaped: a number,
+    or a tensor of at most two dims, all of size 1 but a last of 1 or n."""
+    if not isinstance(t, fx.Node):
+        return isinstance(t, (int, float)) and not isinstance(t, bool)
+    s = node_shape(t)
+    return s is not None and len(s) <= 2 and all(d == 1 for d in s[:-1]) and (not s or s[-1] in (1, n))
+
+
+def flattened_products(gm: fx.GraphModule) -> bool:
+    """``(a @ W [* c] [+ b]).view(*lead, N)``, a 2-d product (mm or matmul) whose rows are
+    reshaped into leading dims, is ``a.view(*lead, K) @ W [* c] [+ b]``: the reshape moves onto
+    the left operand (splitting its row dim, always a view) and the product gives the result's
+    shape itself, so the ops that read it (an activation) join its epilogue instead of
+    starting a kernel of their own after the reshape. Hugging Face GPT-2's ``Conv1D``
+    (``addmm(bias, x.view(-1, K), W).view(size_out)``) and ``x.view(-1, K) @ W`` written out.
+
+    Applies when each op between the product and the reshape is read only by the next, is a
+    multiplication by a number or an addition of a number or of a tensor every row reads alike
+    (a bias [N] or [1, N], maybe scaled by add's alpha), and the reshape keeps the last dim (N) and has at least 3 dims. The
+    left operand's reshape raises where the product's would (their leading sizes must multiply
+    to M), and the original flatten of ``a`` stays (it raises on a layout it cannot view)."""
+    import torch
+
+    graph = gm.graph
+    changed = False
+    for v in _live(graph):
+        shape = _view_shape(v)
+        out = node_shape(v)
+        if shape is None or out is None or len(out) < 3 or not isinstance(v.args[0], fx.Node):
+            continue
+        chain, y = [], v.args[0]  # from the reshape's input down to the product
+        while True:
+            if len(y.users) != 1 or node_dtype(y) is None:
+                break
+            op = classify(y, gm)
+            if op.kind == "matmul" and op.name in ("mm", "matmul"):
+                break
+            if op.kind != "pointwise" or op.name not in ("add", "mul") or len(op.operands) != 2:
+                y = None
+                break
+            inner = [o for o in op.operands if isinstance(o, fx.Node) and o in y.all_input_nodes
+                     and len(o.users) == 1 and classify(o, gm).kind in ("pointwise", "matmul")]
+            # add's alpha scales its second operand: a bias (addmm's beta), not the product
+            if len(inner) != 1 or (op.p.get("alpha", 1) != 1 and op.operands[0] is not inner[0]):
+                y = None
+                break
+            other = op.operands[1] if op.operands[0] is inner[0] else op.operands[0]
+            ok = (_rows_broadcast(other, out[-1]) if op.name == "add"
+                  else not isinstance(other, fx.Node) and _rows_broadcast(other, out[-1]))
+            if not ok:
+                y = None
+                break
+            chain.append(y)
+            y = inner[0]
+        if y is None or len(y.users) != 1 or y.kwargs or len(y.args) != 2:
+            continue
+        op = classify(y, gm)
+        if op.kind != "matmul" or op.name not in ("mm", "matmul"):
+            continue
+        a, w = y.args
+        sa, sw, sy = node_shape(a), node_shape(w), node_shape(y)
+        if sa is None or sw is None or sy is None or len(sa) != 2 or len(sw) != 2 \
+                or tuple(sy) != (sa[0], sw[1]) or out[-1] != sw[1] or not _float(a):
+            continue
+        lead = 1
+        for d in out[:-1]:
+            lead *= d
+        if lead != sa[0]:
+            continue
+        with graph.inserting_before(v):  # after the shape's own nodes
+            k = graph.call_method("size", (a, 1))
+            if isinstance(shape, (list, tuple)):
+                new_shape = tuple(shape[:-1]) + (k,)
+            else:
+                lead_sizes = graph.call_function(operator.getitem, (shape, slice(None, -1)))
+                new_shape = graph.call_function(operator.add, (lead_sizes, (k,)))
+            av = graph.call_method("view", (a, new_shape))
+            prod = graph.call_function(torch.matmul, (av, w))
+        prod.meta = dict(v.meta)
+        y.replace_all_uses_with(prod)
+        graph.erase_node(y)
+        for m in reversed(chain):  # now of the reshape's shape (a bias reads alike), after it
+            v.prepend(m)
+            m.meta = dict(v.meta)
+        v.replace_all_uses_with(v.args[0])
+        graph.erase_node(v)
+        changed = True
+    return changed
