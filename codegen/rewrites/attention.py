@@ -236,11 +236,29 @@ def _mask_step(gm: fx.GraphModule, n: fx.Node):
         return None
     if n.op == "call_function" and n.target in (operator.add, torch.add) and len(args) == 2 and not n.kwargs:
         a, b = args
-        for s, mask in ((a, b), (b, a)):
+        # the scores are the operand a product reaches (mask + scores as well as scores + mask)
+        pairs = ((b, a), (a, b)) if _reads_product(gm, a) is False and _reads_product(gm, b) else ((a, b), (b, a))
+        for s, mask in pairs:
             if isinstance(mask, fx.Node) and isinstance(s, fx.Node) and node_shape(s) is not None \
                     and node_shape(mask) is not None and len(node_shape(mask)) <= len(node_shape(s)):
                 return s, mask, "add"
     return None
+
+
+def _reads_product(gm: fx.GraphModule, n) -> bool | None:
+    """Does n's value come from a matrix product (at any depth)? None: n is not a node."""
+    if not isinstance(n, fx.Node):
+        return None
+    todo, seen = [n], set()
+    while todo:
+        m = todo.pop()
+        if m in seen:
+            continue
+        seen.add(m)
+        if m.op in ("call_function", "call_method") and classify(m, gm).kind == "matmul":
+            return True
+        todo.extend(m.all_input_nodes)
+    return False
 
 
 def _mask_is_causal(gm: fx.GraphModule, mask, kind: str, scores_shape) -> tuple[bool, fx.Node | None]:
@@ -386,14 +404,51 @@ def _qk_head_dim(gm: fx.GraphModule, s: fx.Node) -> tuple[int, int] | None:
     return None
 
 
-def _scores_chain(gm: fx.GraphModule, x):
+def _bias_fits(gm: fx.GraphModule, mask, inner: fx.Node, add: fx.Node, kind: str, scale: float,
+               head: int) -> bool:
+    """Can the additive mask of ``inner + mask`` (not a causal one) be the attention kernel's
+    bias: an add outside every scale factor (the kernel adds it to the scaled scores), a tensor
+    of 16/32-bit floats that broadcasts to the scores without growing them, and the sum kept in
+    the scores' dtype or fp32 (an fp64 sum would be computed in fp32)."""
+    import torch
+
+    if kind != "add" or scale != 1.0 or head or not isinstance(mask, fx.Node):
+        return False
+    sm, si = node_shape(mask), node_shape(inner)
+    if sm is None or si is None or node_dtype(mask) not in (torch.float32, torch.float16, torch.bfloat16):
+        return False
+    if node_dtype(add) not in (node_dtype(inner), torch.float32):
+        return False
+    try:
+        return tuple(torch.broadcast_shapes(tuple(sm), tuple(si))) == tuple(si)
+    except RuntimeError:
+        return False
+
+
+def _reads(n: fx.Node, other: fx.Node) -> bool:
+    """Does n's value depend on other's (other among its inputs, at any depth)?"""
+    todo, seen = [n], set()
+    while todo:
+        m = todo.pop()
+        if m is other:
+            return True
+        if m in seen:
+            continue
+        seen.add(m)
+        todo.extend(m.all_input_nodes)
+    return False
+
+
+def _scores_chain(gm: fx.GraphModule, x, bias_ok: bool = False):
     """Walk up from the scores a softmax (or ReLU) reads: [scale and one causal mask, in either
-    order, casts between] -> q @ k^T. (q, k, k^T, causal, scale, head, buffer) with ``head`` the
-    number of 1/sqrt(head_dim) factors seen (then ``scale`` is 1.0) and ``buffer`` the name of
-    the lower-triangular buffer the causal mask reads (None: a mask of constants or shapes), or
-    None when it is not that chain."""
+    order, casts between] -> q @ k^T. (q, k, k^T, causal, scale, head, buffer, bias) with
+    ``head`` the number of 1/sqrt(head_dim) factors seen (then ``scale`` is 1.0), ``buffer`` the
+    name of the lower-triangular buffer the causal mask reads (None: a mask of constants or
+    shapes), or None when it is not that chain. ``bias_ok``: an additive mask that is not causal
+    (an input: Hugging Face's padding mask) may be added outside the scale factors: ``bias``
+    is that mask (else None)."""
     s, _ = _through(gm, x)
-    causal, scale, head, ok, tril = False, 1.0, 0, True, None
+    causal, scale, head, ok, tril, bias = False, 1.0, 0, True, None, None
     while ok and isinstance(s, fx.Node) and len(s.users) == 1:
         up, _ = _through(gm, s)
         if up is not s:  # casts between the steps (scores.float() / c)
@@ -407,13 +462,17 @@ def _scores_chain(gm: fx.GraphModule, x):
             else:
                 scale *= c
             continue
-        step = _mask_step(gm, s) if not causal else None
+        step = _mask_step(gm, s) if not causal and bias is None else None
         if step is None:
             break
         inner, mask, kind = step
         # the factors seen so far scale the masked scores: -inf times a negative is +inf
         ok, tril = _mask_is_causal(gm, mask, kind, node_shape(inner)) if (
             isinstance(inner, fx.Node) and scale > 0) else (False, None)
+        if not ok and bias_ok and isinstance(inner, fx.Node) \
+                and _bias_fits(gm, mask, inner, s, kind, scale, head):
+            s, bias, ok = inner, mask, True
+            continue
         s, causal = inner, True
     if not ok or head > 1 or (head and scale != 1.0):
         return None  # sdpa's default scale, or a number: not 1/sqrt(D) times another number
@@ -426,7 +485,9 @@ def _scores_chain(gm: fx.GraphModule, x):
     k = _transposed_last(kt)
     if k is None or not all(_float(t) for t in (q, k)):
         return None
-    return q, k, kt, causal, scale, head, tril
+    if bias is not None and _reads(bias, s):
+        return None  # a mask made from the scores themselves
+    return q, k, kt, causal, scale, head, tril, bias
 
 
 def _needs_tril(gm: fx.GraphModule, buffer: fx.Node | None, q: fx.Node, k: fx.Node) -> None:
@@ -504,6 +565,8 @@ def attention_pattern(gm: fx.GraphModule) -> bool:
     import torch
     import torch.nn.functional as F
 
+    from codegen.ops import masked_attention
+
     changed = False
     for n, p, v, shape in _pv_products(gm):
         sm, _casts = _through(gm, p)
@@ -519,14 +582,20 @@ def attention_pattern(gm: fx.GraphModule) -> bool:
             continue
         if sm.kwargs.get("dtype") not in (None, torch.float32):
             continue
-        found = _scores_chain(gm, x)
+        found = _scores_chain(gm, x, bias_ok=True)
         if found is None:
             continue
-        q, k, kt, causal, scale, head, tril = found
+        q, k, kt, causal, scale, head, tril, bias = found
         if not _fits(n, q, k, v, shape):
             continue
-        _swap_in(gm, n, p, kt, F.scaled_dot_product_attention, (q, k, v),
-                 {"is_causal": causal, "scale": None if head else float(scale)}, tril, q, k)
+        if bias is not None:
+            # softmax(q @ k^T * scale + mask) @ v: NaN rows where every score is -inf, as
+            # written (scaled_dot_product_attention would give 0 there)
+            _swap_in(gm, n, p, kt, masked_attention, (q, k, v, bias, None if head else float(scale)),
+                     {}, tril, q, k)
+        else:
+            _swap_in(gm, n, p, kt, F.scaled_dot_product_attention, (q, k, v),
+                     {"is_causal": causal, "scale": None if head else float(scale)}, tril, q, k)
         changed = True
     return changed
 
@@ -550,7 +619,7 @@ def relu_attention_pattern(gm: fx.GraphModule) -> bool:
         found = _scores_chain(gm, rop.operands[0])
         if found is None:
             continue
-        q, k, kt, causal, scale, head, tril = found
+        q, k, kt, causal, scale, head, tril, _bias = found
         if not _fits(n, q, k, v, shape):
             continue
         # scale None: 1/sqrt(head dim) of the call's q
