@@ -99,12 +99,13 @@ WRITTEN_OUT = {
         "        mask = torch.ones((i, j), dtype=torch.bool, device=q.device).triu(j - i + 1)\n"
         "        s = s.masked_fill(mask, -torch.finfo(s.dtype).max)\n"
         "        return torch.einsum('bhij,bhjd->bhid', s.softmax(dim=-1), v)\n", True),
-    # baddbmm adding a real input (beta 1): the scores carry it, not an attention kernel
+    # baddbmm adding a real input (beta 1): the added tensor is the kernel's additive mask,
+    # read through its strides (an expanded column: stride 0 along the keys)
     "baddbmm_bias": (
         "        b, h, t, d = q.shape\n"
         "        qf, kf, vf = q.reshape(b * h, t, d), k.reshape(b * h, t, d), v.reshape(b * h, t, d)\n"
         "        s = torch.baddbmm(vf[:, :, :1].expand(b * h, t, t), qf, kf.transpose(1, 2))\n"
-        "        return torch.bmm(torch.softmax(s, dim=-1), vf).reshape(b, h, t, d)\n", False),
+        "        return torch.bmm(torch.softmax(s, dim=-1), vf).reshape(b, h, t, d)\n", True),
 }
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 from torch import fx
 
 from codegen.rewrites.attention import (attention_pattern, baddbmm_as_product, gqa_repeats,
+                                       sdpa_flags_from_shapes,
                                        mha_weights_unused, relu_attention_pattern, softmax_size1)
 from codegen.rewrites.conv import conv_bias_epilogue
 from codegen.rewrites.einsums import einsum_as_matmul, squeezes_undone
@@ -97,7 +98,7 @@ CANONICAL = [modules_to_functionals, einsum_as_matmul, flipped_scans, exclusive_
              where_scalar_fills,
              shape_queries_from_sources,
              drop_value_copies, mean_from_sum, keepdim_reductions, rsqrt_forms, redundant_upcasts,
-             gqa_repeats, baddbmm_as_product, cross_entropy_spellings, complex_rotations,
+             sdpa_flags_from_shapes, gqa_repeats, baddbmm_as_product, cross_entropy_spellings, complex_rotations,
              squeezes_undone]
 
 

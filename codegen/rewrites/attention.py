@@ -701,15 +701,21 @@ def gqa_repeats(gm: fx.GraphModule) -> bool:
     """scaled_dot_product_attention(q, R(k), R(v)) with R repeating each key/value head g times
     in place (repeat_interleave along the heads, or expand + reshape as Hugging Face's repeat_kv)
     is scaled_dot_product_attention(q, k, v, enable_gqa=True): the same values, and the kernel
-    reads the shared head through its index instead of a copy of the cache per query head."""
+    reads the shared head through its index instead of a copy of the cache per query head. The
+    same for rw-attention's masked attention (Hugging Face's eager attention)."""
     import torch.nn.functional as F
+
+    from codegen.ops import masked_attention
 
     graph = gm.graph
     changed = False
     for n in _live(graph):
-        if not (n.op == "call_function" and n.target is F.scaled_dot_product_attention):
+        if n.op == "call_function" and n.target is masked_attention:  # rw-attention's, masked
+            names = ["query", "key", "value", "mask", "scale", "enable_gqa"]
+        elif n.op == "call_function" and n.target is F.scaled_dot_product_attention:
+            names = ["query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa"]
+        else:
             continue
-        names = ["query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa"]
         b = dict(zip(names, n.args))
         b.update(n.kwargs)
         rk, rv = _repeated_heads(gm, b.get("key")), _repeated_heads(gm, b.get("value"))
@@ -724,6 +730,35 @@ def gqa_repeats(gm: fx.GraphModule) -> bool:
         n.kwargs = b
         _erase_unused_above([old_k, old_v], stop=None)
         changed = True
+    return changed
+
+
+def sdpa_flags_from_shapes(gm: fx.GraphModule) -> bool:
+    """A scaled_dot_product_attention flag (is_causal; attn_mask a traced None) that is a traced
+    Python value computed from shapes and constants only, e.g. Hugging Face's ``is_causal = query.shape[2] > 1 and
+    attention_mask is None`` (a graph break: fx cannot branch on a traced shape), becomes its
+    value at the traced size, when it is the same with every input dim grown by one. The file
+    then holds it, and the drop-in guard fixes a dim whose change would change it (it compiles
+    the problem again at other sizes; a size of 1, where this flag flips, is never free)."""
+    import torch.nn.functional as F
+
+    changed = False
+    for n in _live(gm.graph):
+        if not (n.op == "call_function" and n.target is F.scaled_dot_product_attention):
+            continue
+        for name, pos, kind in (("attn_mask", 3, type(None)), ("is_causal", 5, bool)):
+            at = pos if len(n.args) > pos else name
+            flag = n.args[at] if isinstance(at, int) else n.kwargs.get(name)
+            if not isinstance(flag, fx.Node) or node_shape(flag) is not None:
+                continue
+            got, again = _constant_value(gm, flag), _constant_value(gm, flag, bump=1)
+            if got is None or not isinstance(got[0], kind) or (again is not None and again[0] is not got[0]):
+                continue
+            if isinstance(at, int):
+                n.args = n.args[:at] + (got[0],) + n.args[at + 1:]
+            else:
+                n.kwargs = {**n.kwargs, name: got[0]}
+            changed = True
     return changed
 
 
