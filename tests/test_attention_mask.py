@@ -291,3 +291,14 @@ def test_masks_that_are_not_an_additive_bias_keep_the_reference(why, write_probl
     assert plan is not None, err
     assert "rw-attention" not in applied, why
     assert "attention" not in [g.kind for g in plan.groups], why
+
+
+def test_masked_attention_kept_on_pytorch_is_eager_attention(write_problem):
+    """A candidate that backs the group out calls _egg_masked_attention (the node is named
+    apart from the helper it calls): eager's values, NaN rows included."""
+    src, _configs, _kernel, tol = CASES["hf_padding_decode_bf16_gqa"]
+    src = HEAD + src
+    comp = compile_problem(load_problem(write_problem(src, "backed_out")), disabled={"g0", "eg0"})
+    assert "_egg_masked_attention(" in comp.emitted.source
+    assert static_findings_src(comp.emitted.source, src) == []
+    check_dropin(src, comp.emitted.source, calls=1, atol=tol, rtol=tol, shapes=False, rank=False)

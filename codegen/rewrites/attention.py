@@ -544,9 +544,14 @@ def _swap_in(gm: fx.GraphModule, n: fx.Node, p, kt, target, args: tuple, kwargs:
              tril, q, k) -> None:
     """Replace the product n (and the chain above it that nothing else reads: p, k^T) by one
     call of ``target``; record the causal buffer it relies on."""
+    import torch.nn.functional as F
+
     _needs_tril(gm, tril, q, k)
     with gm.graph.inserting_before(n):
-        new = gm.graph.call_function(target, args, kwargs)
+        # a runtime helper's node named apart: fx names a node after its target, and the
+        # emitted forward calls the helper by its plain name (a group kept on PyTorch)
+        name = None if target is F.scaled_dot_product_attention else "attention"
+        new = gm.graph.create_node("call_function", target, args, kwargs, name=name)
     new.meta = dict(n.meta)
     n.replace_all_uses_with(new)
     gm.graph.erase_node(n)

@@ -17,6 +17,14 @@ alg-split-kv-decode):
   (batch, head) pairs still spread over every SM. Each chunk writes its unnormalized fp32 partial
   output with its row maximum and sum; a second kernel merges the chunks.
 
+A mask tensor (scaled_dot_product_attention's attn_mask, Hugging Face's additive padding mask)
+is read per [BLOCK_M, BLOCK_N] tile through the strides of its view broadcast to the scores
+(stride 0 where it is broadcast over batch or heads): a bool mask sets -inf where False, an
+additive one is added to the scaled scores in fp32 in natural units before they go to log2
+units, finite sums clamped to fp32's range (finfo.min * log2(e) would overflow to -inf: a row of
+finfo.min is uniform in eager, not NaN) and infinite ones kept. A row with every score -inf
+gives 0 for scaled_dot_product_attention (its safe softmax) and NaN for a softmax written out.
+
 Grouped-query attention maps query head h to key/value head h // (H / H_kv). Products of 16-bit
 operands run on tensor cores with fp32 accumulation (P cast to the value dtype for P V, as
 FlashAttention does); fp32 operands use 3xTF32 dots as the matmul template does.
