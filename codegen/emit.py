@@ -134,8 +134,11 @@ def build_spec(plan: FusionPlan, g: Group):
     if g.kind == "attention":
         ins = list(red_op.operands[:3])  # q, k, v in the wrapper's order (a tensor may repeat)
         p = red_op.p
+        if p.get("mask"):
+            ins.append(red_op.operands[3])  # the mask tensor
         spec = AttentionSpec(dtype=_dt(ins[0]), causal=p["causal"], scale=p["scale"], gqa=p["gqa"],
-                             score=p.get("score", "softmax"))
+                             score=p.get("score", "softmax"), mask=p.get("mask", ""),
+                             empty=p.get("empty", "nan"))
         return spec, ins, outs
     if g.kind == "linear_ce":
         x, w, t, b = red_op.operands[:4]

@@ -200,6 +200,18 @@ def attention_form(op: NOp) -> str | None:
         return f"head dim {sq[-1]} above {MAX_HEAD_DIM}: the query block would not fit registers"
     if len(sq) == 4 and sq[1] != sk[1] and not (op.p.get("gqa") and sq[1] % sk[1] == 0):
         return "attention heads differ without grouped-query attention"
+    if op.p.get("mask"):
+        mask = op.operands[3]
+        sm, dm = node_shape(mask), node_dtype(mask)
+        scores = tuple(sq[:-1]) + (sk[-2],)
+        if sm is None or (dm != torch.bool if op.p["mask"] == "bool" else dm not in ATTENTION_DTYPES):
+            return f"attention mask of {dm}: neither bool nor a 16/32-bit float"
+        try:
+            fits = tuple(torch.broadcast_shapes(tuple(sm), scores)) == scores
+        except RuntimeError:
+            fits = False
+        if not fits:
+            return f"attention mask {list(sm)} does not broadcast to the scores {list(scores)}"
     return None
 
 

@@ -167,10 +167,14 @@ rotate_pairs = RT._egg_rotate_pairs
 ROLLED = {"rotate_half": "roll", "rotate_pairs": "pair"}
 linear_cross_entropy = RT._egg_linear_cross_entropy
 relu_attention = RT._egg_relu_attention
+masked_attention = RT._egg_masked_attention
 mask_fits = RT._egg_mask_fits
 complex_fits = RT._egg_complex_fits
-FUNCTIONS.update({linear_cross_entropy: "linear_ce", relu_attention: "relu_attention"})
+FUNCTIONS.update({linear_cross_entropy: "linear_ce", relu_attention: "relu_attention",
+                  masked_attention: "masked_attention"})
 RELU_ATTENTION = _d("relu_attention", "attention", ["q", "k", "v", "is_causal", "scale"])
+MASKED_ATTENTION = _d("masked_attention", "attention", ["q", "k", "v", "mask", "scale",
+                                                         ("enable_gqa", False)])
 FUNCTIONS.update({torch.cumsum: "cumsum", torch.cumprod: "cumprod", torch.flip: "flip",
                   reverse_cumsum: "reverse_cumsum", reverse_cumprod: "reverse_cumprod",
                   exclusive_cumsum: "exclusive_cumsum", exclusive_cumprod: "exclusive_cumprod",
@@ -492,15 +496,30 @@ def _from_name(name: str, node: fx.Node, args: tuple, kwargs: dict, extra: dict 
         return pool_op(name, node, args, kwargs)
     if name == "sdpa":
         b = _bind(SDPA, args, kwargs)
-        if b["attn_mask"] is not None or b["dropout_p"] not in (0, 0.0):
-            raise TypeError("attention with a mask or dropout")
+        if b["dropout_p"] not in (0, 0.0):
+            raise TypeError("attention with dropout")
         if not all(isinstance(b[k], fx.Node) for k in ("query", "key", "value")):
             raise TypeError("attention of a non-tensor")
         if not all(isinstance(b[k], (bool, float, int, type(None))) for k in ("is_causal", "scale", "enable_gqa")):
             raise TypeError("attention with traced flags")
-        return NOp("attention", "sdpa", node, [b["query"], b["key"], b["value"]],
+        mask = b["attn_mask"]
+        if mask is not None and (not isinstance(mask, fx.Node) or b["is_causal"]):
+            raise TypeError("attention with a mask that is not a tensor, or with is_causal too")
+        # a mask tensor: bool (True: attend) or added to the scores; a row with every score
+        # -inf gives 0 (SDPA's safe softmax)
+        return NOp("attention", "sdpa", node, [b["query"], b["key"], b["value"], mask],
                    {"causal": bool(b["is_causal"]), "scale": b["scale"], "gqa": bool(b["enable_gqa"]),
-                    "score": "softmax"})
+                    "score": "softmax",
+                    "mask": "" if mask is None else "bool" if node_dtype(mask) == torch.bool else "add",
+                    "empty": "nan" if mask is None else "zero"})
+    if name == "masked_attention":
+        b = _bind(MASKED_ATTENTION, args, kwargs)
+        if not all(isinstance(b[k], fx.Node) for k in ("q", "k", "v", "mask")) \
+                or not isinstance(b["scale"], (float, type(None))) or not isinstance(b["enable_gqa"], bool):
+            raise TypeError("masked attention of non-tensors or traced flags")
+        return NOp("attention", "masked_attention", node, [b["q"], b["k"], b["v"], b["mask"]],
+                   {"causal": False, "scale": b["scale"], "gqa": b["enable_gqa"], "score": "softmax",
+                    "mask": "add", "empty": "nan"})
     if name == "relu_attention":
         b = _bind(RELU_ATTENTION, args, kwargs)
         if not all(isinstance(b[k], fx.Node) for k in ("q", "k", "v")) \

@@ -45,8 +45,8 @@ def test_sixteen_bit_attention_is_one_kernel_too(dtype, write_problem):
 @pytest.mark.parametrize("call,inputs,why", [
     ("F.scaled_dot_product_attention(q, k, v)",
      "[torch.randn(2, 3, 50, 32, dtype=torch.float64)] * 3", "no tensor-core path"),
-    ("F.scaled_dot_product_attention(q, k, v, attn_mask=q[..., :1] > 0)",
-     "[torch.randn(2, 3, 50, 50)] * 3", "mask"),
+    ("F.scaled_dot_product_attention(q, k, v, dropout_p=0.1)",
+     "[torch.randn(2, 3, 50, 50)] * 3", "dropout"),
     ("F.scaled_dot_product_attention(q, k, v)", "[torch.randn(1, 2, 8, 512)] * 3", "head dim 512"),
     ("F.scaled_dot_product_attention(q, k, v)",
      "[torch.randn(1, 2, 8, 16), torch.randn(1, 2, 9, 16), torch.randn(1, 2, 9, 24)]",
@@ -99,12 +99,13 @@ WRITTEN_OUT = {
         "        mask = torch.ones((i, j), dtype=torch.bool, device=q.device).triu(j - i + 1)\n"
         "        s = s.masked_fill(mask, -torch.finfo(s.dtype).max)\n"
         "        return torch.einsum('bhij,bhjd->bhid', s.softmax(dim=-1), v)\n", True),
-    # baddbmm adding a real input (beta 1): the scores carry it, not an attention kernel
+    # baddbmm adding a real input (beta 1): the added tensor is the kernel's additive mask,
+    # read through its strides (an expanded column: stride 0 along the keys)
     "baddbmm_bias": (
         "        b, h, t, d = q.shape\n"
         "        qf, kf, vf = q.reshape(b * h, t, d), k.reshape(b * h, t, d), v.reshape(b * h, t, d)\n"
         "        s = torch.baddbmm(vf[:, :, :1].expand(b * h, t, t), qf, kf.transpose(1, 2))\n"
-        "        return torch.bmm(torch.softmax(s, dim=-1), vf).reshape(b, h, t, d)\n", False),
+        "        return torch.bmm(torch.softmax(s, dim=-1), vf).reshape(b, h, t, d)\n", True),
 }
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 from torch import fx
 
 from codegen.rewrites.attention import (addmm_as_product, attention_pattern, gqa_repeats,
+                                       sdpa_flags_from_shapes,
                                        mha_weights_unused, relu_attention_pattern, softmax_size1)
 from codegen.rewrites.conv import conv_bias_epilogue
 from codegen.rewrites.einsums import einsum_as_matmul, flattened_products, squeezes_undone
@@ -99,8 +100,8 @@ CANONICAL = [modules_to_functionals, einsum_as_matmul, flipped_scans, exclusive_
              where_scalar_fills,
              shape_queries_from_sources,
              drop_value_copies, reduction_dtypes, mean_from_sum, keepdim_reductions, rsqrt_forms,
-             redundant_upcasts, gqa_repeats, addmm_as_product, flattened_products, cross_entropy_spellings,
-             complex_rotations,
+             redundant_upcasts, sdpa_flags_from_shapes, gqa_repeats, addmm_as_product, flattened_products,
+             cross_entropy_spellings, complex_rotations,
              squeezes_undone]
 
 

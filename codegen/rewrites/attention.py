@@ -236,11 +236,29 @@ def _mask_step(gm: fx.GraphModule, n: fx.Node):
         return None
     if n.op == "call_function" and n.target in (operator.add, torch.add) and len(args) == 2 and not n.kwargs:
         a, b = args
-        for s, mask in ((a, b), (b, a)):
+        # the scores are the operand a product reaches (mask + scores as well as scores + mask)
+        pairs = ((b, a), (a, b)) if _reads_product(gm, a) is False and _reads_product(gm, b) else ((a, b), (b, a))
+        for s, mask in pairs:
             if isinstance(mask, fx.Node) and isinstance(s, fx.Node) and node_shape(s) is not None \
                     and node_shape(mask) is not None and len(node_shape(mask)) <= len(node_shape(s)):
                 return s, mask, "add"
     return None
+
+
+def _reads_product(gm: fx.GraphModule, n) -> bool | None:
+    """Does n's value come from a matrix product (at any depth)? None: n is not a node."""
+    if not isinstance(n, fx.Node):
+        return None
+    todo, seen = [n], set()
+    while todo:
+        m = todo.pop()
+        if m in seen:
+            continue
+        seen.add(m)
+        if m.op in ("call_function", "call_method") and classify(m, gm).kind == "matmul":
+            return True
+        todo.extend(m.all_input_nodes)
+    return False
 
 
 def _mask_is_causal(gm: fx.GraphModule, mask, kind: str, scores_shape) -> tuple[bool, fx.Node | None]:
@@ -386,14 +404,51 @@ def _qk_head_dim(gm: fx.GraphModule, s: fx.Node) -> tuple[int, int] | None:
     return None
 
 
-def _scores_chain(gm: fx.GraphModule, x):
+def _bias_fits(gm: fx.GraphModule, mask, inner: fx.Node, add: fx.Node, kind: str, scale: float,
+               head: int) -> bool:
+    """Can the additive mask of ``inner + mask`` (not a causal one) be the attention kernel's
+    bias: an add outside every scale factor (the kernel adds it to the scaled scores), a tensor
+    of 16/32-bit floats that broadcasts to the scores without growing them, and the sum kept in
+    the scores' dtype or fp32 (an fp64 sum would be computed in fp32)."""
+    import torch
+
+    if kind != "add" or scale != 1.0 or head or not isinstance(mask, fx.Node):
+        return False
+    sm, si = node_shape(mask), node_shape(inner)
+    if sm is None or si is None or node_dtype(mask) not in (torch.float32, torch.float16, torch.bfloat16):
+        return False
+    if node_dtype(add) not in (node_dtype(inner), torch.float32):
+        return False
+    try:
+        return tuple(torch.broadcast_shapes(tuple(sm), tuple(si))) == tuple(si)
+    except RuntimeError:
+        return False
+
+
+def _reads(n: fx.Node, other: fx.Node) -> bool:
+    """Does n's value depend on other's (other among its inputs, at any depth)?"""
+    todo, seen = [n], set()
+    while todo:
+        m = todo.pop()
+        if m is other:
+            return True
+        if m in seen:
+            continue
+        seen.add(m)
+        todo.extend(m.all_input_nodes)
+    return False
+
+
+def _scores_chain(gm: fx.GraphModule, x, bias_ok: bool = False):
     """Walk up from the scores a softmax (or ReLU) reads: [scale and one causal mask, in either
-    order, casts between] -> q @ k^T. (q, k, k^T, causal, scale, head, buffer) with ``head`` the
-    number of 1/sqrt(head_dim) factors seen (then ``scale`` is 1.0) and ``buffer`` the name of
-    the lower-triangular buffer the causal mask reads (None: a mask of constants or shapes), or
-    None when it is not that chain."""
+    order, casts between] -> q @ k^T. (q, k, k^T, causal, scale, head, buffer, bias) with
+    ``head`` the number of 1/sqrt(head_dim) factors seen (then ``scale`` is 1.0), ``buffer`` the
+    name of the lower-triangular buffer the causal mask reads (None: a mask of constants or
+    shapes), or None when it is not that chain. ``bias_ok``: an additive mask that is not causal
+    (an input: Hugging Face's padding mask) may be added outside the scale factors: ``bias``
+    is that mask (else None)."""
     s, _ = _through(gm, x)
-    causal, scale, head, ok, tril = False, 1.0, 0, True, None
+    causal, scale, head, ok, tril, bias = False, 1.0, 0, True, None, None
     while ok and isinstance(s, fx.Node) and len(s.users) == 1:
         up, _ = _through(gm, s)
         if up is not s:  # casts between the steps (scores.float() / c)
@@ -407,13 +462,17 @@ def _scores_chain(gm: fx.GraphModule, x):
             else:
                 scale *= c
             continue
-        step = _mask_step(gm, s) if not causal else None
+        step = _mask_step(gm, s) if not causal and bias is None else None
         if step is None:
             break
         inner, mask, kind = step
         # the factors seen so far scale the masked scores: -inf times a negative is +inf
         ok, tril = _mask_is_causal(gm, mask, kind, node_shape(inner)) if (
             isinstance(inner, fx.Node) and scale > 0) else (False, None)
+        if not ok and bias_ok and isinstance(inner, fx.Node) \
+                and _bias_fits(gm, mask, inner, s, kind, scale, head):
+            s, bias, ok = inner, mask, True
+            continue
         s, causal = inner, True
     if not ok or head > 1 or (head and scale != 1.0):
         return None  # sdpa's default scale, or a number: not 1/sqrt(D) times another number
@@ -426,7 +485,9 @@ def _scores_chain(gm: fx.GraphModule, x):
     k = _transposed_last(kt)
     if k is None or not all(_float(t) for t in (q, k)):
         return None
-    return q, k, kt, causal, scale, head, tril
+    if bias is not None and _reads(bias, s):
+        return None  # a mask made from the scores themselves
+    return q, k, kt, causal, scale, head, tril, bias
 
 
 def _needs_tril(gm: fx.GraphModule, buffer: fx.Node | None, q: fx.Node, k: fx.Node) -> None:
@@ -483,9 +544,14 @@ def _swap_in(gm: fx.GraphModule, n: fx.Node, p, kt, target, args: tuple, kwargs:
              tril, q, k) -> None:
     """Replace the product n (and the chain above it that nothing else reads: p, k^T) by one
     call of ``target``; record the causal buffer it relies on."""
+    import torch.nn.functional as F
+
     _needs_tril(gm, tril, q, k)
     with gm.graph.inserting_before(n):
-        new = gm.graph.call_function(target, args, kwargs)
+        # a runtime helper's node named apart: fx names a node after its target, and the
+        # emitted forward calls the helper by its plain name (a group kept on PyTorch)
+        name = None if target is F.scaled_dot_product_attention else "attention"
+        new = gm.graph.create_node("call_function", target, args, kwargs, name=name)
     new.meta = dict(n.meta)
     n.replace_all_uses_with(new)
     gm.graph.erase_node(n)
@@ -504,6 +570,8 @@ def attention_pattern(gm: fx.GraphModule) -> bool:
     import torch
     import torch.nn.functional as F
 
+    from codegen.ops import masked_attention
+
     changed = False
     for n, p, v, shape in _pv_products(gm):
         sm, _casts = _through(gm, p)
@@ -519,14 +587,20 @@ def attention_pattern(gm: fx.GraphModule) -> bool:
             continue
         if sm.kwargs.get("dtype") not in (None, torch.float32):
             continue
-        found = _scores_chain(gm, x)
+        found = _scores_chain(gm, x, bias_ok=True)
         if found is None:
             continue
-        q, k, kt, causal, scale, head, tril = found
+        q, k, kt, causal, scale, head, tril, bias = found
         if not _fits(n, q, k, v, shape):
             continue
-        _swap_in(gm, n, p, kt, F.scaled_dot_product_attention, (q, k, v),
-                 {"is_causal": causal, "scale": None if head else float(scale)}, tril, q, k)
+        if bias is not None:
+            # softmax(q @ k^T * scale + mask) @ v: NaN rows where every score is -inf, as
+            # written (scaled_dot_product_attention would give 0 there)
+            _swap_in(gm, n, p, kt, masked_attention, (q, k, v, bias, None if head else float(scale)),
+                     {}, tril, q, k)
+        else:
+            _swap_in(gm, n, p, kt, F.scaled_dot_product_attention, (q, k, v),
+                     {"is_causal": causal, "scale": None if head else float(scale)}, tril, q, k)
         changed = True
     return changed
 
@@ -550,7 +624,7 @@ def relu_attention_pattern(gm: fx.GraphModule) -> bool:
         found = _scores_chain(gm, rop.operands[0])
         if found is None:
             continue
-        q, k, kt, causal, scale, head, tril = found
+        q, k, kt, causal, scale, head, tril, _bias = found
         if not _fits(n, q, k, v, shape):
             continue
         # scale None: 1/sqrt(head dim) of the call's q
@@ -632,15 +706,21 @@ def gqa_repeats(gm: fx.GraphModule) -> bool:
     """scaled_dot_product_attention(q, R(k), R(v)) with R repeating each key/value head g times
     in place (repeat_interleave along the heads, or expand + reshape as Hugging Face's repeat_kv)
     is scaled_dot_product_attention(q, k, v, enable_gqa=True): the same values, and the kernel
-    reads the shared head through its index instead of a copy of the cache per query head."""
+    reads the shared head through its index instead of a copy of the cache per query head. The
+    same for rw-attention's masked attention (Hugging Face's eager attention)."""
     import torch.nn.functional as F
+
+    from codegen.ops import masked_attention
 
     graph = gm.graph
     changed = False
     for n in _live(graph):
-        if not (n.op == "call_function" and n.target is F.scaled_dot_product_attention):
+        if n.op == "call_function" and n.target is masked_attention:  # rw-attention's, masked
+            names = ["query", "key", "value", "mask", "scale", "enable_gqa"]
+        elif n.op == "call_function" and n.target is F.scaled_dot_product_attention:
+            names = ["query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa"]
+        else:
             continue
-        names = ["query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa"]
         b = dict(zip(names, n.args))
         b.update(n.kwargs)
         rk, rv = _repeated_heads(gm, b.get("key")), _repeated_heads(gm, b.get("value"))
@@ -655,6 +735,35 @@ def gqa_repeats(gm: fx.GraphModule) -> bool:
         n.kwargs = b
         _erase_unused_above([old_k, old_v], stop=None)
         changed = True
+    return changed
+
+
+def sdpa_flags_from_shapes(gm: fx.GraphModule) -> bool:
+    """A scaled_dot_product_attention flag (is_causal; attn_mask a traced None) that is a traced
+    Python value computed from shapes and constants only, e.g. Hugging Face's ``is_causal = query.shape[2] > 1 and
+    attention_mask is None`` (a graph break: fx cannot branch on a traced shape), becomes its
+    value at the traced size, when it is the same with every input dim grown by one. The file
+    then holds it, and the drop-in guard fixes a dim whose change would change it (it compiles
+    the problem again at other sizes; a size of 1, where this flag flips, is never free)."""
+    import torch.nn.functional as F
+
+    changed = False
+    for n in _live(gm.graph):
+        if not (n.op == "call_function" and n.target is F.scaled_dot_product_attention):
+            continue
+        for name, pos, kind in (("attn_mask", 3, type(None)), ("is_causal", 5, bool)):
+            at = pos if len(n.args) > pos else name
+            flag = n.args[at] if isinstance(at, int) else n.kwargs.get(name)
+            if not isinstance(flag, fx.Node) or node_shape(flag) is not None:
+                continue
+            got, again = _constant_value(gm, flag), _constant_value(gm, flag, bump=1)
+            if got is None or not isinstance(got[0], kind) or (again is not None and again[0] is not got[0]):
+                continue
+            if isinstance(at, int):
+                n.args = n.args[:at] + (got[0],) + n.args[at + 1:]
+            else:
+                n.kwargs = {**n.kwargs, name: got[0]}
+            changed = True
     return changed
 
 

@@ -379,6 +379,19 @@ def _egg_relu_attention(q, k, v, is_causal, scale):
     return torch.matmul(torch.relu(s), v)
 
 
+def _egg_masked_attention(q, k, v, mask, scale, enable_gqa=False):
+    """Attention written out with an additive mask (rw-attention): softmax(q @ k^T * scale
+    (None: 1/sqrt of the head dim) + mask, -1) @ v in fp32 scores, in PyTorch's ops (shapes on
+    meta tensors, and the path of a candidate that keeps no kernel for it). A row whose every
+    score is -inf is NaN, as the softmax written out gives (scaled_dot_product_attention gives
+    0 there). ``enable_gqa``: k and v hold H / H_kv query heads each (repeated in place)."""
+    if enable_gqa:
+        g = q.shape[-3] // k.shape[-3]
+        k, v = k.repeat_interleave(g, dim=-3), v.repeat_interleave(g, dim=-3)
+    s = torch.matmul(q, k.transpose(-2, -1)).float() * (q.shape[-1] ** -0.5 if scale is None else scale)
+    return torch.matmul(torch.softmax(s + mask, -1).to(v.dtype), v)
+
+
 def _egg_mask_fits(mask, q, k):
     """Raise as masked_fill does when a mask (a buffer's slice: rw-attention read it as causal
     and dropped it) does not broadcast to the scores q @ k^T would have."""

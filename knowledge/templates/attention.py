@@ -17,6 +17,14 @@ alg-split-kv-decode):
   (batch, head) pairs still spread over every SM. Each chunk writes its unnormalized fp32 partial
   output with its row maximum and sum; a second kernel merges the chunks.
 
+A mask tensor (scaled_dot_product_attention's attn_mask, Hugging Face's additive padding mask)
+is read per [BLOCK_M, BLOCK_N] tile through the strides of its view broadcast to the scores
+(stride 0 where it is broadcast over batch or heads): a bool mask sets -inf where False, an
+additive one is added to the scaled scores in fp32 in natural units before they go to log2
+units, finite sums clamped to fp32's range (finfo.min * log2(e) would overflow to -inf: a row of
+finfo.min is uniform in eager, not NaN) and infinite ones kept. A row with every score -inf
+gives 0 for scaled_dot_product_attention (its safe softmax) and NaN for a softmax written out.
+
 Grouped-query attention maps query head h to key/value head h // (H / H_kv). Products of 16-bit
 operands run on tensor cores with fp32 accumulation (P cast to the value dtype for P V, as
 FlashAttention does); fp32 operands use 3xTF32 dots as the matmul template does.
@@ -58,6 +66,13 @@ class AttentionSpec:
     #: softmax (flash: online softmax) | relu (ReLU attention: relu of the scores, no
     #: normalization; masked scores are 0, partial sums simply add up)
     score: str = "softmax"
+    #: a mask tensor the kernels read per [BLOCK_M, BLOCK_N] tile, broadcast over batch and
+    #: heads by its strides: "" none | "add" (added to the scores) | "bool" (True: attend,
+    #: False: -inf, as scaled_dot_product_attention reads a bool mask)
+    mask: str = ""
+    #: what a row whose every score is -inf gives: "nan" (softmax written out: 0 / 0) | "zero"
+    #: (scaled_dot_product_attention's safe softmax)
+    empty: str = "nan"
 
 
 def _dots(spec: AttentionSpec) -> tuple[str, list[str]]:
@@ -94,11 +109,33 @@ def _step(spec: AttentionSpec) -> tuple[list[str], str, list[str]]:
     return STEP, "acc * alpha[:, None]", ["m_i = m_new"]
 
 
+#: fp32's largest finite value: a finite score stays finite in log2 units (a row of
+#: torch.finfo(dtype).min scores is uniform in eager, as -inf's would be NaN)
+FP32_MAX = "3.4028234663852886e38"
+
+
+def _mask_lines(spec: AttentionSpec, masked: bool) -> list[str]:
+    """The mask tile of the key block (pointers ``arow``, rows ``amr`` made before the key loop)
+    applied to ``s``. An additive mask is added in natural units in fp32 (the scale QK_SCALE is
+    natural then), the sum brought to log2 units with finite values kept finite (finfo.min *
+    log2(e) would overflow to -inf) and infinite ones kept infinite; a bool mask sets -inf where
+    it is False."""
+    am = "amr & mn[None, :]" if masked else "amr"
+    ap = "arow + rn[None, :] * san"
+    if spec.mask == "bool":
+        return [f"am_t = tl.load({ap}, mask={am}, other=0)",
+                's = tl.where(am_t != 0, s, float("-inf"))']
+    return [f"s = s + tl.load({ap}, mask={am}, other=0.0).to(tl.float32)",
+            "t = s * 1.4426950408889634",
+            f"s = tl.where(tl.abs(s) < float(\"inf\"), tl.minimum(tl.maximum(t, -{FP32_MAX}), {FP32_MAX}), t)"]
+
+
 def _key_block(spec: AttentionSpec, masked: bool, bound: str, rows: str) -> list[str]:
     """One step over the key block at n0: scores, online softmax, P V. ``masked``: keys past
     ``bound`` and (causal) keys after the query row ``rows`` are masked; whole blocks load
     without a key mask, and without any mask when the head dim fills BLOCK_D (EVEN_D: a mask on
-    a runtime D keeps the loads from being vectorized)."""
+    a runtime D keeps the loads from being vectorized). A mask tensor (spec.mask) is read for
+    every block."""
     opt, p_cast = _dots(spec)
     step, carry, after = _step(spec)
     kmask = "mn[None, :] & md[:, None]" if masked else "md[:, None]"
@@ -114,8 +151,10 @@ def _key_block(spec: AttentionSpec, masked: bool, bound: str, rows: str) -> list
     lines += [
         "if DOT_F32:",
         "    kt = kt.to(tl.float32)",
-        f"s = tl.dot(q, kt{opt}) * QK_SCALE",  # scores in log2 units
+        f"s = tl.dot(q, kt{opt}) * QK_SCALE",  # scores in log2 units (natural: spec.mask "add")
     ]
+    if spec.mask:
+        lines += _mask_lines(spec, masked)
     if masked:
         lines += ["keep = mn[None, :]",
                   "if CAUSAL:",
@@ -135,6 +174,22 @@ def _key_block(spec: AttentionSpec, masked: bool, bound: str, rows: str) -> list
         *after,
     ]
     return lines
+
+
+#: the mask tensor and its strides (batch, head, query row, key): kernel parameters when
+#: spec.mask
+MASK_PARAMS = ["A", "sab", "sah", "sam", "san"]
+
+
+def _normalize(spec: AttentionSpec, acc: str, l: str) -> str:
+    """out = acc / l (ReLU attention: acc); a row with no key left (every score -inf, l = 0)
+    gives 0 where spec.empty says so (scaled_dot_product_attention), else 0 / 0 = NaN as the
+    softmax written out does."""
+    if spec.score == "relu":
+        return f"out = {acc}"
+    if spec.empty == "zero":
+        return f"out = tl.where({l} == 0.0, 0.0, {acc} / {l})"
+    return f"out = {acc} / {l}"
 
 
 def _flash(spec: AttentionSpec, kname: str) -> str:
@@ -158,6 +213,10 @@ def _flash(spec: AttentionSpec, kname: str) -> str:
         'm_i = tl.full([BLOCK_M], float("-inf"), tl.float32)',
         "l_i = tl.zeros([BLOCK_M], tl.float32)",
         "acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)",
+    ]
+    if spec.mask:  # the mask's rows of this block (stride 0 where it is broadcast)
+        body += ["arow = A + b * sab + h * sah + rm[:, None] * sam", "amr = rm[:, None] < M"]
+    body += [
         # key blocks wholly visible to every row of this block and inside N: no mask
         "full = (N // BLOCK_N) * BLOCK_N",
         "if CAUSAL:",
@@ -171,12 +230,12 @@ def _flash(spec: AttentionSpec, kname: str) -> str:
     body.append("for n0 in range(full, hi, BLOCK_N):  # the diagonal and the edge: masked")
     body += ["    " + ln for ln in _key_block(spec, True, "N", "rm")]
     body += [
-        "out = acc / l_i[:, None]" if spec.score == "softmax" else "out = acc",
+        _normalize(spec, "acc", "l_i[:, None]"),
         "tl.store(O + bh * M * D + rm[:, None] * D + rd[None, :], out.to(O.dtype.element_ty),",
         "         mask=(rm[:, None] < M) & md[None, :])",
     ]
     params = ["Q", "K", "V", "O", "sqb", "sqh", "sqm", "sqd", "skb", "skh", "skn", "skd",
-              "svb", "svh", "svn", "svd", "H", "HKV", "M", "N", "D", "QK_SCALE",
+              "svb", "svh", "svn", "svd", *MASK_PARAMS[:5 if spec.mask else 0], "H", "HKV", "M", "N", "D", "QK_SCALE",
               "CAUSAL: tl.constexpr", "DOT_F32: tl.constexpr", "EVEN_D: tl.constexpr",
               "BLOCK_M: tl.constexpr", "BLOCK_N: tl.constexpr", "BLOCK_D: tl.constexpr"]
     return f"@triton.jit\ndef {kname}({', '.join(params)}):\n{indent(body, 4)}\n"
@@ -207,6 +266,10 @@ def _split(spec: AttentionSpec, kname: str) -> str:
         'm_i = tl.full([BLOCK_M], float("-inf"), tl.float32)',
         "l_i = tl.zeros([BLOCK_M], tl.float32)",
         "acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)",
+    ]
+    if spec.mask:  # each packed row's head and query row of the mask
+        body += ["arow = A + b * sab + hq[:, None] * sah + mq[:, None] * sam", "amr = mr[:, None]"]
+    body += [
         "lo = sp * CHUNK",
         "hi = tl.minimum(NE, lo + CHUNK)",
         # whole key blocks of the chunk need no key mask (causal decode rows: always masked)
@@ -219,7 +282,7 @@ def _split(spec: AttentionSpec, kname: str) -> str:
     body += [
         "om = mr[:, None] & md[None, :]",
         "if SPLITS == 1:  # one chunk: normalize and store the output directly",
-        "    out = acc / l_i[:, None]" if spec.score == "softmax" else "    out = acc",
+        "    " + _normalize(spec, "acc", "l_i[:, None]"),
         "    tl.store(O + ((b * H + hq[:, None]) * M + mq[:, None]) * D + rd[None, :],",
         "             out.to(O.dtype.element_ty), mask=om)",
         "else:",
@@ -229,13 +292,13 @@ def _split(spec: AttentionSpec, kname: str) -> str:
         "    tl.store(LP + row, l_i, mask=mr)",
     ]
     params = ["Q", "K", "V", "O", "OP", "MP", "LP", "sqb", "sqh", "sqm", "sqd", "skb", "skh",
-              "skn", "skd", "svb", "svh", "svn", "svd", "H", "HKV", "M", "NE", "D", "QK_SCALE",
+              "skn", "skd", "svb", "svh", "svn", "svd", *MASK_PARAMS[:5 if spec.mask else 0], "H", "HKV", "M", "NE", "D", "QK_SCALE",
               "CHUNK", "SPLITS: tl.constexpr", "CAUSAL: tl.constexpr", "DOT_F32: tl.constexpr",
               "EVEN_D: tl.constexpr", "BLOCK_M: tl.constexpr", "BLOCK_N: tl.constexpr", "BLOCK_D: tl.constexpr"]
     return f"@triton.jit\ndef {kname}_split({', '.join(params)}):\n{indent(body, 4)}\n"
 
 
-def _merge(kname: str, relu: bool = False) -> str:
+def _merge(kname: str, spec: AttentionSpec) -> str:
     """One query row per program: the chunks' partials rescaled to their common maximum (ReLU
     attention: added up)."""
     body = [
@@ -258,7 +321,7 @@ def _merge(kname: str, relu: bool = False) -> str:
         "rd = tl.arange(0, BLOCK_D)",
         "md = rd < D",
         "op = tl.load(OP + row[:, None] * D + rd[None, :], mask=ms[:, None] & md[None, :], other=0.0)",
-        "out = tl.sum(op, 0)" if relu else "out = tl.sum(op * w[:, None], 0) / l",
+        "out = tl.sum(op, 0)" if spec.score == "relu" else _normalize(spec, "tl.sum(op * w[:, None], 0)", "l"),
         "tl.store(O + ((b * H + h) * M + m) * D + rd, out.to(O.dtype.element_ty), mask=md)",
     ]
     params = ["O", "OP", "MP", "LP", "H", "HKV", "G", "M", "D", "SPLITS",
@@ -268,11 +331,12 @@ def _merge(kname: str, relu: bool = False) -> str:
 
 def render(spec: AttentionSpec, cfg: dict, kname: str, gname: str) -> Rendered:
     cfg = {**INFO.defaults, **(cfg or {})}
-    kernel = "\n\n".join([_flash(spec, kname), _split(spec, kname), _merge(kname, spec.score == "relu")])
+    kernel = "\n\n".join([_flash(spec, kname), _split(spec, kname), _merge(kname, spec)])
     scale = "1.0 / math.sqrt(D)" if spec.scale is None else repr(float(spec.scale))
     bm, bn = int(cfg["BLOCK_M"]), int(cfg["BLOCK_N"])
     nw, ns = int(cfg["num_warps"]), int(cfg["num_stages"])
     causal = bool(spec.causal)
+    ma = "am, *am.stride(), " if spec.mask else ""  # the mask and its strides
     w = [
         "q4, k4, v4 = (t if t.dim() == 4 else t.unsqueeze(1) for t in (q, k, v))",
         "B, H, M, D = q4.shape",
@@ -285,9 +349,18 @@ def render(spec: AttentionSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         "if k4.shape[0] != B or k4.shape[3] != D or tuple(v4.shape) != tuple(k4.shape):",
         "    raise RuntimeError(f'scaled_dot_product_attention: query {tuple(q.shape)}, key "
         "{tuple(k.shape)} and value {tuple(v.shape)} do not match')",
+    ]
+    if spec.mask:
+        # the mask broadcast to the scores' shape as PyTorch broadcasts it (a view: size-1 dims
+        # of stride 0, never a copy), raising where it does not broadcast as PyTorch raises
+        w += ["am = torch.broadcast_to(mask, tuple(q.shape[:-1]) + (k.shape[-2],))",
+              "am = am if am.dim() == 4 else am.unsqueeze(1)"]
+    w += [
         "o = torch.empty(q4.shape, device=q.device, dtype=q.dtype)",
         "if o.numel() == 0:",
         "    return o if q.dim() == 4 else o.squeeze(1)",
+        f"qk_scale = {scale}  # natural units: the mask is added before the log2(e) factor"
+        if spec.mask == "add" else
         f"qk_scale = ({scale}) * 1.4426950408889634  # log2(e): the kernels use exp2"
         if spec.score == "softmax" else f"qk_scale = {scale}  # ReLU attention: the scores themselves",
         # the interpreter (CPU tensors) emulates 16-bit dots wrongly: they run on fp32 copies of
@@ -309,7 +382,7 @@ def render(spec: AttentionSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         "    else:",
         "        op = mp = lp = o",
         f"    {kname}_split[(B * HKV, splits)](q4, k4, v4, o, op, mp, lp, *q4.stride(), *k4.stride(),",
-        "        *v4.stride(), H, HKV, M, ne, D, qk_scale, chunk, SPLITS=splits,",
+        f"        *v4.stride(), {ma}H, HKV, M, ne, D, qk_scale, chunk, SPLITS=splits,",
         f"        CAUSAL={causal}, DOT_F32=f32, EVEN_D=D == BD, BLOCK_M=BR, BLOCK_N={bn}, BLOCK_D=BD,",
         f"        num_warps={min(nw, DECODE_WARPS)}, num_stages={ns})",
         "    if splits > 1:",
@@ -319,11 +392,11 @@ def render(spec: AttentionSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         # causal blocks: BLOCK_N divides BLOCK_M, so the unmasked key blocks end on a row block
         f"BN = min({bn}, {bm}) if {causal} else {bn}",
         f"grid = (_egg_cdiv(M, {bm}), B * H)",
-        f"{kname}[grid](q4, k4, v4, o, *q4.stride(), *k4.stride(), *v4.stride(), H, HKV, M, N, D,",
+        f"{kname}[grid](q4, k4, v4, o, *q4.stride(), *k4.stride(), *v4.stride(), {ma}H, HKV, M, N, D,",
         f"    qk_scale, CAUSAL={causal}, DOT_F32=f32, EVEN_D=D == BD, BLOCK_M={bm}, BLOCK_N=BN,",
         "    BLOCK_D=BD,",
         f"    num_warps={nw}, num_stages={ns})",
         "return o if q.dim() == 4 else o.squeeze(1)",
     ]
-    wrapper = f"def {gname}(q, k, v):\n{indent(w, 4)}\n"
+    wrapper = f"def {gname}(q, k, v{', mask' if spec.mask else ''}):\n{indent(w, 4)}\n"
     return Rendered(kernel, wrapper, kname, gname, cfg)
