@@ -7,8 +7,8 @@ from torch import fx
 
 from codegen.fusion import norm_dims
 from codegen.ops import classify, node_shape
-from codegen.rewrites.common import (_attr_node, _erase_unused_above, _float, _live, _op_name, _ops,
-                                     _replace, _sub_operands)
+from codegen.rewrites.common import (_annotate, _attr_node, _erase_unused_above, _float, _live,
+                                     _op_name, _ops, _replace, _sub_operands)
 
 
 SIZE1_REDUCTIONS = ("sum", "mean", "amax", "amin", "logsumexp", "max_dim", "min_dim")
@@ -295,6 +295,7 @@ def reduction_dtypes(gm: fx.GraphModule) -> bool:
             continue
         with graph.inserting_before(n):
             cast = graph.call_method("to", (n.args[0], dt))
+        _annotate([cast])  # its shape for the forms after this one (cross_entropy_spellings)
         n.args = (cast,) + tuple(a for i, a in enumerate(n.args) if i >= 1 and i not in pos)
         n.kwargs = {k: v for k, v in n.kwargs.items() if k != "dtype"}
         changed = True

@@ -142,12 +142,13 @@ def _key_block(spec: AttentionSpec, masked: bool, bound: str, rows: str) -> list
     vmask = "mn[:, None] & md[None, :]" if masked else "md[None, :]"
     kp = "K + kb + rn[None, :] * skn + rd[:, None] * skd"
     vp = "V + vb + rn[:, None] * svn + rd[None, :] * svd"
-    lines = ["rn = n0 + tl.arange(0, BLOCK_N)", f"mn = rn < {bound}"]
-    if masked:
-        lines.append(f"kt = tl.load({kp}, mask={kmask}, other=0.0)")
-    else:
-        lines += ["if EVEN_D:", f"    kt = tl.load({kp})", "else:",
-                  f"    kt = tl.load({kp}, mask={kmask}, other=0.0)"]
+    def load(name: str, ptr: str, mask: str) -> list[str]:
+        if masked:
+            return [f"{name} = tl.load({ptr}, mask={mask}, other=0.0)"]
+        return ["if EVEN_D:", f"    {name} = tl.load({ptr})", "else:",
+                f"    {name} = tl.load({ptr}, mask={mask}, other=0.0)"]
+
+    lines = ["rn = n0 + tl.arange(0, BLOCK_N)", f"mn = rn < {bound}", *load("kt", kp, kmask)]
     lines += [
         "if DOT_F32:",
         "    kt = kt.to(tl.float32)",
@@ -161,11 +162,7 @@ def _key_block(spec: AttentionSpec, masked: bool, bound: str, rows: str) -> list
                   f"    keep = keep & (rn[None, :] <= {rows}[:, None])",
                   's = tl.where(keep, s, float("-inf"))']
     lines += step
-    if masked:
-        lines.append(f"v = tl.load({vp}, mask={vmask}, other=0.0)")
-    else:
-        lines += ["if EVEN_D:", f"    v = tl.load({vp})", "else:",
-                  f"    v = tl.load({vp}, mask={vmask}, other=0.0)"]
+    lines += load("v", vp, vmask)
     lines += [
         "if DOT_F32:",
         "    v = v.to(tl.float32)",
