@@ -86,6 +86,8 @@ DECODE = (HEAD + "import math\nclass Model(nn.Module):\n    def forward(self, q,
     # the last dim named by its index: renamed -1 when the row dim comes back
     "        p = torch.softmax(s.float(), 2).to(q.dtype)\n",
     "        p = s.float().softmax(dim=2).to(q.dtype)\n",
+    # dtype by position: a cast first (reduction_dtypes), then the softmax over dim 2
+    "        p = torch.softmax(s, 2, torch.float32)\n",
     # written out: torch.softmax again only through rw-softmax (a rule, after the canonical
     # forms), which names the dim by its index; the canonical pass runs again, then the rules
     "        e = torch.exp(s - s.amax(-1, keepdim=True))\n        p = e / e.sum(-1, keepdim=True)\n",
@@ -108,7 +110,6 @@ def test_decode_attention_by_einsum_is_one_attention_kernel(mid, write_problem):
 @pytest.mark.parametrize("mid", [
     "        p = torch.softmax(s, 0)\n",  # over the batch: the row dim would move the softmax
     "        p = torch.softmax(s, 1)\n",  # over the heads (dim 1 of 3): not the last
-    "        p = torch.softmax(s, 2, torch.float32)\n",  # dim by index, dtype positional: kept
     "        p = torch.softmax(s, -1) + s.sum(-1, keepdim=True) * 0.0\n",  # s read twice
 ])
 def test_squeezes_kept_where_the_row_dim_matters(mid, write_problem):
