@@ -200,8 +200,9 @@ BROKEN = [
      "s = s + tl.load(arow", "s = s + 0.0 * tl.load(arow"),
     ("the bool mask ignored", "sdpa_bool_decode_bf16",
      's = tl.where(am_t != 0, s, float("-inf"))', "s = s"),
-    ("finite sums not kept finite", "hf_full_row_fp32",
-     "tl.minimum(tl.maximum(t, -3.4028234663852886e38), 3.4028234663852886e38)", "t"),
+    ("scores taken to log2 units (finfo.min * log2(e) overflows)", "hf_full_row_fp32",
+     "p = tl.exp(s - m_use[:, None])",
+     "p = tl.exp2(s * 1.4426950408889634 - m_use[:, None] * 1.4426950408889634)"),
     ("a row with no key left NaN for SDPA", "sdpa_bool_empty_row_fp32",
      "tl.where(l_i[:, None] == 0.0, 0.0, acc / l_i[:, None])", "acc / l_i[:, None]"),
 ]

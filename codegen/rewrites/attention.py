@@ -439,16 +439,28 @@ def _reads(n: fx.Node, other: fx.Node) -> bool:
     return False
 
 
+def _tanh_of(gm: fx.GraphModule, n) -> fx.Node | None:
+    """x when n is tanh(x) (torch.tanh, F.tanh, x.tanh()) of a floating x."""
+    if not isinstance(n, fx.Node) or n.op not in ("call_function", "call_method") or n.kwargs:
+        return None
+    op = classify(n, gm)
+    if op.kind != "pointwise" or op.name != "tanh" or len(n.args) != 1 or not _float(n.args[0]):
+        return None
+    return n.args[0]
+
+
 def _scores_chain(gm: fx.GraphModule, x, bias_ok: bool = False):
     """Walk up from the scores a softmax (or ReLU) reads: [scale and one causal mask, in either
-    order, casts between] -> q @ k^T. (q, k, k^T, causal, scale, head, buffer, bias) with
-    ``head`` the number of 1/sqrt(head_dim) factors seen (then ``scale`` is 1.0), ``buffer`` the
-    name of the lower-triangular buffer the causal mask reads (None: a mask of constants or
-    shapes), or None when it is not that chain. ``bias_ok``: an additive mask that is not causal
-    (an input: Hugging Face's padding mask) may be added outside the scale factors: ``bias``
-    is that mask (else None)."""
+    order, casts between] -> q @ k^T. (q, k, k^T, causal, scale, head, buffer, bias, softcap)
+    with ``head`` the number of 1/sqrt(head_dim) factors seen (then ``scale`` is 1.0),
+    ``buffer`` the name of the lower-triangular buffer the causal mask reads (None: a mask of
+    constants or shapes), or None when it is not that chain. ``bias_ok``: an additive mask that
+    is not causal (an input: Hugging Face's padding mask; a bias: ALiBi's) may be added outside
+    the scale factors, inside the causal mask if there is one: ``bias`` is that mask (else
+    None); and the scaled scores may be soft-capped below every mask, ``c * tanh(scores)``
+    (Gemma's): ``softcap`` is c (else None; the factors inside the tanh are ``scale``)."""
     s, _ = _through(gm, x)
-    causal, scale, head, ok, tril, bias = False, 1.0, 0, True, None, None
+    causal, scale, head, ok, tril, bias, softcap = False, 1.0, 0, True, None, None, None
     while ok and isinstance(s, fx.Node) and len(s.users) == 1:
         up, _ = _through(gm, s)
         if up is not s:  # casts between the steps (scores.float() / c)
@@ -462,20 +474,29 @@ def _scores_chain(gm: fx.GraphModule, x, bias_ok: bool = False):
             else:
                 scale *= c
             continue
-        step = _mask_step(gm, s) if not causal and bias is None else None
+        inner = _tanh_of(gm, s) if bias_ok and softcap is None else None
+        if inner is not None:
+            if head or scale == 0:
+                return None  # a cap of 1/sqrt(head dim): not a number the kernel bakes in
+            s, softcap, scale = inner, float(scale), 1.0
+            continue
+        # masks sit outside the tanh (inside it they are no masks); a bias inside the causal mask
+        step = _mask_step(gm, s) if softcap is None and bias is None else None
         if step is None:
             break
         inner, mask, kind = step
         # the factors seen so far scale the masked scores: -inf times a negative is +inf
-        ok, tril = _mask_is_causal(gm, mask, kind, node_shape(inner)) if (
-            isinstance(inner, fx.Node) and scale > 0) else (False, None)
-        if not ok and bias_ok and isinstance(inner, fx.Node) \
-                and _bias_fits(gm, mask, inner, s, kind, scale, head):
-            s, bias, ok = inner, mask, True
+        is_causal, buf = _mask_is_causal(gm, mask, kind, node_shape(inner)) if (
+            not causal and isinstance(inner, fx.Node) and scale > 0) else (False, None)
+        if is_causal:
+            s, causal, tril = inner, True, buf
             continue
-        s, causal = inner, True
-    if not ok or head > 1 or (head and scale != 1.0):
-        return None  # sdpa's default scale, or a number: not 1/sqrt(D) times another number
+        if bias_ok and isinstance(inner, fx.Node) and _bias_fits(gm, mask, inner, s, kind, scale, head):
+            s, bias = inner, mask
+            continue
+        ok = False
+    if not ok or head > 1 or (head and scale != 1.0 and not bias_ok):
+        return None  # a number, or 1/sqrt(D) (times a number where bias_ok): not 1/D
     if not isinstance(s, fx.Node) or len(s.users) != 1:
         return None
     qk = classify(s, gm) if s.op in ("call_function", "call_method") else None
@@ -487,7 +508,7 @@ def _scores_chain(gm: fx.GraphModule, x, bias_ok: bool = False):
         return None
     if bias is not None and _reads(bias, s):
         return None  # a mask made from the scores themselves
-    return q, k, kt, causal, scale, head, tril, bias
+    return q, k, kt, causal, scale, head, tril, bias, softcap
 
 
 def _needs_tril(gm: fx.GraphModule, buffer: fx.Node | None, q: fx.Node, k: fx.Node) -> None:
@@ -590,14 +611,17 @@ def attention_pattern(gm: fx.GraphModule) -> bool:
         found = _scores_chain(gm, x, bias_ok=True)
         if found is None:
             continue
-        q, k, kt, causal, scale, head, tril, bias = found
+        q, k, kt, causal, scale, head, tril, bias, softcap = found
         if not _fits(n, q, k, v, shape):
             continue
-        if bias is not None:
-            # softmax(q @ k^T * scale + mask) @ v: NaN rows where every score is -inf, as
-            # written (scaled_dot_product_attention would give 0 there)
+        if bias is not None or softcap is not None or (head and scale != 1.0):
+            # softmax(cap * tanh(q @ k^T * scale) + mask [causal]) @ v: NaN rows where every
+            # score is -inf, as written (scaled_dot_product_attention would give 0 there); a
+            # scale of c / sqrt(head dim) is scale None times factor c
+            kw = {k_: v_ for k_, v_ in (("is_causal", causal), ("softcap", softcap),
+                                        ("factor", float(scale) if head else None)) if v_}
             _swap_in(gm, n, p, kt, masked_attention, (q, k, v, bias, None if head else float(scale)),
-                     {}, tril, q, k)
+                     kw, tril, q, k)
         else:
             _swap_in(gm, n, p, kt, F.scaled_dot_product_attention, (q, k, v),
                      {"is_causal": causal, "scale": None if head else float(scale)}, tril, q, k)
@@ -624,7 +648,7 @@ def relu_attention_pattern(gm: fx.GraphModule) -> bool:
         found = _scores_chain(gm, rop.operands[0])
         if found is None:
             continue
-        q, k, kt, causal, scale, head, tril, _bias = found
+        q, k, kt, causal, scale, head, tril, _bias, _cap = found
         if not _fits(n, q, k, v, shape):
             continue
         # scale None: 1/sqrt(head dim) of the call's q
@@ -716,7 +740,7 @@ def gqa_repeats(gm: fx.GraphModule) -> bool:
     changed = False
     for n in _live(graph):
         if n.op == "call_function" and n.target is masked_attention:  # rw-attention's, masked
-            names = ["query", "key", "value", "mask", "scale", "enable_gqa"]
+            names = ["query", "key", "value", "mask", "scale", "enable_gqa", "is_causal", "softcap", "factor"]
         elif n.op == "call_function" and n.target is F.scaled_dot_product_attention:
             names = ["query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa"]
         else:

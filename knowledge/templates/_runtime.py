@@ -379,17 +379,30 @@ def _egg_relu_attention(q, k, v, is_causal, scale):
     return torch.matmul(torch.relu(s), v)
 
 
-def _egg_masked_attention(q, k, v, mask, scale, enable_gqa=False):
-    """Attention written out with an additive mask (rw-attention): softmax(q @ k^T * scale
-    (None: 1/sqrt of the head dim) + mask, -1) @ v in fp32 scores, in PyTorch's ops (shapes on
-    meta tensors, and the path of a candidate that keeps no kernel for it). A row whose every
+def _egg_masked_attention(q, k, v, mask, scale, enable_gqa=False, is_causal=False, softcap=None,
+                          factor=None):
+    """Attention written out with its scores modified (rw-attention): softmax(S, -1) @ v with
+    S = q @ k^T * scale (None: factor (None: 1) / sqrt of the head dim) in fp32, then ``softcap * tanh(S)`` where
+    softcap is a number (Gemma's soft capping, its 1/cap folded into scale), then ``+ mask``
+    where mask is a tensor (an additive mask or bias: Hugging Face's padding mask, ALiBi), then
+    -inf above the diagonal where is_causal (top-left, as torch's). In PyTorch's ops: shapes on
+    meta tensors, and the path of a candidate that keeps no kernel for it. A row whose every
     score is -inf is NaN, as the softmax written out gives (scaled_dot_product_attention gives
     0 there). ``enable_gqa``: k and v hold H / H_kv query heads each (repeated in place)."""
     if enable_gqa:
         g = q.shape[-3] // k.shape[-3]
         k, v = k.repeat_interleave(g, dim=-3), v.repeat_interleave(g, dim=-3)
-    s = torch.matmul(q, k.transpose(-2, -1)).float() * (q.shape[-1] ** -0.5 if scale is None else scale)
-    return torch.matmul(torch.softmax(s + mask, -1).to(v.dtype), v)
+    if scale is None:
+        scale = (1.0 if factor is None else factor) * q.shape[-1] ** -0.5
+    s = torch.matmul(q, k.transpose(-2, -1)).float() * scale
+    if softcap is not None:
+        s = torch.tanh(s) * softcap
+    if mask is not None:
+        s = s + mask
+    if is_causal:
+        keep = torch.ones((s.shape[-2], s.shape[-1]), dtype=torch.bool, device=s.device).tril()
+        s = s.masked_fill(~keep, float("-inf"))
+    return torch.matmul(torch.softmax(s, -1).to(v.dtype), v)
 
 
 def _egg_mask_fits(mask, q, k):

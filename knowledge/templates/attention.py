@@ -20,10 +20,13 @@ alg-split-kv-decode):
 A mask tensor (scaled_dot_product_attention's attn_mask, Hugging Face's additive padding mask)
 is read per [BLOCK_M, BLOCK_N] tile through the strides of its view broadcast to the scores
 (stride 0 where it is broadcast over batch or heads): a bool mask sets -inf where False, an
-additive one is added to the scaled scores in fp32 in natural units before they go to log2
-units, finite sums clamped to fp32's range (finfo.min * log2(e) would overflow to -inf: a row of
-finfo.min is uniform in eager, not NaN) and infinite ones kept. A row with every score -inf
-gives 0 for scaled_dot_product_attention (its safe softmax) and NaN for a softmax written out.
+additive one (or a bias: ALiBi's slopes) is added to the scaled scores in fp32. Soft capping
+(Gemma's ``cap * tanh(scores)``) comes before any mask. With either, the scores stay in natural
+units and the softmax takes exp of their difference to the row maximum (rounding s * log2(e)
+of a large score would add an error eager does not make, and finfo.min * log2(e) would overflow
+to -inf, where a row of finfo.min is uniform in eager, not NaN); otherwise log2(e) is folded into
+the scale and the softmax uses exp2. A row with every score -inf gives 0 for
+scaled_dot_product_attention (its safe softmax) and NaN for a softmax written out.
 
 Grouped-query attention maps query head h to key/value head h // (H / H_kv). Products of 16-bit
 operands run on tensor cores with fp32 accumulation (P cast to the value dtype for P V, as
@@ -73,6 +76,17 @@ class AttentionSpec:
     #: what a row whose every score is -inf gives: "nan" (softmax written out: 0 / 0) | "zero"
     #: (scaled_dot_product_attention's safe softmax)
     empty: str = "nan"
+    #: soft capping (Gemma): the scaled scores S become ``softcap * tanh(S)`` before any mask
+    #: (None: none); the 1/cap inside the tanh is part of ``scale``
+    softcap: float | None = None
+    #: where scale is None: the scale is factor / sqrt(head_dim)
+    factor: float = 1.0
+
+    @property
+    def natural(self) -> bool:
+        """Are the kernels' scaled scores in natural units (an additive mask or a tanh comes
+        first), brought to log2 units afterwards, rather than scaled by log2(e) at once?"""
+        return self.mask == "add" or self.softcap is not None
 
 
 def _dots(spec: AttentionSpec) -> tuple[str, list[str]]:
@@ -86,15 +100,20 @@ def _dots(spec: AttentionSpec) -> tuple[str, list[str]]:
     return opt, ["pv = p.to(V.dtype.element_ty)", "if DOT_F32:", "    pv = pv.to(tl.float32)"]
 
 
-#: the online-softmax step on a score tile ``s`` (log2 units, -inf where masked): a row that
-#: has seen no key yet keeps max -inf, so the exponent is taken against 0 there (no -inf - -inf)
-STEP = [
-    "m_new = tl.maximum(m_i, tl.max(s, 1))",
-    'm_use = tl.where(m_new == float("-inf"), 0.0, m_new)',
-    "p = tl.exp2(s - m_use[:, None])",
-    "alpha = tl.exp2(m_i - m_use)",
-    "l_i = l_i * alpha + tl.sum(p, 1)",
-]
+def _exp(spec: AttentionSpec) -> str:
+    """The softmax's exponential: exp2 of scores in log2 units, exp of natural ones."""
+    return "tl.exp" if spec.natural else "tl.exp2"
+
+
+def _softmax_step(spec: AttentionSpec) -> list[str]:
+    """The online-softmax step on a score tile ``s`` (-inf where masked): a row that has seen no
+    key yet keeps max -inf, so the exponent is taken against 0 there (no -inf - -inf)."""
+    e = _exp(spec)
+    return ["m_new = tl.maximum(m_i, tl.max(s, 1))",
+            'm_use = tl.where(m_new == float("-inf"), 0.0, m_new)',
+            f"p = {e}(s - m_use[:, None])",
+            f"alpha = {e}(m_i - m_use)",
+            "l_i = l_i * alpha + tl.sum(p, 1)"]
 
 
 #: ReLU attention's step: the scores' positive part (masked scores are -inf: 0), no running
@@ -106,28 +125,23 @@ def _step(spec: AttentionSpec) -> tuple[list[str], str, list[str]]:
     """The score step, the accumulator the next product adds to, and the lines after it."""
     if spec.score == "relu":
         return RELU_STEP, "acc", []
-    return STEP, "acc * alpha[:, None]", ["m_i = m_new"]
+    return _softmax_step(spec), "acc * alpha[:, None]", ["m_i = m_new"]
 
 
-#: fp32's largest finite value: a finite score stays finite in log2 units (a row of
-#: torch.finfo(dtype).min scores is uniform in eager, as -inf's would be NaN)
-FP32_MAX = "3.4028234663852886e38"
-
-
-def _mask_lines(spec: AttentionSpec, masked: bool) -> list[str]:
-    """The mask tile of the key block (pointers ``arow``, rows ``amr`` made before the key loop)
-    applied to ``s``. An additive mask is added in natural units in fp32 (the scale QK_SCALE is
-    natural then), the sum brought to log2 units with finite values kept finite (finfo.min *
-    log2(e) would overflow to -inf) and infinite ones kept infinite; a bool mask sets -inf where
-    it is False."""
+def _score_lines(spec: AttentionSpec, masked: bool) -> list[str]:
+    """What the key block does to the scaled scores ``s`` before the softmax step: the soft cap
+    (``SOFTCAP * tanh(s)``), then the mask tile (pointers ``arow``, rows ``amr`` made before
+    the key loop): an additive mask is added in fp32 (natural units: QK_SCALE is natural then,
+    spec.natural), a bool mask sets -inf where it is False."""
+    lines = [f"s = {spec.softcap!r} * _egg_tanh(s)"] if spec.softcap is not None else []
     am = "amr & mn[None, :]" if masked else "amr"
     ap = "arow + rn[None, :] * san"
+    if spec.mask == "add":
+        lines.append(f"s = s + tl.load({ap}, mask={am}, other=0.0).to(tl.float32)")
     if spec.mask == "bool":
-        return [f"am_t = tl.load({ap}, mask={am}, other=0)",
-                's = tl.where(am_t != 0, s, float("-inf"))']
-    return [f"s = s + tl.load({ap}, mask={am}, other=0.0).to(tl.float32)",
-            "t = s * 1.4426950408889634",
-            f"s = tl.where(tl.abs(s) < float(\"inf\"), tl.minimum(tl.maximum(t, -{FP32_MAX}), {FP32_MAX}), t)"]
+        lines += [f"am_t = tl.load({ap}, mask={am}, other=0)",
+                  's = tl.where(am_t != 0, s, float("-inf"))']
+    return lines
 
 
 def _key_block(spec: AttentionSpec, masked: bool, bound: str, rows: str) -> list[str]:
@@ -152,10 +166,9 @@ def _key_block(spec: AttentionSpec, masked: bool, bound: str, rows: str) -> list
     lines += [
         "if DOT_F32:",
         "    kt = kt.to(tl.float32)",
-        f"s = tl.dot(q, kt{opt}) * QK_SCALE",  # scores in log2 units (natural: spec.mask "add")
+        f"s = tl.dot(q, kt{opt}) * QK_SCALE",  # scores in log2 units (natural: spec.natural)
     ]
-    if spec.mask:
-        lines += _mask_lines(spec, masked)
+    lines += _score_lines(spec, masked)
     if masked:
         lines += ["keep = mn[None, :]",
                   "if CAUSAL:",
@@ -313,7 +326,7 @@ def _merge(kname: str, spec: AttentionSpec) -> str:
         "lp = tl.load(LP + row, mask=ms, other=0.0)",
         "mx = tl.max(mp, 0)",
         'mx = tl.where(mx == float("-inf"), 0.0, mx)',
-        "w = tl.exp2(mp - mx)",
+        f"w = {_exp(spec)}(mp - mx)",
         "l = tl.sum(lp * w, 0)",
         "rd = tl.arange(0, BLOCK_D)",
         "md = rd < D",
@@ -329,7 +342,7 @@ def _merge(kname: str, spec: AttentionSpec) -> str:
 def render(spec: AttentionSpec, cfg: dict, kname: str, gname: str) -> Rendered:
     cfg = {**INFO.defaults, **(cfg or {})}
     kernel = "\n\n".join([_flash(spec, kname), _split(spec, kname), _merge(kname, spec)])
-    scale = "1.0 / math.sqrt(D)" if spec.scale is None else repr(float(spec.scale))
+    scale = f"{float(spec.factor)!r} / math.sqrt(D)" if spec.scale is None else repr(float(spec.scale))
     bm, bn = int(cfg["BLOCK_M"]), int(cfg["BLOCK_N"])
     nw, ns = int(cfg["num_warps"]), int(cfg["num_stages"])
     causal = bool(spec.causal)
@@ -356,8 +369,8 @@ def render(spec: AttentionSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         "o = torch.empty(q4.shape, device=q.device, dtype=q.dtype)",
         "if o.numel() == 0:",
         "    return o if q.dim() == 4 else o.squeeze(1)",
-        f"qk_scale = {scale}  # natural units: the mask is added before the log2(e) factor"
-        if spec.mask == "add" else
+        f"qk_scale = {scale}  # natural units: the kernels use exp (a cap or an additive mask)"
+        if spec.natural else
         f"qk_scale = ({scale}) * 1.4426950408889634  # log2(e): the kernels use exp2"
         if spec.score == "softmax" else f"qk_scale = {scale}  # ReLU attention: the scores themselves",
         # the interpreter (CPU tensors) emulates 16-bit dots wrongly: they run on fp32 copies of
