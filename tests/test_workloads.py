@@ -173,6 +173,8 @@ KINDS = {
     # the gather of log_softmax is -cross_entropy(reduction='none'): the fused LM head + loss,
     # then the negation of the [tokens] losses as a pointwise kernel of its own
     "20_lm_head_token_logprobs.py": ["linear_ce", "pointwise"],
+    # rw-attention with the soft cap (tanh between the scale and the causal mask): one flash kernel
+    "21_softcap_prefill_attention.py": ["attention"],
 }
 #: files whose emitted source the verifier's static check rejects (a gap of the compiler, not of
 #: the file: `egg verify` calls the kernel a cheat and a run keeps the reference); xfail until

@@ -36,6 +36,7 @@ SMALL = {
     "18_rope_complex": "BATCH, SEQ, Q_HEADS, KV_HEADS, HEAD_DIM = 2, 8, 4, 2, 16",
     "19_gqa_decode_einsum": "BATCH, Q_HEADS, KV_HEADS, HEAD_DIM, CACHE_LEN = 2, 4, 2, 16, 64",
     "20_lm_head_token_logprobs": "TOKENS, HIDDEN, VOCAB = 16, 64, 500",
+    "21_softcap_prefill_attention": "BATCH, Q_HEADS, KV_HEADS, HEAD_DIM, SEQ = 1, 4, 2, 16, 32",
 }
 
 
