@@ -343,6 +343,12 @@ ROWS_CASES = {
     "short_rows": ("x, y", "        return x * y - 1.0\n", "[torch.randn(6, 50, 3), torch.randn(6, 1, 3)]", False),
     # broadcast over a middle dim: rows of 1200 under two outer dims that do not merge (4 x 5)
     "middle": ("x, y", "        return x - y * 0.5\n", "[torch.randn(4, 5, 6, 200), torch.randn(4, 1, 6, 200)]", True),
+    # Meta's RoPE layout: (seq, 1, d) tables broadcast over the heads, rows of 130 that do not
+    # merge: 4 rows a program (the block 1024 over rows of 256), 30 rows (the last program half
+    # empty)
+    "short_rows_many": ("q, c, s", "        r = torch.stack((-q[..., 1::2], q[..., ::2]), dim=-1).flatten(-2)\n"
+                        "        return q * c + r * s\n",
+                        "[torch.randn(2, 5, 3, 130), torch.randn(5, 1, 130), torch.randn(5, 1, 130)]", True),
     # a permuted operand: strided, rows of the walk's inner dim
     "permuted": ("x, y", "        return x.transpose(0, 1) * 3.0 + y\n", "[torch.randn(300, 129), torch.randn(129, 300)]", True),
 }
@@ -369,7 +375,7 @@ def test_pointwise_rows_of_the_inner_dim(name, write_problem, tmp_path):
     class Spy:
         def __getitem__(self, grid):
             def launch(*a, **k):
-                seen.append((k["ROWS"], k["BLOCK"]))
+                seen.append((k["ROWS"], k["BLOCK"], k["RB"]))
                 return kernel[grid](*a, **k)
             return launch
 
@@ -380,4 +386,6 @@ def test_pointwise_rows_of_the_inner_dim(name, write_problem, tmp_path):
     assert seen and seen[0][0] is rows
     if name == "bias_rows":
         assert seen[0][1] == 512  # the block cut to the row's 300 (a power of two)
+    if name == "short_rows_many":
+        assert seen[0][1:] == (256, 4)  # rows of 130 in blocks of 256, 4 rows a program
     assert got.shape == prob.Model()(*prob.inputs()).shape
