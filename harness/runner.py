@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import secrets
 import signal
 import subprocess
@@ -107,9 +108,17 @@ def kill_group(proc: subprocess.Popen) -> None:
         sandbox.remove_leftovers(tag)
 
 
+#: the stack lines of a C++ exception's backtrace (c10::Error): a process that aborts on one
+#: prints its message first and then dozens of these, which would push the message out of a tail
+CPP_FRAME = re.compile(r"^\s*(frame #\d+:|Exception raised from )")
+
+
 def log_tail(log: pathlib.Path, n: int = 8) -> str:
+    """The last n non-empty lines of a log, a C++ backtrace's frame lines left out (the error's
+    own message stays)."""
     try:
-        lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+        lines = [ln for ln in log.read_text(errors="replace").splitlines()
+                 if ln.strip() and not CPP_FRAME.match(ln)]
     except OSError:
         return ""
     return " | ".join(lines[-n:])

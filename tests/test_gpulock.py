@@ -277,3 +277,20 @@ def test_verification_judge_yields_the_cpu_to_timings(tmp_path, monkeypatch):
     assert not res["passed"]
     assert f"judge niceness={max(6, base)}" in res["reason"], res["reason"]
     assert os.nice(0) == base
+
+
+def test_log_tail_keeps_a_cpp_errors_message_above_its_backtrace(tmp_path):
+    """A judge that aborts on a C++ exception prints the message, then dozens of frame lines:
+    the crash reason shows the message, not the frames."""
+    from harness.runner import log_tail
+
+    log = tmp_path / "judge.log"
+    frames = [f"frame #{i}: PyObject_Vectorcall + 0x35 (0x5499b5 in python)" for i in range(30)]
+    log.write_text("\n".join(["trial 3/8", "terminate called after throwing an instance of 'c10::Error'",
+                              "  what():  CUDA error: an illegal memory access was encountered",
+                              "Exception raised from c10_cuda_check_implementation at CUDAException.cpp:44",
+                              *frames, ""]))
+    tail = log_tail(log, n=3)
+    assert "illegal memory access" in tail and "frame #" not in tail
+    log.write_text("a\n\nb\nc\n")
+    assert log_tail(log, n=2) == "b | c"
