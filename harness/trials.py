@@ -218,5 +218,22 @@ def copy_layout(x: torch.Tensor) -> torch.Tensor:
     return base.as_strided(x.shape, x.stride(), x.storage_offset()).copy_(x)
 
 
+def aligned_base(x):
+    """``x`` with the same sizes, strides and values, its data pointer 16-byte aligned (a copy
+    where it is not): what a reference run gets where the candidate gets ``x`` at an odd offset.
+    PyTorch's own kernels can read a misaligned base with 16-byte loads and abort the process
+    (scaled_dot_product_attention's memory-efficient and cuDNN paths check strides, not the
+    pointer: pytorch/pytorch#183484, "CUDA error: misaligned address" in torch 2.11), which would
+    kill the judge; where the reference only raises on a layout (a .view() of a padded row), it
+    raises on these strides as well."""
+    if not isinstance(x, torch.Tensor) or x.numel() == 0 or x.data_ptr() % 16 == 0:
+        return x
+    if any(st == 0 and n > 1 for n, st in zip(x.shape, x.stride())) or any(st < 0 for st in x.stride()):
+        return x.clone()
+    span = 1 + sum((n - 1) * st for n, st in zip(x.shape, x.stride()))
+    base = torch.empty(span, dtype=x.dtype, device=x.device)
+    return base.as_strided(x.shape, x.stride(), 0).copy_(x)
+
+
 def shapes(xs: list) -> list[list[int]]:
     return [list(x.shape) for x in xs if isinstance(x, torch.Tensor)]

@@ -966,6 +966,9 @@ def _run_trials(req, result, model, cand, kmap, prob, dev, tol, deadline, prev: 
                         # a .view() of a padded row; then ModelNew must raise too)
                         priv = [TR.relayout(x, tr.layout) for x in priv]
                     shared = [TR.copy_layout(x) if isinstance(x, torch.Tensor) else x for x in priv]
+                    if tr.layout:  # the reference reads the same strides from an aligned base
+                        # (PyTorch's SDPA aborts on a misaligned one; the candidate keeps it)
+                        priv = [TR.aligned_base(x) for x in priv]
                 check_det = tr.mode not in det_done and tr.inputs == "own"
                 try:
                     ref, before = _reference(model, priv, tr.mode, tr.grad, prob, check_det, tol)
