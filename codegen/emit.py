@@ -139,7 +139,7 @@ def build_spec(plan: FusionPlan, g: Group):
         spec = AttentionSpec(dtype=_dt(ins[0]), causal=p["causal"], scale=p["scale"], gqa=p["gqa"],
                              score=p.get("score", "softmax"), mask=p.get("mask", ""),
                              empty=p.get("empty", "nan"), softcap=p.get("softcap"),
-                             factor=p.get("factor", 1.0))
+                             factor=p.get("factor", 1.0), fill=p.get("fill"))
         return spec, ins, outs
     if g.kind == "linear_ce":
         x, w, t, b = red_op.operands[:4]

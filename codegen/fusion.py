@@ -204,7 +204,7 @@ def attention_form(op: NOp) -> str | None:
         mask = op.operands[3]
         sm, dm = node_shape(mask), node_dtype(mask)
         scores = tuple(sq[:-1]) + (sk[-2],)
-        if sm is None or (dm != torch.bool if op.p["mask"] == "bool" else dm not in ATTENTION_DTYPES):
+        if sm is None or (dm != torch.bool if op.p["mask"] in ("bool", "drop") else dm not in ATTENTION_DTYPES):
             return f"attention mask of {dm}: neither bool nor a 16/32-bit float"
         try:
             fits = tuple(torch.broadcast_shapes(tuple(sm), scores)) == scores

@@ -175,7 +175,8 @@ FUNCTIONS.update({linear_cross_entropy: "linear_ce", relu_attention: "relu_atten
 RELU_ATTENTION = _d("relu_attention", "attention", ["q", "k", "v", "is_causal", "scale"])
 MASKED_ATTENTION = _d("masked_attention", "attention", ["q", "k", "v", "mask", "scale",
                                                          ("enable_gqa", False), ("is_causal", False),
-                                                         ("softcap", None), ("factor", None)])
+                                                         ("softcap", None), ("factor", None),
+                                                         ("drop", None), ("fill", None)])
 FUNCTIONS.update({torch.cumsum: "cumsum", torch.cumprod: "cumprod", torch.flip: "flip",
                   reverse_cumsum: "reverse_cumsum", reverse_cumprod: "reverse_cumprod",
                   exclusive_cumsum: "exclusive_cumsum", exclusive_cumprod: "exclusive_cumprod",
@@ -517,13 +518,16 @@ def _from_name(name: str, node: fx.Node, args: tuple, kwargs: dict, extra: dict 
         b = _bind(MASKED_ATTENTION, args, kwargs)
         if not all(isinstance(b[k], fx.Node) for k in ("q", "k", "v")) \
                 or not isinstance(b["mask"], (fx.Node, type(None))) \
+                or not isinstance(b["drop"], (fx.Node, type(None))) or (b["drop"] is not None and (
+                    b["mask"] is not None or not isinstance(b["fill"], float))) \
                 or not isinstance(b["scale"], (float, type(None))) or not isinstance(b["enable_gqa"], bool) \
                 or not isinstance(b["is_causal"], bool) or not isinstance(b["softcap"], (float, type(None))) \
                 or not isinstance(b["factor"], (float, type(None))) or (b["factor"] and b["scale"] is not None):
             raise TypeError("masked attention of non-tensors or traced flags")
-        return NOp("attention", "masked_attention", node, [b["q"], b["k"], b["v"], b["mask"]],
+        return NOp("attention", "masked_attention", node, [b["q"], b["k"], b["v"], b["mask"] if b["drop"] is None else b["drop"]],
                    {"causal": b["is_causal"], "scale": b["scale"], "gqa": b["enable_gqa"], "score": "softmax",
-                    "mask": "" if b["mask"] is None else "add", "empty": "nan", "softcap": b["softcap"],
+                    "mask": "drop" if b["drop"] is not None else "" if b["mask"] is None else "add",
+                    "fill": b["fill"], "empty": "nan", "softcap": b["softcap"],
                     "factor": 1.0 if b["factor"] is None else b["factor"]})
     if name == "relu_attention":
         b = _bind(RELU_ATTENTION, args, kwargs)

@@ -1,6 +1,7 @@
 """Attention whose scores are modified before the softmax: Gemma's soft capping
 (``cap * tanh(scores / cap)``), an additive bias inside a causal mask (ALiBi's per-head slopes,
-Hugging Face's padding mask with soft capping) and a scale of c / sqrt(head dim). Each is one
+Hugging Face's padding mask with soft capping), a padding mask filling the scores it marks
+(masked_fill(mask == 0, -inf), where(mask, s, -1e9)) and a scale of c / sqrt(head dim). Each is one
 attention kernel (flash for prefill, split-KV for decode) that applies the modification per
 tile and never writes the scores; each file is a drop-in (tests/dropin.check_dropin) and passes
 the verifier's static check. A kernel that skips the cap or the causal mask fails; spellings
@@ -89,6 +90,40 @@ def get_init_inputs():
     return []
 '''
 
+#: a padding mask (an input of 1 and 0) turned into a fill: masked_fill(mask == 0, -inf)
+PAD_FILL = '''
+class Model(nn.Module):
+    def forward(self, q, k, v, mask):
+        s = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+        s = s.masked_fill(mask == 0, float("-inf"))
+        return torch.softmax(s, dim=-1) @ v
+def get_inputs():
+    m = torch.ones({mshape}, dtype=torch.long)
+    m[0, ..., {cut}] = 0
+    return [torch.randn({q}), torch.randn({kv}), torch.randn({kv}), m]
+def get_init_inputs():
+    return []
+'''
+
+#: a finite fill kept where the mask is (where(m, s, -1e9)) inside a causal mask: the queries
+#: whose every visible key is padded attend uniformly, as in eager
+WHERE_FINITE_CAUSAL = '''
+class Model(nn.Module):
+    def forward(self, q, k, v, mask):
+        T = q.shape[-2]
+        s = torch.matmul(q, k.transpose(-2, -1)) * 0.25
+        s = torch.where(mask.bool(), s, torch.tensor(-1e9, dtype=s.dtype, device=s.device))
+        causal = torch.tril(torch.ones(T, T, dtype=torch.bool, device=q.device))
+        s = s.masked_fill(~causal, float("-inf"))
+        return torch.softmax(s.float(), dim=-1).to(q.dtype) @ v
+def get_inputs():
+    m = torch.ones(2, 1, 1, 24)
+    m[0, ..., :5] = 0
+    return [torch.randn(2, 4, 24, 16, dtype=torch.bfloat16) for _ in range(3)] + [m]
+def get_init_inputs():
+    return []
+'''
+
 CASES = {
     # name: (source, configs, kernel that must run, tolerance, (causal, mask, softcap))
     "gemma2_prefill_bf16_gqa": (
@@ -101,6 +136,11 @@ CASES = {
     "capped_causal_fp32": (CAPPED_CAUSAL.format(dtype="float32"), FLASH, "_egg_k_g0", 1e-4, (True, "", 3.0)),
     "alibi_fp32": (ALIBI, FLASH, "_egg_k_g0", 1e-4, (True, "add", None)),
     "two_over_sqrt_d_fp32": (HALF_HEAD, FLASH, "_egg_k_g0", 1e-4, (False, "", None)),
+    "padding_fill_prefill_fp32": (PAD_FILL.format(mshape="2, 1, 1, 40", cut="30:", q="2, 4, 24, 16",
+                                                  kv="2, 4, 40, 16"), FLASH, "_egg_k_g0", 1e-4, (False, "drop", None)),
+    "padding_fill_decode_fp32": (PAD_FILL.format(mshape="2, 1, 1, 40", cut=":7", q="2, 2, 1, 16",
+                                                 kv="2, 2, 40, 16"), SPLIT, "_egg_k_g0_merge", 1e-4, (False, "drop", None)),
+    "where_finite_causal_bf16": (WHERE_FINITE_CAUSAL, FLASH, "_egg_k_g0", 2e-2, (True, "drop", None)),
 }
 
 
@@ -151,6 +191,9 @@ BROKEN = [
      "s = tl.minimum(tl.maximum(s, -1.0), 1.0) * 20.0"),
     ("the causal mask dropped with a bias", "alibi_fp32", "keep = keep & (rn[None, :] <= rm[:, None])",
      "keep = keep"),
+    ("the padding fill ignored", "padding_fill_decode_fp32", 's = tl.where(am_t != 0, float("-inf"), s)', "s = s"),
+    ("a finite fill made -inf (NaN rows where eager is uniform)", "where_finite_causal_bf16",
+     "s = tl.where(am_t != 0, -1000000000.0, s)", 's = tl.where(am_t != 0, float("-inf"), s)'),
 ]
 
 
@@ -175,6 +218,18 @@ NEAR = {
         "        t = torch.tanh(q @ k.transpose(-2, -1) * 0.05)\n"
         "        s = t * 20.0\n"
         "        return torch.softmax(s, dim=-1) @ v + t.sum()\n"),
+    "a finite fill inside the causal mask": (
+        "        s = (q @ k.transpose(-2, -1) * 0.25).masked_fill(~keep, float('-inf'))\n"
+        "        s = s.masked_fill(mask < -1.0, -1e9)\n"),
+    "a finite fill scaled after": (
+        "        s = (q @ k.transpose(-2, -1)).masked_fill(mask < -1.0, -1e9) * 0.25\n"),
+    "a fill and a bias (one mask tensor)": (
+        "        s = (q @ k.transpose(-2, -1) * 0.25 + mask).masked_fill(mask < -1.0, float('-inf'))\n"),
+    "a fill mask that grows the scores": (
+        "        s = (q @ k.transpose(-2, -1) * 0.25).masked_fill((mask < -1.0).expand(2, 3, 12, 12), float('-inf'))\n"),
+    "a fill mask made from the scores": (
+        "        s = q @ k.transpose(-2, -1) * 0.25\n"
+        "        s = s.masked_fill(s < 0, float('-inf'))\n"),
     "a sigmoid in place of the tanh": (
         "        s = torch.sigmoid(q @ k.transpose(-2, -1) * 0.05) * 20.0\n"),
 }

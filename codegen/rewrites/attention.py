@@ -211,9 +211,9 @@ def _fill_value(v) -> float | None:
 
 
 def _mask_step(gm: fx.GraphModule, n: fx.Node):
-    """(scores, mask node, kind) when n masks scores: masked_fill(s, mask, fill), where(mask, s,
-    fill), where(mask, fill, s) (the fill a number or a full_like of one) or s + mask, with a fill
-    at or below MASK_FILL_MAX; else None."""
+    """(scores, mask node, kind, fill) when n masks scores: masked_fill(s, mask, fill), where(mask,
+    s, fill), where(mask, fill, s) (the fill a number or a full_like of one) or s + mask (fill
+    None), with a fill at or below MASK_FILL_MAX; else None."""
     import operator
 
     import torch
@@ -223,16 +223,16 @@ def _mask_step(gm: fx.GraphModule, n: fx.Node):
     if name == "masked_fill" and len(args) + len(n.kwargs) == 3:
         s, mask = args[0], args[1] if len(args) > 1 else n.kwargs.get("mask")
         fill = args[2] if len(args) > 2 else n.kwargs.get("value")
-        if isinstance(fill, (int, float)) and fill <= MASK_FILL_MAX:
-            return s, mask, "drop"
+        if isinstance(fill, (int, float)) and not isinstance(fill, bool) and fill <= MASK_FILL_MAX:
+            return s, mask, "drop", float(fill)
         return None
     if n.op == "call_function" and n.target is torch.where and len(args) == 3 and not n.kwargs:
         cond, a, b = args
         fa, fb = _fill_value(a), _fill_value(b)
         if fb is not None and fb <= MASK_FILL_MAX:
-            return a, cond, "keep"
+            return a, cond, "keep", fb
         if fa is not None and fa <= MASK_FILL_MAX:
-            return b, cond, "drop"
+            return b, cond, "drop", fa
         return None
     if n.op == "call_function" and n.target in (operator.add, torch.add) and len(args) == 2 and not n.kwargs:
         a, b = args
@@ -241,7 +241,7 @@ def _mask_step(gm: fx.GraphModule, n: fx.Node):
         for s, mask in pairs:
             if isinstance(mask, fx.Node) and isinstance(s, fx.Node) and node_shape(s) is not None \
                     and node_shape(mask) is not None and len(node_shape(mask)) <= len(node_shape(s)):
-                return s, mask, "add"
+                return s, mask, "add", None
     return None
 
 
@@ -425,6 +425,28 @@ def _bias_fits(gm: fx.GraphModule, mask, inner: fx.Node, add: fx.Node, kind: str
         return False
 
 
+def _fill_fits(mask, inner: fx.Node, kind: str, fill: float | None, scale: float, head: int) -> bool:
+    """Can the masked_fill / where of ``inner`` by ``mask`` (not a causal one) be the attention
+    kernel's fill mask: a bool tensor that broadcasts to the scores without growing them, filled
+    with a number at or below MASK_FILL_MAX that no factor after it changes (-inf stays -inf
+    under a positive factor; a finite fill must be the score the softmax sees)."""
+    import torch
+
+    if kind not in ("drop", "keep") or fill is None or not isinstance(mask, fx.Node):
+        return False
+    if fill != float("-inf") and (scale != 1.0 or head):
+        return False
+    if scale <= 0:
+        return False
+    sm, si = node_shape(mask), node_shape(inner)
+    if sm is None or si is None or node_dtype(mask) != torch.bool:
+        return False
+    try:
+        return tuple(torch.broadcast_shapes(tuple(sm), tuple(si))) == tuple(si)
+    except RuntimeError:
+        return False
+
+
 def _reads(n: fx.Node, other: fx.Node) -> bool:
     """Does n's value depend on other's (other among its inputs, at any depth)?"""
     todo, seen = [n], set()
@@ -457,10 +479,14 @@ def _scores_chain(gm: fx.GraphModule, x, bias_ok: bool = False):
     constants or shapes), or None when it is not that chain. ``bias_ok``: an additive mask that
     is not causal (an input: Hugging Face's padding mask; a bias: ALiBi's) may be added outside
     the scale factors, inside the causal mask if there is one: ``bias`` is that mask (else
-    None); and the scaled scores may be soft-capped below every mask, ``c * tanh(scores)``
-    (Gemma's): ``softcap`` is c (else None; the factors inside the tanh are ``scale``)."""
+    None); a bool mask that is not causal may fill the scores it marks (``masked_fill(s, m,
+    fill)``, ``where(m, s, fill)``: a padding mask ``m == 0``) inside the causal mask and
+    outside the bias, with no factor after it unless the fill is -inf: ``fills`` is (the mask,
+    fill, True where the mask marks the kept scores) (else None); and the scaled scores may be
+    soft-capped below every mask, ``c * tanh(scores)`` (Gemma's): ``softcap`` is c (else None;
+    the factors inside the tanh are ``scale``)."""
     s, _ = _through(gm, x)
-    causal, scale, head, ok, tril, bias, softcap = False, 1.0, 0, True, None, None, None
+    causal, scale, head, ok, tril, bias, softcap, fills = False, 1.0, 0, True, None, None, None, None
     while ok and isinstance(s, fx.Node) and len(s.users) == 1:
         up, _ = _through(gm, s)
         if up is not s:  # casts between the steps (scores.float() / c)
@@ -484,7 +510,10 @@ def _scores_chain(gm: fx.GraphModule, x, bias_ok: bool = False):
         step = _mask_step(gm, s) if softcap is None and bias is None else None
         if step is None:
             break
-        inner, mask, kind = step
+        inner, mask, kind, fill = step
+        if fills is not None and fills[1] != float("-inf"):
+            ok = False  # a mask inside a finite fill: the fill would replace its -inf
+            break
         # the factors seen so far scale the masked scores: -inf times a negative is +inf
         is_causal, buf = _mask_is_causal(gm, mask, kind, node_shape(inner)) if (
             not causal and isinstance(inner, fx.Node) and scale > 0) else (False, None)
@@ -493,6 +522,9 @@ def _scores_chain(gm: fx.GraphModule, x, bias_ok: bool = False):
             continue
         if bias_ok and isinstance(inner, fx.Node) and _bias_fits(gm, mask, inner, s, kind, scale, head):
             s, bias = inner, mask
+            continue
+        if bias_ok and fills is None and isinstance(inner, fx.Node) and _fill_fits(mask, inner, kind, fill, scale, head):
+            s, fills = inner, (mask, fill, kind == "keep")
             continue
         ok = False
     if not ok or head > 1 or (head and scale != 1.0 and not bias_ok):
@@ -506,9 +538,9 @@ def _scores_chain(gm: fx.GraphModule, x, bias_ok: bool = False):
     k = _transposed_last(kt)
     if k is None or not all(_float(t) for t in (q, k)):
         return None
-    if bias is not None and _reads(bias, s):
+    if any(m is not None and _reads(m, s) for m in (bias, fills and fills[0])):
         return None  # a mask made from the scores themselves
-    return q, k, kt, causal, scale, head, tril, bias, softcap
+    return q, k, kt, causal, scale, head, tril, bias, softcap, fills
 
 
 def _needs_tril(gm: fx.GraphModule, buffer: fx.Node | None, q: fx.Node, k: fx.Node) -> None:
@@ -611,8 +643,20 @@ def attention_pattern(gm: fx.GraphModule) -> bool:
         found = _scores_chain(gm, x, bias_ok=True)
         if found is None:
             continue
-        q, k, kt, causal, scale, head, tril, bias, softcap = found
-        if not _fits(n, q, k, v, shape):
+        q, k, kt, causal, scale, head, tril, bias, softcap, fills = found
+        if not _fits(n, q, k, v, shape) or (bias is not None and fills is not None):
+            continue  # (the kernels read one mask tensor)
+        if fills is not None:
+            drop, fill, keep = fills
+            if keep:  # where(m, s, fill): the kernel fills where its mask is True
+                with gm.graph.inserting_before(n):
+                    drop = gm.graph.call_function(torch.logical_not, (drop,))
+                _annotate([drop])
+            _swap_in(gm, n, p, kt, masked_attention, (q, k, v, None, None if head else float(scale)),
+                     {k_: v_ for k_, v_ in (("is_causal", causal), ("softcap", softcap),
+                                            ("factor", float(scale) if head else None)) if v_}
+                     | {"drop": drop, "fill": fill}, tril, q, k)
+            changed = True
             continue
         if bias is not None or softcap is not None or (head and scale != 1.0):
             # softmax(cap * tanh(q @ k^T * scale) + mask [causal]) @ v: NaN rows where every
@@ -648,7 +692,7 @@ def relu_attention_pattern(gm: fx.GraphModule) -> bool:
         found = _scores_chain(gm, rop.operands[0])
         if found is None:
             continue
-        q, k, kt, causal, scale, head, tril, _bias, _cap = found
+        q, k, kt, causal, scale, head, tril, _bias, _cap, _fills = found
         if not _fits(n, q, k, v, shape):
             continue
         # scale None: 1/sqrt(head dim) of the call's q
@@ -740,7 +784,8 @@ def gqa_repeats(gm: fx.GraphModule) -> bool:
     changed = False
     for n in _live(graph):
         if n.op == "call_function" and n.target is masked_attention:  # rw-attention's, masked
-            names = ["query", "key", "value", "mask", "scale", "enable_gqa", "is_causal", "softcap", "factor"]
+            names = ["query", "key", "value", "mask", "scale", "enable_gqa", "is_causal", "softcap", "factor",
+                     "drop", "fill"]
         elif n.op == "call_function" and n.target is F.scaled_dot_product_attention:
             names = ["query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa"]
         else:

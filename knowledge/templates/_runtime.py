@@ -380,11 +380,12 @@ def _egg_relu_attention(q, k, v, is_causal, scale):
 
 
 def _egg_masked_attention(q, k, v, mask, scale, enable_gqa=False, is_causal=False, softcap=None,
-                          factor=None):
+                          factor=None, drop=None, fill=None):
     """Attention written out with its scores modified (rw-attention): softmax(S, -1) @ v with
     S = q @ k^T * scale (None: factor (None: 1) / sqrt of the head dim) in fp32, then ``softcap * tanh(S)`` where
     softcap is a number (Gemma's soft capping, its 1/cap folded into scale), then ``+ mask``
     where mask is a tensor (an additive mask or bias: Hugging Face's padding mask, ALiBi), then
+    ``fill`` where the bool tensor ``drop`` is True (a padding mask's masked_fill), then
     -inf above the diagonal where is_causal (top-left, as torch's). In PyTorch's ops: shapes on
     meta tensors, and the path of a candidate that keeps no kernel for it. A row whose every
     score is -inf is NaN, as the softmax written out gives (scaled_dot_product_attention gives
@@ -399,6 +400,8 @@ def _egg_masked_attention(q, k, v, mask, scale, enable_gqa=False, is_causal=Fals
         s = torch.tanh(s) * softcap
     if mask is not None:
         s = s + mask
+    if drop is not None:
+        s = s.masked_fill(drop, fill)
     if is_causal:
         keep = torch.ones((s.shape[-2], s.shape[-1]), dtype=torch.bool, device=s.device).tril()
         s = s.masked_fill(~keep, float("-inf"))

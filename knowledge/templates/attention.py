@@ -81,12 +81,15 @@ class AttentionSpec:
     softcap: float | None = None
     #: where scale is None: the scale is factor / sqrt(head_dim)
     factor: float = 1.0
+    #: mask "drop": the scores where the bool mask is True become this number (a padding mask's
+    #: masked_fill: -inf, or a finite fill that a row masked whole makes uniform, as in eager)
+    fill: float | None = None
 
     @property
     def natural(self) -> bool:
         """Are the kernels' scaled scores in natural units (an additive mask or a tanh comes
         first), brought to log2 units afterwards, rather than scaled by log2(e) at once?"""
-        return self.mask == "add" or self.softcap is not None
+        return self.mask in ("add", "drop") or self.softcap is not None
 
 
 def _dots(spec: AttentionSpec) -> tuple[str, list[str]]:
@@ -141,6 +144,10 @@ def _score_lines(spec: AttentionSpec, masked: bool) -> list[str]:
     if spec.mask == "bool":
         lines += [f"am_t = tl.load({ap}, mask={am}, other=0)",
                   's = tl.where(am_t != 0, s, float("-inf"))']
+    if spec.mask == "drop":
+        fill = 'float("-inf")' if spec.fill == float("-inf") else repr(float(spec.fill))
+        lines += [f"am_t = tl.load({ap}, mask={am}, other=0)",
+                  f"s = tl.where(am_t != 0, {fill}, s)"]
     return lines
 
 
