@@ -160,7 +160,10 @@ def matmul_form(op: NOp) -> tuple[bool, bool] | str:
     sa, sb = node_shape(a), node_shape(b)
     if sa is None or sb is None or node_shape(op.node) is None:
         return "matrix product of unknown shapes"
-    dts = {node_dtype(t) for t in (a, b, bias) if isinstance(t, fx.Node)}
+    # rw-dequant-linear's: an 8-bit integer weight the template converts to A's dtype in registers
+    dq = op.p.get("dequant") and node_dtype(b) in (torch.int8, torch.uint8) \
+        and node_dtype(a) in (torch.float16, torch.bfloat16)
+    dts = {node_dtype(t) for t in (a, b, bias) if isinstance(t, fx.Node) and not (dq and t is b)}
     if len(dts) != 1 or not dts <= MATMUL_DTYPES:
         return f"matrix product over {', '.join(sorted(str(d) for d in dts))}: no tensor-core path"
     if op.name == "linear":
@@ -695,6 +698,8 @@ def plan_fusion(gm: fx.GraphModule, disabled: set[str] | None = None) -> FusionP
         why = None
         if decode_gemv(nops[g.red], g.out_shape):
             pass  # a few rows against a large 16-bit weight: split-K tiles (alg-decode-gemv)
+        elif nops[g.red].p.get("dequant"):
+            pass  # the integer weight read as it is: no 16-bit copy of it written and read
         elif len(g.members) == 1 and node_dtype(g.red) != torch.float32:
             why = "16-bit matrix product with no epilogue to fuse: cuBLAS as fast"
         elif vector_like(nops[g.red], g.out_shape):

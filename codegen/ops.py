@@ -168,10 +168,12 @@ ROLLED = {"rotate_half": "roll", "rotate_pairs": "pair"}
 linear_cross_entropy = RT._egg_linear_cross_entropy
 relu_attention = RT._egg_relu_attention
 masked_attention = RT._egg_masked_attention
+dequant_linear = RT._egg_dequant_linear
 mask_fits = RT._egg_mask_fits
 complex_fits = RT._egg_complex_fits
 FUNCTIONS.update({linear_cross_entropy: "linear_ce", relu_attention: "relu_attention",
-                  masked_attention: "masked_attention"})
+                  masked_attention: "masked_attention", dequant_linear: "dequant_linear"})
+DEQUANT_LINEAR = _d("dequant_linear", "matmul", ["x", "w", ("bias", None)])
 RELU_ATTENTION = _d("relu_attention", "attention", ["q", "k", "v", "is_causal", "scale"])
 MASKED_ATTENTION = _d("masked_attention", "attention", ["q", "k", "v", "mask", "scale",
                                                          ("enable_gqa", False), ("is_causal", False),
@@ -529,6 +531,11 @@ def _from_name(name: str, node: fx.Node, args: tuple, kwargs: dict, extra: dict 
                     "mask": "drop" if b["drop"] is not None else "" if b["mask"] is None else "add",
                     "fill": b["fill"], "empty": "nan", "softcap": b["softcap"],
                     "factor": 1.0 if b["factor"] is None else b["factor"]})
+    if name == "dequant_linear":  # rw-dequant-linear: a linear of an 8-bit integer weight
+        b = _bind(DEQUANT_LINEAR, args, kwargs)
+        if not all(isinstance(b[k], fx.Node) for k in ("x", "w")) or not isinstance(b["bias"], (fx.Node, type(None))):
+            raise TypeError("dequantizing linear of a non-tensor")
+        return NOp("matmul", "linear", node, [b["x"], b["w"], b["bias"]], {"dequant": True})
     if name == "relu_attention":
         b = _bind(RELU_ATTENTION, args, kwargs)
         if not all(isinstance(b[k], fx.Node) for k in ("q", "k", "v")) \

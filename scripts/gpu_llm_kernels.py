@@ -61,7 +61,7 @@ VARIANTS = {
              ("2 rows", {"norm": {"BLOCK_O": 2, "num_warps": 8}})],
 }
 KIND_OF = {"01": "norm", "02": "norm", "10": "norm", "11": "norm", "15": "norm",
-           "06": "decode", "12": "decode", "17": "decode", "19": "decode", "07": "prefill", "13": "prefill", "21": "prefill",
+           "06": "decode", "12": "decode", "17": "decode", "19": "decode", "07": "prefill", "13": "prefill", "21": "prefill", "22": "gemv",
            "08": "lm_head", "16": "lm_head", "20": "lm_head", "09": "gemv"}
 
 #: what was expected before any GPU run of these kernels (stage 1, heuristic configurations):
@@ -91,6 +91,8 @@ PREDICT = {
     "19": (0.080, 5.0, "the decode einsums as 12's split-KV kernel, its key blocks loaded unmasked "
                        "(EVEN_D): 12's 0.134 ms down to ~0.08"),
     "20": (3.35, 1.0, "the log-probs gather as -cross_entropy(reduction='none'): 08's linear_ce time"),
+    "22": (0.030, 2.0, "int8 tiles converted in registers (the weight read once, 58.7 MB: ~0.014 ms at "
+                       "4.3 TB/s); eager converts the weight to bf16 first (~0.1 ms, estimated)"),
     "21": (0.30, 3.0, "soft-capped causal flash (head dim 256: 2x 13's work per score, a tanh per "
                       "score): eager writes 0.5 GB of fp32 scores (~1.5-2 ms), compile ~1 ms (estimated)"),
 }

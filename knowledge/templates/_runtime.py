@@ -408,6 +408,14 @@ def _egg_masked_attention(q, k, v, mask, scale, enable_gqa=False, is_causal=Fals
     return torch.matmul(torch.softmax(s, -1).to(v.dtype), v)
 
 
+def _egg_dequant_linear(x, w, bias=None):
+    """A linear layer whose weight is stored as 8-bit integers, converted to the input's dtype
+    (rw-dequant-linear): F.linear(x, w.to(x.dtype), bias), in PyTorch's ops (shapes on meta
+    tensors, and the path of a candidate that keeps no kernel for it); the matmul template
+    loads the integer tiles and converts them in registers."""
+    return torch.nn.functional.linear(x, w.to(x.dtype), bias)
+
+
 def _egg_mask_fits(mask, q, k):
     """Raise as masked_fill does when a mask (a buffer's slice: rw-attention read it as causal
     and dropped it) does not broadcast to the scores q @ k^T would have."""

@@ -136,6 +136,8 @@ def render(spec: MatmulSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         "    if DOT_F32:  # the interpreter emulates 16-bit dots wrongly: fp32 copies of the tiles",
         "        a = a.to(tl.float32)",
         "        b = b.to(tl.float32)",
+        *(["    else:  # integer weight tiles (rw-dequant-linear) converted in registers",
+           "        b = b.to(a.dtype)"] if spec.in_dtypes[spec.b] != spec.in_dtypes[spec.a] else []),
         f"    acc = {dot}",
         "    a_ptrs += BLOCK_K * sak",
         "    b_ptrs += BLOCK_K * sbk",
