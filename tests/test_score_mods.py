@@ -10,13 +10,13 @@ added outside the causal mask) keep the reference."""
 import re
 
 import pytest
-import torch
 
 from codegen.pipeline import analyze, compile_problem
 from harness.problem import load_problem
 from harness.verify import static_findings_src
-from tests.dropin import check_dropin, load_sources
-from tests.test_attention_mask import FLASH, HEAD, PAD_CAUSAL, PAD_DECODE, REPEAT_KV, SPLIT, _inputs
+from tests.dropin import check_dropin
+from tests.test_attention_mask import (FLASH, HEAD, PAD_CAUSAL, PAD_DECODE, REPEAT_KV, SPLIT, _inputs,
+                                      runs_and_is_a_drop_in)
 
 #: Hugging Face's Gemma-2 eager attention: scaling by query_pre_attn_scalar, soft capping,
 #: the additive mask (an input), the softmax in fp32
@@ -155,15 +155,6 @@ def _compiled(name, write_problem):
     return src, plan, applied, comp.emitted.source, kernel, tol, want
 
 
-class _Launches:
-    def __init__(self, kernel, box):
-        self.kernel, self.box = kernel, box
-
-    def __getitem__(self, grid):
-        self.box.append(grid)
-        return self.kernel[grid]
-
-
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_modified_scores_are_one_kernel_and_a_drop_in(name, write_problem):
     src, plan, applied, emitted, kernel, tol, (causal, mask, cap) = _compiled(name, write_problem)
@@ -171,17 +162,7 @@ def test_modified_scores_are_one_kernel_and_a_drop_in(name, write_problem):
     assert "rw-attention" in applied
     op = plan.nops[next(g for g in plan.groups if g.kind == "attention").red]
     assert (op.p["causal"], op.p["mask"], op.p.get("softcap")) == (causal, mask, cap)
-    assert static_findings_src(emitted, src) == []
-    pm, cm = load_sources(src, emitted)
-    box: list = []
-    setattr(cm, kernel, _Launches(getattr(cm, kernel), box))
-    ins = pm.get_inputs()
-    with torch.no_grad():
-        ref, got = pm.Model()(*ins), cm.ModelNew()(*ins)
-    assert box, f"{kernel} did not run"
-    torch.testing.assert_close(got, ref, atol=tol, rtol=tol, equal_nan=True)
-    report = check_dropin(src, emitted, calls=1, atol=tol, rtol=tol)
-    assert report.fast("own") and report.fast("own", "eval") and report.fast("x100")
+    assert runs_and_is_a_drop_in(src, emitted, kernel, tol).fast("x100")
 
 
 #: the kernel's modification edited out: each candidate must fail the drop-in check
