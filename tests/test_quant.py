@@ -32,6 +32,12 @@ CASES = {
     "gpt_fast": dict(wdt="int8", lo=-128, extra_init="", expr="F.linear(input, self.weight.to(dtype=input.dtype)) * self.scales"),
     "bias": dict(wdt="int8", lo=-128, extra_init="        self.bias = nn.Parameter(torch.randn(96, dtype=torch.bfloat16))",
                  expr="F.linear(input, self.weight.to(input.dtype), self.bias) * self.scales"),
+    # the scales on the weight's rows before the product: the integer product, then the scales
+    "row_scaled_weight_bias": dict(wdt="int8", lo=-128,
+                                   extra_init="        self.bias = nn.Parameter(torch.randn(96, dtype=torch.bfloat16))",
+                                   expr="F.linear(input, self.weight.to(input.dtype) * self.scales[:, None], self.bias)"),
+    "row_scaled_weight_unsqueeze": dict(wdt="int8", lo=-128, extra_init="",
+                                        expr="F.linear(input, self.scales.unsqueeze(-1) * self.weight.to(input.dtype))"),
     "uint8_bf16_method": dict(wdt="uint8", lo=0, extra_init="", expr="F.linear(input, self.weight.bfloat16()) * self.scales"),
 }
 
@@ -82,6 +88,8 @@ def test_int8_weight_linear_is_one_kernel_reading_int8(case, write_problem):
 NEAR = {
     "the 16-bit weight read elsewhere too": ("F.linear(input, w) * self.scales + w.sum()", "w = self.weight.to(input.dtype)"),
     "an fp32 product of an int8 weight": ("F.linear(input.float(), self.weight.float())", ""),
+    "scales per input column (not per output channel)": (
+        "F.linear(input, self.weight.to(input.dtype) * self.scales[None, :64])", ""),
     "an int32 weight": ("F.linear(input, self.weight.to(torch.int32).to(input.dtype)) * self.scales", ""),
 }
 
