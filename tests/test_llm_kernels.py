@@ -6,9 +6,10 @@ import pytest
 import torch
 
 from codegen import rewrites as RW
-from codegen.pipeline import analyze
+from codegen.pipeline import analyze, compile_problem
 from harness.capture import capture
 from harness.problem import load_module, load_problem
+from tests.dropin import check_dropin
 from tests.helpers import generated_matches
 
 HEAD = "import math\nimport torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n"
@@ -135,25 +136,6 @@ def test_hand_written_attention_is_one_attention_kernel(name, write_problem, tmp
 
 
 @pytest.mark.parametrize("why,body", [
-    ("a padding mask read from an input", """        scores = q @ k.transpose(-2, -1)
-        return torch.softmax(scores.masked_fill(pad == 0, float("-inf")), dim=-1) @ v
-"""),
-    ("a mask from a buffer and an input", """        scores = q @ k.transpose(-2, -1)
-        return torch.softmax(scores.masked_fill((self.mask * pad) == 0, float("-inf")), dim=-1) @ v
-"""),
-    ("bottom-right alignment", """        scores = q[:, :, :5] @ k.transpose(-2, -1)
-        keep = torch.ones((5, k.shape[-2]), dtype=torch.bool, device=q.device).tril(diagonal=7)
-        return torch.softmax(scores.masked_fill(~keep, float("-inf")), dim=-1) @ v
-"""),
-    ("a mask that hides the diagonal too", """        scores = q @ k.transpose(-2, -1)
-        mask = torch.ones((q.shape[2], q.shape[2]), dtype=torch.bool, device=q.device).triu(diagonal=0)
-        return torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1) @ v
-"""),
-    ("a mask right at the traced size only", """        s = q.shape[2]
-        scores = q @ k.transpose(-2, -1)
-        mask = torch.ones((s, s), dtype=torch.bool, device=q.device).triu(diagonal=s - 11)
-        return torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1) @ v
-"""),
     ("a fill a softmax does not zero", """        scores = q @ k.transpose(-2, -1)
         mask = torch.ones((q.shape[2], q.shape[2]), dtype=torch.bool, device=q.device).triu(diagonal=1)
         return torch.softmax(scores.masked_fill(mask, -100.0), dim=-1) @ v
@@ -174,6 +156,48 @@ def test_attention_rule_leaves_other_math_alone(why, body, write_problem):
                   "[torch.randint(0, 2, (12, 12))]", members=members)
     _plan, applied = plan_of(write_problem, src, "no_attn")
     assert "rw-attention" not in applied, why
+
+
+#: masks that are not causal: each is read per tile as the kernel's fill mask (the bool mask
+#: computed in PyTorch from the inputs, buffers and shapes of the call, -inf where True)
+FILL_MASKS = [
+    ("a padding mask read from an input", """        scores = q @ k.transpose(-2, -1)
+        return torch.softmax(scores.masked_fill(pad == 0, float("-inf")), dim=-1) @ v
+"""),
+    ("a mask from a buffer and an input", """        scores = q @ k.transpose(-2, -1)
+        return torch.softmax(scores.masked_fill((self.mask * pad) == 0, float("-inf")), dim=-1) @ v
+"""),
+    ("bottom-right alignment", """        scores = q[:, :, :5] @ k.transpose(-2, -1)
+        keep = torch.ones((5, k.shape[-2]), dtype=torch.bool, device=q.device).tril(diagonal=7)
+        return torch.softmax(scores.masked_fill(~keep, float("-inf")), dim=-1) @ v
+"""),
+    ("a mask that hides the diagonal too", """        scores = q @ k.transpose(-2, -1)
+        mask = torch.ones((q.shape[2], q.shape[2]), dtype=torch.bool, device=q.device).triu(diagonal=0)
+        return torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1) @ v
+"""),
+    ("a mask right at the traced size only", """        s = q.shape[2]
+        scores = q @ k.transpose(-2, -1)
+        mask = torch.ones((s, s), dtype=torch.bool, device=q.device).triu(diagonal=s - 11)
+        return torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1) @ v
+"""),
+]
+
+
+@pytest.mark.parametrize("why,body", FILL_MASKS, ids=[w for w, _b in FILL_MASKS])
+def test_masks_that_are_not_causal_are_read_as_fill_masks(why, body, write_problem):
+    members = "        self.register_buffer('mask', torch.tril(torch.ones(12, 12)))\n"
+    src = problem("q, k, v, pad", body, "[torch.randn(1, 2, 12, 8) for _ in range(3)] + "
+                  "[torch.randint(0, 2, (12, 12))]", members=members)
+    plan, applied = plan_of(write_problem, src, "fill")
+    assert "rw-attention" in applied, why
+    att = [g for g in plan.groups if g.kind == "attention"]
+    assert len(att) == 1 and plan.nops[att[0].red].p["mask"] == "drop", why
+    assert not plan.nops[att[0].red].p["causal"], why
+    configs = {g.id: {"BLOCK_M": 16, "BLOCK_N": 16} for g in plan.groups}
+    comp = compile_problem(load_problem(write_problem(src, "fill_m")), configs=configs)
+    # eager's values (NaN rows where every key is masked, as in eager) in every drop-in trial
+    report = check_dropin(src, comp.emitted.source, calls=1, atol=1e-4, rtol=1e-4)
+    assert report.fast("own") and report.fast("own", "eval")
 
 
 GPT_MEMBERS = ("        self.c_attn = nn.Linear(32, 96)\n"
