@@ -324,8 +324,10 @@ def check_dropin(problem_source: str, modelnew_source: str, *, seed: int = 0, at
             back = c64.to(torch.float32)
             box[0] = 0
             bo, be = _run(back, _clone(inputs), False, seed)
-            r32 = copy.deepcopy(ref).train(mode == "train")
-            r32.load_state_dict(back.state_dict())  # the state of the moved copy
+            # Model moved the same way (a 16-bit parameter is float32 now: loading the state
+            # into Model as built would keep its dtype), with the moved copy's state
+            r32 = copy.deepcopy(ref).to(torch.float64).to(torch.float32).train(mode == "train")
+            r32.load_state_dict(back.state_dict())
             ro, re_ = _run(r32, _clone(inputs), False, seed)
             assert (re_ is None) == (be is None), f"{mode}(), moved back to float32: {be!r} / {re_!r}"
             if re_ is None:

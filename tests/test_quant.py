@@ -80,8 +80,7 @@ def test_int8_weight_linear_is_one_kernel_reading_int8(case, write_problem):
     want = torch.uint8 if "uint8" in case else torch.int8
     assert box and want in box[0]  # the kernel read the integer weight itself
     cm._egg_k_g0 = kernel
-    # move=False: the move trial's float64 round trip ends in float32 where Model stays bf16
-    report = check_dropin(src, emitted, calls=1, atol=2e-2, rtol=2e-2, move=False)
+    report = check_dropin(src, emitted, calls=1, atol=2e-2, rtol=2e-2)
     assert report.fast("own") and report.fast("own", "eval")
 
 
