@@ -576,14 +576,17 @@ def _traced_values(names: list[str], guard_args: list[dict]) -> str | None:
 
 def _dispatch(dr, fast: dict[bool, str | None], ref: dict[bool, str], sig: str,
               graph: bool = False, original: tuple[list[str], str] | None = None,
-              rank_fixed: bool = False) -> list[str]:
+              rank_fixed: bool = False, dtype_reads: dict | None = None) -> list[str]:
     """ModelNew.forward: the route of this call (cached per mode, shapes, dtypes, devices and
     values), then the kernels (``graph``: replayed from a CUDA graph per route, _egg_graphed) or
     Model's traced ops. ``original``: Model.forward's parameter names and list (model_forward):
     the signature a caller knows (fx renames a parameter that a later statement reassigns), and
     a call whose other arguments are not the traced values takes the copy of Model.forward;
     ``rank_fixed`` (the trace took a rank as a number: harness.capture.RANK_FIXED): a call
-    whose tensors have other ranks takes it too (the traced reference holds only at its ranks)."""
+    whose tensors have other ranks takes it too (the traced reference holds only at its ranks);
+    ``dtype_reads`` (harness.capture.DTYPE_FIXED: the trace branched on these dtypes): a call where
+    one of those inputs, parameters or buffers has another dtype takes it first, kernels and
+    traced reference alike holding only at the traced dtypes."""
     names = dr.arg_names
     guard_args = (dr.train.args if dr.train is not None else [])
     values = None
@@ -612,6 +615,18 @@ def _dispatch(dr, fast: dict[bool, str | None], ref: dict[bool, str], sig: str,
         return f"self.{table[True]}({args}) if self.training else self.{table[False]}({args})"
 
     lines = [f"def forward(self, {sig}):"]
+    if dtype_reads:
+        if original is None or len(original[0]) != len(dr.arg_names) or not plain:
+            raise EmitError("the trace branched on dtypes and Model.forward cannot be copied to "
+                            "take the calls at other dtypes")
+        conds = []
+        for (kind, where), dt in sorted(dtype_reads.items(), key=str):
+            if kind == "arg":
+                conds.append(f"(isinstance({names[where]}, torch.Tensor) and {names[where]}.dtype != {dt})")
+            else:
+                conds.append(f"self.{where}.dtype != {dt}")
+        lines += [f"    if {' or '.join(conds)}:  # the trace branched on these dtypes",
+                  f"        return self._egg_model_forward({', '.join(names)})"]
     if not plain:  # *args / **kwargs: no guard to check them against
         lines.append(f"    return {pick(ref)}")
         return lines
@@ -729,11 +744,14 @@ def emit_model(problem_source: str, plan: FusionPlan, configs: dict[str, dict] |
         ref = ({True: "_egg_reference", False: "_egg_reference"} if len(refs) == 1
                else {True: "_egg_reference_train", False: "_egg_reference_eval"})
         orig = model_forward(problem_source, len(dr.arg_names))
-        from harness.capture import RANK_FIXED
+        from harness.capture import DTYPE_FIXED, RANK_FIXED
 
+        dtype_reads: dict = {}
+        for gm in [plan.gm] + ([ev_plan.gm] if ev_plan is not None else []) + list(refs.values()):
+            dtype_reads.update(gm.meta.get(DTYPE_FIXED) or {})
         fwd = "\n".join(_dispatch(dr, fast, ref, _signature(core_t.forward), graph,
                                   orig[1:] if orig is not None else None,
-                                  any(gm.meta.get(RANK_FIXED) for gm in refs.values())))
+                                  any(gm.meta.get(RANK_FIXED) for gm in refs.values()), dtype_reads))
         if orig is not None and "_egg_model_forward(" in fwd:
             methods.append(orig[0])
         methods.append(_renamed(core_t.forward, fast[True]))

@@ -381,6 +381,63 @@ def _parameter_shape(n: fx.Node):
     shape = node_shape(src)
     return tuple(int(d) for d in shape) if shape is not None else None
 
+def _same_shape(a, x: fx.Node) -> bool:
+    """a is x, or a tensor of the graph traced with x's shape (the canonical forms answer
+    ``h.shape`` from the input h was computed from elementwise; the drop-in guards keep dims of
+    one traced size equal at the call)."""
+    return a is x or (isinstance(a, fx.Node) and node_shape(a) is not None
+                      and tuple(node_shape(a)) == tuple(node_shape(x)))
+
+
+def _shape_of(n) -> fx.Node | None:
+    """t when n is ``t.shape``."""
+    if (isinstance(n, fx.Node) and n.op == "call_function" and n.target is getattr
+            and len(n.args) == 2 and n.args[1] == "shape"):
+        return n.args[0]
+    return None
+
+
+def _dim_query_of(n, x: fx.Node, rank: int):
+    """d >= 0 when n asks x for the size of its dim d (``x.shape[d]``, ``x.size(d)``), else None."""
+    if not isinstance(n, fx.Node):
+        return None
+    if n.op == "call_method" and n.target == "size" and len(n.args) == 2 and not n.kwargs:
+        src, d = n.args
+    elif n.op == "call_function" and n.target is operator.getitem and _shape_of(n.args[0]) is not None:
+        src, d = _shape_of(n.args[0]), n.args[1]
+    else:
+        return None
+    if not _same_shape(src, x):
+        return None
+    return d % rank if isinstance(d, int) and not isinstance(d, bool) and -rank <= d < rank else None
+
+
+def _trailing_shape_of(ns, x) -> tuple | None:
+    """The traced sizes of x's last k dims when the normalized shape ``ns`` reads exactly them from
+    x (``x.shape[-1:]``, ``(x.shape[-1],)``, ``[x.size(-2), x.size(-1)]``): a norm over the
+    input's last dims whatever their sizes (the drop-in guards fix the sizes the file bakes in).
+    None for any other form."""
+    shape = node_shape(x) if isinstance(x, fx.Node) else None
+    if shape is None:
+        return None
+    rank = len(shape)
+    if isinstance(ns, fx.Node):
+        if not (ns.op == "call_function" and ns.target is operator.getitem
+                and _same_shape(_shape_of(ns.args[0]), x)
+                and isinstance(ns.args[1], slice) and ns.args[1].step is None and ns.args[1].stop is None
+                and isinstance(ns.args[1].start, int)):
+            return None
+        start = ns.args[1].start
+        start = start % rank if -rank <= start < rank else None
+        return tuple(int(v) for v in shape[start:]) if start is not None else None
+    if not isinstance(ns, (tuple, list)) or not ns:
+        return None
+    dims = [_dim_query_of(v, x, rank) for v in ns]
+    if dims != list(range(rank - len(ns), rank)):
+        return None
+    return tuple(int(v) for v in shape[rank - len(ns):])
+
+
 def classify(node: fx.Node, gm: fx.GraphModule) -> NOp:
     """Normalize one fx node; anything unknown or unsupported becomes a library op."""
     if node.op in ("placeholder", "output"):
@@ -574,7 +631,10 @@ def _from_name(name: str, node: fx.Node, args: tuple, kwargs: dict, extra: dict 
         p = {"eps": b.get("eps"), "num_groups": b.get("num_groups"),
              "normalized_shape": b.get("normalized_shape")}
         ns = p["normalized_shape"]
-        if isinstance(ns, fx.Node):  # nanoGPT's F.layer_norm(x, self.weight.shape, ...)
+        trailing = _trailing_shape_of(ns, b["input"])
+        if trailing is not None:  # F.layer_norm(x, x.shape[-1:]), (x.size(-1),): the input's last dims
+            ns = trailing
+        elif isinstance(ns, fx.Node):  # nanoGPT's F.layer_norm(x, self.weight.shape, ...)
             ns = _parameter_shape(ns)
             if ns is None:
                 raise TypeError(f"{name}: normalized_shape read from a tensor's shape in forward")

@@ -67,6 +67,12 @@ ROOT_VALUE = RootRef()
 #: the traced graph, the reference too, holds only at the traced ranks (codegen.emit routes a
 #: call of another rank to a copy of Model.forward)
 RANK_FIXED = "egg_rank_fixed"
+#: gm.meta key: the trace branched on dtypes (``if self.weight.dtype in [torch.float16, ...]``,
+#: ``if x.dtype == torch.float16``: T5's norm and feed-forward), taken as their traced values
+#: instead of a graph break: {("arg", i) or ("attr", "path.to.tensor"): traced dtype}. The graph
+#: holds only while those tensors have those dtypes (codegen.emit routes any other call to a copy
+#: of Model.forward)
+DTYPE_FIXED = "egg_dtype_fixed"
 #: the module name of every function a capture creates (codegen.emit defines them in the file)
 GENERATED_MODULE = "egg_breaks"
 
@@ -142,6 +148,8 @@ def capture_model(make, inputs: list) -> Captured:
         gm = fx.GraphModule(tracer.root, graph, type(model).__name__)
         if tracer.rank_fixed:
             gm.meta[RANK_FIXED] = True
+        if tracer.dtype_reads:
+            gm.meta[DTYPE_FIXED] = dict(tracer.dtype_reads)
         assigned = _proxy_attrs(model)
         if assigned:  # fx would drop the update of module state the forward makes
             first = f"forward assigns {', '.join(assigned[:3])}: a trace would drop the update"
@@ -500,6 +508,56 @@ class _ShapeIter:
 
     #: whether the trace took a rank as a number (the graph holds only at the traced ranks)
     rank_fixed = False
+    #: the dtypes a branch of the trace read (DTYPE_FIXED), None while there is none
+    dtype_reads: dict | None = None
+
+    def to_bool(self, obj):
+        """A condition on dtypes alone (``x.dtype == torch.float16``, ``w.dtype in (...)``, of
+        the forward's inputs or the model's parameters and buffers) is its traced value: the
+        graph then holds only at those dtypes (DTYPE_FIXED). Any other condition is fx's error
+        (a graph break)."""
+        got = self._dtype_condition(obj.node)
+        if got is None:
+            return super().to_bool(obj)
+        value, reads = got
+        self.dtype_reads = {**(self.dtype_reads or {}), **reads}
+        return value
+
+    def _dtype_condition(self, node: fx.Node):
+        import operator
+
+        ops = {operator.eq, operator.ne, operator.is_, operator.is_not, operator.contains,
+               operator.not_, operator.and_, operator.or_, operator.truth}
+        reads: dict = {}
+        placeholders = [n for n in node.graph.nodes if n.op == "placeholder"]
+        todo, seen = [node], set()
+        while todo:
+            m = todo.pop()
+            if m in seen:
+                continue
+            seen.add(m)
+            if m.op == "call_function" and m.target is getattr and m.args[1:] == ("dtype",):
+                src = m.args[0]
+                if not isinstance(src, fx.Node) or src.op not in ("placeholder", "get_attr") \
+                        or (src.op == "get_attr" and not all(p.isidentifier() for p in src.target.split("."))):
+                    return None  # the dtype of a value computed in forward: not followed
+                value = self._traced_value(src)
+                if not isinstance(value, torch.Tensor):
+                    return None
+                key = ("arg", placeholders.index(src)) if src.op == "placeholder" else ("attr", src.target)
+                reads[key] = value.dtype
+                continue
+            if m.op == "call_function" and m.target is getattr and m.args[1:] in (
+                    ("is_floating_point",), ("is_complex",), ("itemsize",)):
+                todo.extend(m.all_input_nodes)  # of a dtype
+                continue
+            if m.op != "call_function" or m.target not in ops:
+                return None
+            todo.extend(m.all_input_nodes)
+        if not reads:
+            return None
+        value = self._traced_value(node)
+        return (bool(value), reads) if isinstance(value, (bool, torch.dtype, int)) else None
 
     def iter(self, obj):
         length = self._traced_length(obj.node)
@@ -683,6 +741,8 @@ def capture_with_breaks(model: torch.nn.Module, inputs: list, concrete: dict | N
             gm = fx.GraphModule(model, graph, type(model).__name__)
             if tracer.rank_fixed:
                 gm.meta[RANK_FIXED] = True
+            if tracer.dtype_reads:
+                gm.meta[DTYPE_FIXED] = dict(tracer.dtype_reads)
             object.__setattr__(gm, "_egg_root", model)
             propagate(gm, inputs)
         except Exception as e:  # noqa: BLE001 - a statement to break at, or the end of the road

@@ -1,6 +1,7 @@
 """Cross-entropy written the other ways users write it (codegen.rewrites.losses.
 cross_entropy_spellings): nll_loss of log_softmax, per-token log-probabilities by a gather of
-log_softmax, and TRL's selective_log_softmax (gather minus logsumexp) get the plan of the
+log_softmax, TRL's selective_log_softmax (gather minus logsumexp) and the loss as logsumexp
+minus the gathered logit get the plan of the
 F.cross_entropy program they equal, the fused LM-head loss after an nn.Linear head included, and
 each compiled file is a drop-in (tests/dropin.check_dropin). Where the pattern is not exactly
 that (the log-softmax read elsewhere, another dim, another index or logsumexp operand, an
@@ -21,6 +22,7 @@ Z3_BF16 = "[torch.randn(2, 3, 11, dtype=torch.bfloat16), torch.randint(0, 11, (2
 #: the per-token log-probabilities as cross_entropy, in t's shape (what the form writes)
 PER_TOKEN = ("-F.cross_entropy(z.reshape(-1, z.shape[-1]), t.reshape(-1), "
              "reduction='none').reshape(t.shape)")
+LOSS_PER_TOKEN = PER_TOKEN[1:]
 
 
 def source(body: str, inputs: str, members: str = "", args: str = "z, t") -> str:
@@ -73,6 +75,10 @@ WRITTEN_OUT = {
         ret(PER_TOKEN), Z3, ""),
     "selective_keepdim": (ret("z.gather(-1, t[:, None]) - z.logsumexp(-1, keepdim=True)"),
                           ret("(-F.cross_entropy(z, t, reduction='none')).unsqueeze(-1)"), Z2, ""),
+    # the loss itself: logsumexp minus the target's logit, not negated
+    "logsumexp_minus_picked": (
+        ret("torch.logsumexp(z, dim=-1) - torch.gather(z, -1, t.unsqueeze(-1)).squeeze(-1)"),
+        ret(LOSS_PER_TOKEN), Z3, ""),
 }
 
 WEIGHTED = {"nll_class_weights", "nll_modules_weighted"}
@@ -130,6 +136,9 @@ LM_SPELLINGS = {
     "selective_log_softmax": (
         ret("torch.gather(z, -1, t.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(z, dim=-1)"),
         ret(PER_TOKEN), H3),
+    "logsumexp_minus_picked_mean": (
+        ret("(torch.logsumexp(z, dim=-1) - z.gather(-1, t[..., None]).squeeze(-1)).mean()"),
+        ret(f"({LOSS_PER_TOKEN}).mean()"), H3),
 }
 
 
@@ -185,8 +194,6 @@ NOT_TAKEN = {
         "[torch.randn(6, 6), torch.randint(0, 6, (6,))]"),
     "logsumexp_kept_dim_against_squeezed": (  # [6] - [6, 1]: a [6, 6] difference
         ret("torch.gather(z, -1, t.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(z, -1, keepdim=True)"), Z2),
-    "logsumexp_minus_picked": (
-        ret("torch.logsumexp(z, dim=-1) - torch.gather(z, -1, t.unsqueeze(-1)).squeeze(-1)"), Z2),
     # fewer targets than rows: the gather reads the first 4 rows (an index may be smaller)
     "targets_of_another_shape": (ret("torch.log_softmax(z, -1).gather(-1, t.unsqueeze(-1)).squeeze(-1)"),
                                  "[torch.randn(6, 11), torch.randint(0, 11, (4,))]"),

@@ -177,6 +177,8 @@ class _WrongRotation(V.RotateHalfChunked):
     ("01_rms_norm", "rsqrt_as_reciprocal_sqrt", RW.rsqrt_forms),
     ("08_lm_head_cross_entropy", "cross_entropy_as_nll_log_softmax", RW.cross_entropy_spellings),
     ("16_lm_head_cross_entropy_padded", "cross_entropy_as_nll_log_softmax", RW.cross_entropy_spellings),
+    ("01_rms_norm", "upcast_each_use", RW.common_subexpressions),
+    ("05_vocab_softmax", "softmax_max_values", RW.named_fields),
 ])
 def test_without_its_canonical_form_the_variant_gets_another_plan(name, rule, form, problems,
                                                                  monkeypatch):

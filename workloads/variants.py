@@ -14,6 +14,7 @@ the check is what makes it an equivalent variant).
     python workloads/variants.py PROBLEM.py OUT_DIR     # writes OUT_DIR/<stem>__<rule>.py
 """
 import ast
+import copy
 import pathlib
 import sys
 from dataclasses import dataclass
@@ -78,6 +79,11 @@ def _v_silu(t):
     "_v_softmax": '''
 def _v_softmax(t, dim):
     e = torch.exp(t - t.amax(dim, keepdim=True))
+    return e / e.sum(dim, keepdim=True)
+''',
+    "_v_softmax_values": '''
+def _v_softmax_values(t, dim):
+    e = torch.exp(t - t.max(dim, keepdim=True).values)
     return e / e.sum(dim, keepdim=True)
 ''',
     "_v_layer_norm": '''
@@ -426,6 +432,8 @@ class SoftmaxWrittenOut(_Counting):
     """torch.softmax(x, dim=d) / F.softmax(x, d) / x.softmax(d), no dtype -> exp(x - amax(x, d))
     / sum(that, d) (rounded after each op in 16-bit eager)."""
 
+    helper = "_v_softmax"
+
     def visit_Call(self, node):
         self.generic_visit(node)
         name = _dotted(node.func)
@@ -440,7 +448,7 @@ class SoftmaxWrittenOut(_Counting):
         if x is None or dim is None or kws or len(rest) > 1:
             return node
         self.hits += 1
-        return _call("_v_softmax", [x, dim])
+        return _call(self.helper, [x, dim])
 
 
 class LayerNormWrittenOut(_Counting):
@@ -470,6 +478,98 @@ class LayerNormWrittenOut(_Counting):
         self.hits += 1
         attr = lambda a: ast.parse(f"{name}.{a}", mode="eval").body  # noqa: E731
         return _call("_v_layer_norm", [node.args[0], attr("weight"), attr("bias"), attr("eps")])
+
+
+class SoftmaxMaxValues(SoftmaxWrittenOut):
+    """As softmax_written_out, the maximum read as ``t.max(d, keepdim=True).values`` (the
+    named-tuple field; fx records an attribute read, not an index)."""
+
+    helper = "_v_softmax_values"
+
+
+class LayerNormFunctional(_Counting):
+    """A call of an ``nn.LayerNorm`` attribute (one normalized dim, affine) ->
+    ``torch.nn.functional.layer_norm(x, x.shape[-1:], self.norm.weight, ...)``: the
+    normalized shape read from the input in forward."""
+
+    def __init__(self):
+        super().__init__()
+        self.norms: set[str] = set()
+
+    visit_Module = LayerNormWrittenOut.visit_Module
+
+    def visit_Call(self, node):
+        self.generic_visit(node)
+        name = _dotted(node.func)
+        if name not in self.norms or len(node.args) != 1 or node.keywords:
+            return node
+        self.hits += 1
+        x = node.args[0]
+        ns = ast.Subscript(value=ast.Attribute(value=copy.deepcopy(x), attr="shape", ctx=ast.Load()),
+                           slice=ast.Slice(lower=ast.UnaryOp(op=ast.USub(), operand=ast.Constant(1))),
+                           ctx=ast.Load())
+        attr = lambda a: ast.parse(f"{name}.{a}", mode="eval").body  # noqa: E731
+        return _call("torch.nn.functional.layer_norm", [x, ns, attr("weight"), attr("bias"), attr("eps")])
+
+
+def _is_upcast(v) -> bool:
+    """``x.float()`` or ``x.to(torch.float32)`` of a plain name x."""
+    if not isinstance(v, ast.Call) or not isinstance(v.func, ast.Attribute) or not isinstance(v.func.value, ast.Name):
+        return False
+    if v.func.attr == "float":
+        return not v.args and not v.keywords
+    return (v.func.attr == "to" and len(v.args) == 1 and not v.keywords
+            and _dotted(v.args[0]) == "torch.float32")
+
+
+def _assigned(stmt) -> set[str]:
+    return {n.id for n in ast.walk(stmt) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+
+
+class UpcastEachUse(_Counting):
+    """``h = x.float()`` (or ``.to(torch.float32)``) read several times -> ``x.float()`` written
+    at each read (Gemma's ``x.float() * torch.rsqrt(x.float().pow(2).mean(-1, ...))``): the same
+    upcast computed twice. Only in a function's straight-line statements, up to where h or x is
+    assigned again."""
+
+    def visit_FunctionDef(self, node):
+        self.generic_visit(node)
+        body, i = node.body, 0
+        while i < len(body):
+            st = body[i]
+            if not (isinstance(st, ast.Assign) and len(st.targets) == 1 and isinstance(st.targets[0], ast.Name)
+                    and _is_upcast(st.value)):
+                i += 1
+                continue
+            h, x = st.targets[0].id, st.value.func.value.id
+            rest = body[i + 1:]
+            end = next((j + 1 for j, later in enumerate(rest) if _assigned(later) & {h, x}), len(rest))
+            reads = lambda sts, name: sum(isinstance(n, ast.Name) and n.id == name  # noqa: E731
+                                          and isinstance(n.ctx, ast.Load) for s2 in sts for n in ast.walk(s2))
+            last = rest[end - 1] if end else None
+            if (reads(rest[:end], h) < 2
+                    or (last is not None and not isinstance(last, (ast.Assign, ast.AugAssign, ast.AnnAssign))
+                        and _assigned(last) & {h, x})  # assigned in a branch or a loop: not followed
+                    or (last is not None and h not in _assigned(last) and reads(rest[end:], h))):
+                i += 1  # h read after x changes is not x.float() any more
+                continue
+            sub = _Copies({h: st.value})
+            body[i + 1:i + 1 + end] = [sub.visit(s2) for s2 in rest[:end]]
+            del body[i]
+            self.hits += 1
+        return node
+
+
+class _Copies(ast.NodeTransformer):
+    """Name loads replaced by a fresh copy of an expression."""
+
+    def __init__(self, names: dict):
+        self.names = names
+
+    def visit_Name(self, node):
+        if node.id in self.names and isinstance(node.ctx, ast.Load):
+            return copy.deepcopy(self.names[node.id])
+        return node
 
 
 class _Subst(ast.NodeTransformer):
@@ -506,6 +606,10 @@ RULES: list[Rule] = [
          helpers=("_v_softmax",)),
     Rule("layer_norm_written_out", LayerNormWrittenOut.__doc__, LayerNormWrittenOut, exact=False,
          helpers=("_v_layer_norm",)),
+    Rule("softmax_max_values", SoftmaxMaxValues.__doc__, SoftmaxMaxValues, exact=False,
+         helpers=("_v_softmax_values",)),
+    Rule("layer_norm_shape_from_input", LayerNormFunctional.__doc__, LayerNormFunctional),
+    Rule("upcast_each_use", UpcastEachUse.__doc__, UpcastEachUse),
 ]
 
 

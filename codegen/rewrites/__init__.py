@@ -20,8 +20,8 @@ same math one way for the planner. Both lists are read here, in this order, by `
 - ``einsums``: two-operand einsums that are matrix products as matmul; a product's rows
   reshaped as the reshape of its left operand
 - ``selects``: an index of a product's, an einsum's or a pointwise op's result taken first
-- ``metadata``: dtype / device / shape queries, redundant upcasts;  ``modules``: modules to
-  functionals;  ``deadcode``: dead code, value copies;  ``common``: the helpers they share
+- ``metadata``: dtype / device / shape queries, redundant upcasts, ``.values`` / ``.indices`` as [0] / [1];  ``modules``: modules to
+  functionals;  ``deadcode``: dead code, value copies, the same pure op computed twice;  ``common``: the helpers they share
 """
 from __future__ import annotations
 
@@ -32,10 +32,11 @@ from codegen.rewrites.attention import (addmm_as_product, attention_pattern, gqa
                                        mha_weights_unused, relu_attention_pattern, softmax_size1)
 from codegen.rewrites.conv import conv_bias_epilogue
 from codegen.rewrites.einsums import einsum_as_matmul, flattened_products, squeezes_undone
-from codegen.rewrites.deadcode import drop_dead_code, drop_value_copies
+from codegen.rewrites.deadcode import common_subexpressions, drop_dead_code, drop_value_copies
 from codegen.rewrites.lmhead import linear_cross_entropy_pattern
 from codegen.rewrites.losses import cross_entropy_spellings, loss_decompose
 from codegen.rewrites.metadata import (device_queries_from_inputs, fold_dtype_queries, fold_type_info,
+                                       named_fields,
                                        redundant_upcasts, shape_queries_from_sources)
 from codegen.rewrites.modules import modules_to_functionals
 from codegen.rewrites.norms import (batchnorm_decompose, layer_norm_pattern, rms_norm_pattern, rsqrt_forms,
@@ -97,7 +98,7 @@ def _propagate(gm: fx.GraphModule, inputs: list | None) -> None:
     propagate(gm, inputs)
 
 
-CANONICAL = [modules_to_functionals, einsum_as_matmul, flipped_scans, exclusive_scans, batchnorm_decompose,
+CANONICAL = [modules_to_functionals, named_fields, common_subexpressions, einsum_as_matmul, flipped_scans, exclusive_scans, batchnorm_decompose,
              vector_norms, fold_dtype_queries, fold_type_info, device_queries_from_inputs, scalar_constants,
              where_scalar_fills,
              shape_queries_from_sources,

@@ -573,11 +573,23 @@ def _position(gm: fx.GraphModule):
 
 def _fits(n: fx.Node, q, k, v, shape) -> bool:
     """q, k, v of one dtype (the product's too), of the product's rank, one batch, q and k of
-    one head dim, k and v of one length: what the attention kernel takes."""
+    one head dim, k and v of one length: what the attention kernel takes. One key/value head
+    that the products broadcast over the query heads (multi-query attention, [B, 1, T, D]) is
+    taken too: see _broadcast_heads."""
     sq, sk, sv = node_shape(q), node_shape(k), node_shape(v)
     return (len({node_dtype(q), node_dtype(k), node_dtype(v), node_dtype(n)}) == 1
-            and len(sq) == len(sk) == len(sv) == len(shape) and sq[:-2] == sk[:-2]
+            and len(sq) == len(sk) == len(sv) == len(shape)
+            and (sq[:-2] == sk[:-2] or _broadcast_heads(q, k))
             and sk[:-2] == sv[:-2] and sq[-1] == sk[-1] and sk[-2] == sv[-2])
+
+
+def _broadcast_heads(q, k) -> bool:
+    """k (and v) of shape [B, 1, T, D] against q of [B, H, L, D], H > 1: torch.matmul broadcasts
+    the one key/value head over the query heads, which is scaled_dot_product_attention with
+    enable_gqa=True (H query heads sharing one group's key and value)."""
+    sq, sk = node_shape(q), node_shape(k)
+    return (sq is not None and sk is not None and len(sq) == len(sk) == 4 and sq[0] == sk[0]
+            and sk[1] == 1 and sq[1] > 1)
 
 
 def _pv_products(gm: fx.GraphModule):
@@ -646,6 +658,7 @@ def attention_pattern(gm: fx.GraphModule) -> bool:
         q, k, kt, causal, scale, head, tril, bias, softcap, fills = found
         if not _fits(n, q, k, v, shape) or (bias is not None and fills is not None):
             continue  # (the kernels read one mask tensor)
+        gqa = {"enable_gqa": True} if _broadcast_heads(q, k) else {}
         if fills is not None:
             drop, fill, keep = fills
             if keep:  # where(m, s, fill): the kernel fills where its mask is True
@@ -655,7 +668,7 @@ def attention_pattern(gm: fx.GraphModule) -> bool:
             _swap_in(gm, n, p, kt, masked_attention, (q, k, v, None, None if head else float(scale)),
                      {k_: v_ for k_, v_ in (("is_causal", causal), ("softcap", softcap),
                                             ("factor", float(scale) if head else None)) if v_}
-                     | {"drop": drop, "fill": fill}, tril, q, k)
+                     | {"drop": drop, "fill": fill} | gqa, tril, q, k)
             changed = True
             continue
         if bias is not None or softcap is not None or (head and scale != 1.0):
@@ -665,10 +678,10 @@ def attention_pattern(gm: fx.GraphModule) -> bool:
             kw = {k_: v_ for k_, v_ in (("is_causal", causal), ("softcap", softcap),
                                         ("factor", float(scale) if head else None)) if v_}
             _swap_in(gm, n, p, kt, masked_attention, (q, k, v, bias, None if head else float(scale)),
-                     kw, tril, q, k)
+                     kw | gqa, tril, q, k)
         else:
             _swap_in(gm, n, p, kt, F.scaled_dot_product_attention, (q, k, v),
-                     {"is_causal": causal, "scale": None if head else float(scale)}, tril, q, k)
+                     {"is_causal": causal, "scale": None if head else float(scale)} | gqa, tril, q, k)
         changed = True
     return changed
 
@@ -693,8 +706,8 @@ def relu_attention_pattern(gm: fx.GraphModule) -> bool:
         if found is None:
             continue
         q, k, kt, causal, scale, head, tril, _bias, _cap, _fills = found
-        if not _fits(n, q, k, v, shape):
-            continue
+        if not _fits(n, q, k, v, shape) or _broadcast_heads(q, k):
+            continue  # (the ReLU kernel reads one key/value head per query head)
         # scale None: 1/sqrt(head dim) of the call's q
         _swap_in(gm, n, p, kt, relu_attention, (q, k, v, causal, None if head else float(scale)), {},
                  tril, q, k)

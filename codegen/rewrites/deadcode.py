@@ -1,5 +1,5 @@
-"""Dead code and value copies: pure ops whose result reaches no output (rw-dead-code), and
-copies of a value nothing mutates (a canonical form)."""
+"""Dead code and value copies: pure ops whose result reaches no output (rw-dead-code); copies of a
+value nothing mutates, and the same pure op computed twice (canonical forms)."""
 from __future__ import annotations
 
 from torch import fx
@@ -121,5 +121,51 @@ def drop_value_copies(gm: fx.GraphModule) -> bool:
         if _op_name(n) not in ("clone", "detach"):
             continue
         _replace(n, n.args[0])
+        changed = True
+    return changed
+
+
+#: op kinds (codegen.ops) whose result depends only on their operands
+_PURE_KINDS = ("pointwise", "reduction", "softmax", "view", "norm", "getitem")
+
+
+def _key(a):
+    """A hashable stand-in for an fx argument (nodes by identity, slices and lists by value)."""
+    if isinstance(a, fx.Node):
+        return ("node", id(a))
+    if isinstance(a, (list, tuple)):
+        return (type(a).__name__, tuple(_key(v) for v in a))
+    if isinstance(a, dict):
+        return ("dict", tuple(sorted((k, _key(v)) for k, v in a.items())))
+    if isinstance(a, slice):
+        return ("slice", _key(a.start), _key(a.stop), _key(a.step))
+    return ("value", type(a).__name__, repr(a))
+
+
+def common_subexpressions(gm: fx.GraphModule) -> bool:
+    """The same pure op on the same operands, written twice (``x.float() * rsqrt(x.float()...)``,
+    ``q.shape`` asked in two places), is computed once: the rules that match a value by identity
+    (the norm's input is the value it squares) see one value. Only where nothing in the forward
+    writes into a tensor (a value read before and after an in-place op differs), never a random
+    draw or a module call, and never two outputs made one (an output must not alias another)."""
+    graph = gm.graph
+    if any(_mutates(n, gm) for n in graph.nodes):
+        return False
+    seen: dict = {}
+    changed = False
+    for n in list(graph.nodes):
+        if n.op not in ("call_function", "call_method") or has_effect(n) or _op_name(n) in RANDOM_OPS:
+            continue
+        if classify(n, gm).kind not in _PURE_KINDS:
+            continue
+        key = (n.op, n.target if n.op == "call_method" else id(n.target), _key(n.args), _key(n.kwargs))
+        first = seen.get(key)
+        if first is None:
+            seen[key] = n
+            continue
+        if any(u.op == "output" for u in n.users) and any(u.op == "output" for u in first.users):
+            continue
+        n.replace_all_uses_with(first)
+        graph.erase_node(n)
         changed = True
     return changed

@@ -260,13 +260,17 @@ def _picked_log_prob(gm: fx.GraphModule, n: fx.Node) -> bool:
 
 def _picked_minus_lse(gm: fx.GraphModule, n: fx.Node) -> bool:
     """gather(z, -1, t.unsqueeze(-1)).squeeze(-1) - logsumexp(z, -1) -> -cross_entropy (and the
-    unsqueezed pair: gather(...) - logsumexp(z, -1, keepdim=True))."""
+    unsqueezed pair: gather(...) - logsumexp(z, -1, keepdim=True)); the other way round,
+    logsumexp(z, -1) - gather(...), the loss itself, -> cross_entropy."""
     if n.op not in ("call_function", "call_method"):
         return False
     ops = _sub_operands(gm, n)
     if ops is None:
         return False
-    picked, lse = ops
+    return _picked_and_lse(gm, n, *ops, negate=True) or _picked_and_lse(gm, n, *reversed(ops), negate=False)
+
+
+def _picked_and_lse(gm: fx.GraphModule, n: fx.Node, picked, lse, negate: bool) -> bool:
     if not isinstance(picked, fx.Node) or not isinstance(lse, fx.Node):
         return False
     sq = None
@@ -297,15 +301,16 @@ def _picked_minus_lse(gm: fx.GraphModule, n: fx.Node) -> bool:
     first = min((gnode, lse), key=_position)
     if t is None or not _no_writes_between(first, n, gm):
         return False
-    _neg_cross_entropy(gm, n, z, None, t, len(shape), keep_last=sq is None)
+    _neg_cross_entropy(gm, n, z, None, t, len(shape), keep_last=sq is None, negate=negate)
     _erase_unused_above([picked, lse, gnode, idx], stop=z)
     return True
 
 
 def _neg_cross_entropy(gm: fx.GraphModule, n: fx.Node, z: fx.Node, dtype, t: fx.Node, rank: int,
-                       keep_last: bool) -> None:
+                       keep_last: bool, negate: bool = True) -> None:
     """Replace n by -cross_entropy(z [.to(dtype)] as [-1, V] rows, t flat, reduction none)
-    reshaped to t's shape (with a trailing size-1 dim when keep_last), the way a user writes it.
+    reshaped to t's shape (with a trailing size-1 dim when keep_last), the way a user writes it
+    (not negated with ``negate=False``: the loss itself, logsumexp minus the picked logit).
     Negated after the reshape: a reduction of the result (a mean, a masked sum) takes the
     negation into its prologue, which the fusion planner does not do across a view (before the
     reshape, the negation of the LM-head op's rows would be a kernel of its own)."""
@@ -325,7 +330,8 @@ def _neg_cross_entropy(gm: fx.GraphModule, n: fx.Node, z: fx.Node, dtype, t: fx.
                                   {"reduction": "none", "ignore_index": NO_IGNORE})
         if rank != 2:
             out = graph.call_method("reshape", (out, graph.call_function(getattr, (t, "shape"))))
-        out = graph.call_function(operator.neg, (out,))
+        if negate:
+            out = graph.call_function(operator.neg, (out,))
         if keep_last:
             out = graph.call_method("unsqueeze", (out, -1))
     _replace(n, out)

@@ -27,6 +27,39 @@ def fold_dtype_queries(gm: fx.GraphModule) -> bool:
 _NUMBER_OPS = {"neg", "pos", "abs", "mul", "truediv", "floordiv", "add", "sub", "pow"}
 
 
+#: ops whose result is a (values, indices) named tuple
+_NAMED_PAIRS = ("max", "min", "topk", "sort", "kthvalue", "median", "nanmedian", "mode", "cummax",
+                "cummin")
+
+
+def named_fields(gm: fx.GraphModule) -> bool:
+    """``r.values`` and ``r.indices`` of a (values, indices) result (``x.max(d)``, ``topk``,
+    ``sort``...) are ``r[0]`` and ``r[1]``: one spelling, so that a rule reading ``max(x, d)[0]``
+    (rw-softmax's max subtracted) reads ``x.max(d).values`` too."""
+    import operator
+
+    import torch
+
+    changed = False
+    for n in list(gm.graph.nodes):
+        if not (n.op == "call_function" and n.target is getattr and len(n.args) == 2
+                and n.args[1] in ("values", "indices") and isinstance(n.args[0], fx.Node)):
+            continue
+        src = n.args[0]
+        name = (src.target if src.op == "call_method" else
+                getattr(src.target, "__name__", None) if src.op == "call_function"
+                and getattr(torch, getattr(src.target, "__name__", ""), None) is src.target else None)
+        if name not in _NAMED_PAIRS:
+            continue
+        with gm.graph.inserting_before(n):
+            v = gm.graph.call_function(operator.getitem, (src, 0 if n.args[1] == "values" else 1))
+        v.meta = dict(n.meta)
+        n.replace_all_uses_with(v)
+        gm.graph.erase_node(n)
+        changed = True
+    return changed
+
+
 def fold_type_info(gm: fx.GraphModule) -> bool:
     """``torch.finfo(dtype).max`` (``iinfo``, ``.min``, ``.eps``, ...) of a dtype the trace
     knows (after fold_dtype_queries) is a number: written in place, and arithmetic on it

@@ -5,7 +5,7 @@ from __future__ import annotations
 from torch import fx
 
 from codegen.fusion import norm_dims
-from codegen.ops import classify, node_shape
+from codegen.ops import classify, node_dtype, node_shape
 from codegen.rewrites.common import (_attr_node, _float, _live, _module_calls, _ops, _replace,
                                      _scalar_step, _sub_operands)
 
@@ -24,6 +24,20 @@ def _square_of(gm: fx.GraphModule, n) -> fx.Node | None:
         return a[0]
     if op.name == "mul" and len(a) == 2 and a[0] is a[1] and _float(a[0]):
         return a[0]
+    return None
+
+
+def _upcast_source(gm: fx.GraphModule, s) -> fx.Node | None:
+    """x when s is x.float() / x.to(torch.float32) of a 16-bit x (its values exactly)."""
+    import torch
+
+    if not isinstance(s, fx.Node) or s.op not in ("call_function", "call_method"):
+        return None
+    op = classify(s, gm)
+    x = op.operands[0] if op.operands else None
+    if (op.kind == "pointwise" and op.name == "cast" and op.p.get("dtype") == torch.float32
+            and isinstance(x, fx.Node) and node_dtype(x) in (torch.float16, torch.bfloat16)):
+        return x
     return None
 
 
@@ -91,10 +105,16 @@ def rms_norm_pattern(gm: fx.GraphModule) -> bool:
         if mop is None or mop.kind != "reduction" or mop.name != "mean":
             continue
         sq = mop.operands[0]
-        hw = _weighted(gm, v, how, lambda u: _square_of(gm, sq) is u)
+        s = _square_of(gm, sq)
+        up = _upcast_source(gm, s)
+        hw = _weighted(gm, v, how, lambda u: u is s or (up is not None and u is up))
         if hw is None:
             continue
         h, other = hw
+        if h is up:  # T5's x * rsqrt(mean(x.float()^2) + eps): x is promoted to the upcast's values
+            if node_dtype(n) != node_dtype(s):
+                continue
+            h = s
         shape = node_shape(h)
         if (len(mean.users) != 1 or not mop.p.get("keepdim") or not shape
                 or norm_dims(mop.p.get("dim"), len(shape)) != [len(shape) - 1]

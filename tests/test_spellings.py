@@ -1,0 +1,341 @@
+"""LLM operators written the ways a probe of hand-written operators found the compiler missing
+(2026-12-05): multi-query decode attention by broadcasting matmuls (one key/value head,
+[B, 1, T, D]), a softmax whose maximum is read as ``.max(d, keepdim=True).values``, the upcast
+written at each use (Gemma's ``x.float() * torch.rsqrt(x.float().pow(2).mean(-1, ...))``),
+``F.layer_norm`` with the normalized shape read from the input (``x.shape[-1:]``,
+``(x.size(-1),)``, no weight), and cross-entropy as ``logsumexp(z) - z.gather(t)``. Each gets
+the kernels of its usual spelling; each emitted file passes the verifier's static check, runs
+its kernels with eager's values, and is a drop-in (tests/dropin.check_dropin). The canonical
+forms behind them keep what they must not merge: two dropouts, values read across an in-place
+write, two outputs of one value."""
+import pytest
+import torch
+
+from codegen import rewrites as RW
+from codegen.pipeline import analyze, compile_problem
+from harness.problem import load_problem
+from harness.verify import static_findings_src
+from tests.dropin import check_dropin, load_sources
+from tests.test_attention_mask import SPLIT, runs_and_is_a_drop_in
+
+HEAD = "import math\nimport torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n"
+
+#: multi-query decode: q [B, H, 1, D] against one key/value head [B, 1, T, D]
+MQA_DECODE = HEAD + '''
+class Model(nn.Module):
+    def forward(self, q, k, v):
+        s = torch.matmul(q, k.transpose(2, 3)) * (q.shape[-1] ** -0.5)
+        p = F.softmax(s, dim=-1, dtype=torch.float32).to(q.dtype)
+        return torch.matmul(p, v)
+def get_inputs():
+    return [torch.randn(2, 4, 1, 16, dtype=torch.{dtype}), torch.randn(2, 1, 40, 16, dtype=torch.{dtype}),
+            torch.randn(2, 1, 40, 16, dtype=torch.{dtype})]
+def get_init_inputs():
+    return []
+'''
+
+SOFTMAX_VALUES = HEAD + '''
+class Model(nn.Module):
+    def forward(self, x):
+        xf = x.float()
+        m = xf.max(dim=-1, keepdim=True).values
+        e = torch.exp(xf - m)
+        return (e / e.sum(-1, keepdim=True)).to(x.dtype)
+def get_inputs():
+    return [torch.randn(4, 300, dtype=torch.bfloat16)]
+def get_init_inputs():
+    return []
+'''
+
+#: Gemma's RMS norm: the upcast written twice, the weight as (1 + w)
+GEMMA_NORM = HEAD + '''
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(64))
+    def forward(self, x):
+        out = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6)
+        return (out * (1.0 + self.weight.float())).type_as(x)
+def get_inputs():
+    return [torch.randn(2, 8, 64, dtype=torch.bfloat16)]
+def get_init_inputs():
+    return []
+'''
+
+LAYER_NORM_FROM_INPUT = HEAD + '''
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(96, dtype=torch.bfloat16))
+    def forward(self, x, r):
+        h = x + r
+        return F.layer_norm(h, {ns}, {weight}, None, 1e-5), h
+def get_inputs():
+    return [torch.randn(16, 96, dtype=torch.bfloat16), torch.randn(16, 96, dtype=torch.bfloat16)]
+def get_init_inputs():
+    return []
+'''
+
+#: the LM head and its loss, the loss as logsumexp minus the picked logit
+LSE_MINUS_PICKED = HEAD + '''
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lm_head = nn.Linear(64, 300, bias=False, dtype=torch.bfloat16)
+    def forward(self, h, t):
+        logits = self.lm_head(h).float()
+        return {loss}
+def get_inputs():
+    return [torch.randn(16, 64, dtype=torch.bfloat16), torch.randint(0, 300, (16,))]
+def get_init_inputs():
+    return []
+'''
+
+
+def _kinds(path) -> list[str]:
+    plan, _rw, err = analyze(load_problem(path))
+    assert plan is not None, err
+    return sorted(g.kind for g in plan.groups)
+
+
+def _emitted(path, configs=None) -> str:
+    comp = compile_problem(load_problem(path), configs=configs)
+    assert comp.emitted is not None, comp.error
+    return comp.emitted.source
+
+
+def _kernels_agree_and_drop_in(src: str, emitted: str, tol: float) -> None:
+    assert static_findings_src(emitted, src) == []
+    pm, cm = load_sources(src, emitted)
+    ins = pm.get_inputs()
+    torch.manual_seed(0)
+    ref = pm.Model(*pm.get_init_inputs())
+    torch.manual_seed(0)
+    new = cm.ModelNew(*pm.get_init_inputs())
+    new.load_state_dict(ref.state_dict())
+    with torch.no_grad():
+        a, b = ref(*ins), new(*ins)
+    for x, y in zip(a if isinstance(a, tuple) else (a,), b if isinstance(b, tuple) else (b,)):
+        torch.testing.assert_close(y, x, atol=tol, rtol=tol)
+    report = check_dropin(src, emitted, calls=1, atol=tol, rtol=tol)
+    assert report.fast("own") and report.fast("own", "eval")
+
+
+@pytest.mark.parametrize("dtype,tol", [("float32", 1e-4), ("bfloat16", 1e-2)])
+def test_multi_query_decode_by_broadcast_is_split_kv_attention(dtype, tol, write_problem):
+    src = MQA_DECODE.format(dtype=dtype)
+    path = write_problem(src, f"mqa_{dtype}")
+    plan, rw, err = analyze(load_problem(path))
+    assert plan is not None, err
+    assert [g.kind for g in plan.groups] == ["attention"] and "rw-attention" in rw
+    op = plan.nops[plan.groups[0].red]
+    assert [t.op for t in op.operands[:3]] == ["placeholder"] * 3  # the one head, not a copy per head
+    runs_and_is_a_drop_in(src, _emitted(path, SPLIT), "_egg_k_g0_merge", tol)
+
+
+def test_a_key_head_that_is_not_one_keeps_the_products(write_problem):
+    """Two key heads against four query heads do not broadcast (torch.matmul raises), and a
+    batch of one key set against two query batches is not grouped-query attention: neither is
+    taken."""
+    src = MQA_DECODE.format(dtype="float32").replace("torch.randn(2, 1, 40, 16", "torch.randn(1, 1, 40, 16")
+    path = write_problem(src, "mqa_batch_broadcast")
+    assert "attention" not in _kinds(path)
+
+
+def test_softmax_with_max_values_is_one_softmax_kernel(write_problem, monkeypatch):
+    path = write_problem(SOFTMAX_VALUES, "softmax_values")
+    assert _kinds(path) == ["softmax"]
+    _kernels_agree_and_drop_in(SOFTMAX_VALUES, _emitted(path), 1e-2)
+    monkeypatch.setattr(RW, "CANONICAL", [f for f in RW.CANONICAL if f is not RW.named_fields])
+    assert _kinds(path) != ["softmax"]
+
+
+def test_gemma_norm_upcast_twice_is_a_norm_kernel(write_problem, monkeypatch):
+    path = write_problem(GEMMA_NORM, "gemma_norm")
+    plan, rw, err = analyze(load_problem(path))
+    assert plan is not None and "rw-rms-norm" in rw, err
+    assert "norm" in [g.kind for g in plan.groups] and "reduction" not in [g.kind for g in plan.groups]
+    _kernels_agree_and_drop_in(GEMMA_NORM, _emitted(path), 1e-2)
+    monkeypatch.setattr(RW, "CANONICAL", [f for f in RW.CANONICAL if f is not RW.common_subexpressions])
+    assert "norm" not in _kinds(path)
+
+
+@pytest.mark.parametrize("ns,weight", [("h.shape[-1:]", "self.weight"), ("(h.size(-1),)", "self.weight"),
+                                       ("[h.shape[-1]]", "None"), ("h.shape[1:]", "None")])
+def test_layer_norm_shape_read_from_its_input_is_a_norm_kernel(ns, weight, write_problem):
+    src = LAYER_NORM_FROM_INPUT.format(ns=ns, weight=weight)
+    path = write_problem(src, "ln_from_input")
+    assert _kinds(path) == ["norm"]
+    _kernels_agree_and_drop_in(src, _emitted(path), 1e-2)
+
+
+@pytest.mark.parametrize("ns", ["h.shape[:1]", "(h.size(0),)", "h.shape"])
+def test_a_shape_that_is_not_the_last_dims_is_not_taken(ns, write_problem):
+    """The leading dim read as the normalized shape (the same size as the last here, so torch
+    normalizes the last dim; at another batch size it raises), or every dim: not the pattern,
+    the norm stays torch's."""
+    src = LAYER_NORM_FROM_INPUT.format(ns=ns, weight="None").replace("torch.randn(16, 96", "torch.randn(96, 96")
+    assert "norm" not in _kinds(write_problem(src, "ln_not_last"))
+
+
+def test_logsumexp_minus_the_picked_logit_is_the_fused_lm_head_loss(write_problem):
+    """(logsumexp(z) - z.gather(t)).mean() of an LM head's logits is cross_entropy: the fused LM
+    head + loss kernel (rw-linear-cross-entropy), no logits written, as F.cross_entropy gets;
+    without the spelling's canonical form the logits are a product of their own."""
+    src = LSE_MINUS_PICKED.format(
+        loss="(torch.logsumexp(logits, -1) - logits.gather(-1, t[:, None]).squeeze(-1)).mean()")
+    path = write_problem(src, "lse_minus_picked")
+    ce = write_problem(LSE_MINUS_PICKED.format(loss="F.cross_entropy(logits, t)"), "ce_plain")
+    kinds = _kinds(path)
+    assert "linear_ce" in kinds and "matmul" not in kinds, kinds
+    # F.cross_entropy's mean is inside the fused kernel; here the mean of the losses is a
+    # small reduction of its own (one value per token)
+    assert [k for k in kinds if k != "reduction"] == _kinds(ce) == ["linear_ce"]
+    _kernels_agree_and_drop_in(src, _emitted(path), 1e-2)
+
+
+# the canonical forms' own limits: what they must not merge
+
+def _canonical(src: str, write_problem, name: str):
+    from harness.capture import capture
+
+    prob = load_problem(write_problem(src, name))
+    cap = capture(prob)
+    RW.canonicalize(cap.gm, cap.inputs)
+    return cap.gm
+
+
+def test_two_dropouts_of_one_value_stay_two(write_problem):
+    src = HEAD + '''
+class Model(nn.Module):
+    def forward(self, x):
+        return F.dropout(x, 0.5, True) + F.dropout(x, 0.5, True)
+def get_inputs():
+    return [torch.randn(8, 8)]
+def get_init_inputs():
+    return []
+'''
+    gm = _canonical(src, write_problem, "two_dropouts")
+    assert sum("dropout" in str(n.target) for n in gm.graph.nodes) == 2
+
+
+def test_values_read_across_an_in_place_write_are_not_merged(write_problem):
+    src = HEAD + '''
+class Model(nn.Module):
+    def forward(self, x):
+        a = x * 2
+        x.add_(1)
+        return a + x * 2
+def get_inputs():
+    return [torch.randn(8, 8)]
+def get_init_inputs():
+    return []
+'''
+    gm = _canonical(src, write_problem, "in_place")
+    assert sum(n.op == "call_function" and n.target.__name__ == "mul" for n in gm.graph.nodes) == 2
+
+
+def test_two_outputs_of_one_value_stay_two_tensors(write_problem):
+    src = HEAD + '''
+class Model(nn.Module):
+    def forward(self, x):
+        return x.float() * 2, x.float() * 2
+def get_inputs():
+    return [torch.randn(8, 8, dtype=torch.bfloat16)]
+def get_init_inputs():
+    return []
+'''
+    path = write_problem(src, "two_outputs")
+    emitted = _emitted(path)
+    pm, cm = load_sources(src, emitted)
+    a, b = cm.ModelNew()(*pm.get_inputs())
+    assert a.data_ptr() != b.data_ptr()
+    torch.testing.assert_close(a, b)
+
+
+# branches on dtypes (harness.capture.DTYPE_FIXED): T5's norm and feed-forward
+
+#: transformers' T5LayerNorm: the variance of the upcast, the input itself scaled, a branch on
+#: the weight's dtype
+T5_NORM = HEAD + '''
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(64, dtype=torch.bfloat16))
+        self.variance_epsilon = 1e-6
+    def forward(self, hidden_states):
+        variance = hidden_states.to(torch.float32).pow(2).mean(-1, keepdim=True)
+        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+        if self.weight.dtype in [torch.float16, torch.bfloat16]:
+            hidden_states = hidden_states.to(self.weight.dtype)
+        return self.weight * hidden_states
+def get_inputs():
+    return [torch.randn(2, 8, 64, dtype=torch.bfloat16)]
+def get_init_inputs():
+    return []
+'''
+
+#: a branch on an input's dtype (T5's feed-forward clamps fp16 activations)
+INPUT_DTYPE_BRANCH = HEAD + '''
+class Model(nn.Module):
+    def forward(self, x):
+        y = x * 3.0
+        if x.dtype == torch.float16:
+            y = torch.clamp(y, min=-1.0, max=1.0)
+        return torch.relu(y) + 1.0
+def get_inputs():
+    return [torch.randn(8, 32)]
+def get_init_inputs():
+    return []
+'''
+
+
+def test_t5_norm_branching_on_the_weight_dtype_is_one_norm_kernel(write_problem):
+    from harness.capture import DTYPE_FIXED, capture
+
+    path = write_problem(T5_NORM, "t5_norm")
+    cap = capture(load_problem(path))
+    assert cap.gm is not None and not cap.breaks, cap.error
+    assert cap.gm.meta[DTYPE_FIXED] == {("attr", "weight"): torch.bfloat16}
+    assert _kinds(path) == ["norm"]
+    emitted = _emitted(path)
+    assert "self.weight.dtype != torch.bfloat16" in emitted
+    # the move trials take the weight to float64 and back to float32: Model's own code then
+    _kernels_agree_and_drop_in(T5_NORM, emitted, 1e-2)
+
+
+def test_a_call_at_another_dtype_takes_model_code_with_its_branch(write_problem):
+    path = write_problem(INPUT_DTYPE_BRANCH, "input_dtype_branch")
+    assert _kinds(path) == ["pointwise"]
+    emitted = _emitted(path)
+    _kernels_agree_and_drop_in(INPUT_DTYPE_BRANCH, emitted, 1e-4)
+    pm, cm = load_sources(INPUT_DTYPE_BRANCH, emitted)
+    x = torch.randn(8, 32).half()
+    got, ref = cm.ModelNew()(x), pm.Model()(x)
+    assert float(got.max()) <= 2.0  # the clamp of the fp16 branch ran
+    torch.testing.assert_close(got, ref)
+
+
+def test_without_the_dtype_route_the_file_would_be_wrong(write_problem, monkeypatch):
+    """The route is what keeps a call at another dtype right: without it, the traced graph
+    (no clamp) answers an fp16 call."""
+    from codegen import emit as E
+
+    path = write_problem(INPUT_DTYPE_BRANCH, "input_dtype_branch_off")
+    real = E._dispatch
+    monkeypatch.setattr(E, "_dispatch", lambda *a, **k: real(*a[:7]))
+    emitted = _emitted(path)
+    pm, cm = load_sources(INPUT_DTYPE_BRANCH, emitted)
+    x = torch.randn(8, 32).half()
+    assert not torch.allclose(cm.ModelNew()(x).float(), pm.Model()(x).float())
+
+
+@pytest.mark.parametrize("cond", ["(x * 2).dtype == torch.float16", "x.shape[0] > 4",
+                                  "x.dtype == torch.float32 and x.shape[0] > 4"])
+def test_a_branch_not_on_dtypes_alone_is_a_graph_break(cond, write_problem):
+    from harness.capture import DTYPE_FIXED, capture
+
+    src = INPUT_DTYPE_BRANCH.replace("x.dtype == torch.float16", cond)
+    cap = capture(load_problem(write_problem(src, "other_branch")))
+    assert cap.gm is not None and cap.breaks
+    assert not cap.gm.meta.get(DTYPE_FIXED) or cond.startswith("x.dtype")
