@@ -334,6 +334,53 @@ def break_regions(nodes) -> dict[fx.Node, int]:
     return out
 
 
+def _parameter_chains_into_norms(groups: list, where: dict, order: dict, nops: dict,
+                                 region: dict) -> None:
+    """A pointwise group over a norm's result that also computes, from parameters and buffers
+    alone, a vector it reads per column (Gemma's ``(rms_norm(x) * (1.0 + w.float())).type_as(x)``:
+    the greedy pass put ``1.0 + w.float()`` first and the product joined it) becomes the norm
+    kernel's epilogue: the vector recomputed per column in the norm kernel, one launch and one
+    pass over the rows fewer (principle alg-fuse-pointwise-chain). Only when the norm's values
+    are all it reads besides parameters, buffers and numbers, those load per column (affine) or
+    as a scalar, the members of another shape are computed from those alone, the values it
+    leaves to others have the norm's shape, and the norm kernel reads nothing it computes."""
+    for p in list(groups):
+        if p.kind != "pointwise" or p.red is not None:
+            continue
+        members = set(p.members)
+        ext = {t for m in p.members for t in nops[m].tensor_inputs if t not in members}
+        made = {where.get(t) for t in ext if t.op != "get_attr"}
+        if len(made) != 1:
+            continue
+        g = made.pop()
+        if g is None or g.kind != "norm" or g.red is None or region.get(g.red) != region.get(p.members[0]):
+            continue
+        red_op = nops[g.red]
+        params = [t for t in ext if t.op == "get_attr"]
+        if any(norm_pattern(g, red_op, node_shape(t)) not in ("affine", "scalar") for t in params):
+            continue
+        # members of another shape than the norm's: computed from parameters alone
+        from_params: set = set()
+        ok = True
+        for m in sorted(p.members, key=order.__getitem__):
+            if tuple(node_shape(m) or ()) == tuple(g.domain):
+                continue
+            if (all(t in from_params or t.op == "get_attr" for t in nops[m].tensor_inputs)
+                    and norm_pattern(g, red_op, node_shape(m)) in ("affine", "scalar")):
+                from_params.add(m)
+            else:
+                ok = False
+                break
+        outside = [m for m in p.members if any(u not in members for u in m.users)]
+        if (not ok or any(m in from_params for m in outside)
+                or any(where.get(u) is g for m in p.members for u in m.users)):
+            continue
+        groups.remove(p)
+        g.members = g.members + sorted(p.members, key=order.__getitem__)
+        for m in p.members:
+            where[m] = g
+
+
 def _merge_pointwise(groups: list, where: dict, order: dict, nops: dict,
                      region: dict | None = None) -> None:
     """Merge a pointwise group into a pointwise consumer group over the same domain when every
@@ -690,6 +737,7 @@ def plan_fusion(gm: fx.GraphModule, disabled: set[str] | None = None) -> FusionP
             where[n] = g
             continue
     _merge_pointwise(groups, where, order, nops, region)
+    _parameter_chains_into_norms(groups, where, order, nops, region)
     # a 16-bit product with nothing to fuse stays cuBLAS's: the template only wins by the
     # epilogue pass it saves (principle alg-matmul-epilogue); fp32 products run as 3xTF32
     for g in list(groups):

@@ -1,13 +1,16 @@
 """LLM operators written the ways a probe of hand-written operators found the compiler missing
 (2026-12-05): multi-query decode attention by broadcasting matmuls (one key/value head,
 [B, 1, T, D]), a softmax whose maximum is read as ``.max(d, keepdim=True).values``, the upcast
-written at each use (Gemma's ``x.float() * torch.rsqrt(x.float().pow(2).mean(-1, ...))``),
+written at each use, Gemma's norm (``x.float() * torch.rsqrt(x.float().pow(2).mean(-1, ...))``
+times ``1.0 + w.float()``: one norm kernel computing 1 + w per column), T5's norm (the input
+itself times the rsqrt of its upcast's mean square, a branch on the weight's dtype),
 ``F.layer_norm`` with the normalized shape read from the input (``x.shape[-1:]``,
-``(x.size(-1),)``, no weight), and cross-entropy as ``logsumexp(z) - z.gather(t)``. Each gets
-the kernels of its usual spelling; each emitted file passes the verifier's static check, runs
-its kernels with eager's values, and is a drop-in (tests/dropin.check_dropin). The canonical
-forms behind them keep what they must not merge: two dropouts, values read across an in-place
-write, two outputs of one value."""
+``(x.size(-1),)``, no weight), and cross-entropy as ``logsumexp(z) - z.gather(t)`` after an LM
+head. Each gets the kernels of its usual spelling; each emitted file passes the verifier's static
+check, runs its kernels with eager's values, and is a drop-in (tests/dropin.check_dropin). The
+canonical forms behind them keep what they must not merge (two dropouts, values read across an
+in-place write, two outputs of one value), and a call at another dtype than a branch was traced
+at takes Model's own code."""
 import pytest
 import torch
 
@@ -150,14 +153,66 @@ def test_softmax_with_max_values_is_one_softmax_kernel(write_problem, monkeypatc
     assert _kinds(path) != ["softmax"]
 
 
-def test_gemma_norm_upcast_twice_is_a_norm_kernel(write_problem, monkeypatch):
+def test_gemma_norm_is_one_norm_kernel_with_its_weight(write_problem, monkeypatch):
+    """Gemma's norm: the upcast written twice, the weight as (1 + w) in fp32: one norm kernel
+    that computes 1 + w per column in its epilogue (fusion's parameter chains); without them
+    the (1 + w) vector and the product are a kernel of their own."""
+    from codegen import fusion as FU
+
     path = write_problem(GEMMA_NORM, "gemma_norm")
     plan, rw, err = analyze(load_problem(path))
     assert plan is not None and "rw-rms-norm" in rw, err
-    assert "norm" in [g.kind for g in plan.groups] and "reduction" not in [g.kind for g in plan.groups]
+    assert [g.kind for g in plan.groups] == ["norm"]
     _kernels_agree_and_drop_in(GEMMA_NORM, _emitted(path), 1e-2)
+    monkeypatch.setattr(FU, "_parameter_chains_into_norms", lambda *a: None)
+    assert _kinds(path) == ["norm", "pointwise"]
+
+
+#: a softmax written out over the upcast, the upcast written at each use
+SOFTMAX_UPCAST_TWICE = HEAD + '''
+class Model(nn.Module):
+    def forward(self, x):
+        e = torch.exp(x.float() - x.float().amax(-1, keepdim=True))
+        return (e / e.sum(-1, keepdim=True)).to(x.dtype)
+def get_inputs():
+    return [torch.randn(4, 300, dtype=torch.bfloat16)]
+def get_init_inputs():
+    return []
+'''
+
+
+def test_the_same_upcast_written_twice_is_one_value(write_problem, monkeypatch):
+    """rw-softmax matches the maximum subtracted from the value it was taken of: two x.float()
+    nodes are one value only through the common-subexpression form."""
+    path = write_problem(SOFTMAX_UPCAST_TWICE, "softmax_upcast_twice")
+    assert _kinds(path) == ["softmax"]
+    _kernels_agree_and_drop_in(SOFTMAX_UPCAST_TWICE, _emitted(path), 1e-2)
     monkeypatch.setattr(RW, "CANONICAL", [f for f in RW.CANONICAL if f is not RW.common_subexpressions])
-    assert "norm" not in _kinds(path)
+    assert _kinds(path) != ["softmax"]
+
+
+def test_a_parameter_chain_read_before_the_norm_stays_its_own(write_problem):
+    """(1 + w) read by the norm's prologue too (x * (1 + w) normalized, then times (1 + w)) is
+    not moved after the norm: the kernel would read a value it computes later."""
+    src = HEAD + '''
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(64))
+    def forward(self, x):
+        s = 1.0 + self.weight
+        return F.rms_norm(x * s, (64,), None, 1e-6) * s
+def get_inputs():
+    return [torch.randn(2, 8, 64)]
+def get_init_inputs():
+    return []
+'''
+    path = write_problem(src, "chain_before_norm")
+    plan, _rw, err = analyze(load_problem(path))
+    assert plan is not None, err
+    (norm,) = [g for g in plan.groups if g.kind == "norm"]
+    assert not any(m.name.startswith("add") for m in norm.members)  # s is computed before it
+    _kernels_agree_and_drop_in(src, _emitted(path), 1e-4)
 
 
 @pytest.mark.parametrize("ns,weight", [("h.shape[-1:]", "self.weight"), ("(h.size(-1),)", "self.weight"),

@@ -171,13 +171,11 @@ class _WrongRotation(V.RotateHalfChunked):
 
 
 @pytest.mark.parametrize("name,rule,form", [
-    ("10_rms_norm_fp32_weight", None, RW.redundant_upcasts),
     ("01_rms_norm", "mean_as_sum_div", RW.mean_from_sum),
     ("01_rms_norm", "keepdim_as_unsqueeze", RW.keepdim_reductions),
     ("01_rms_norm", "rsqrt_as_reciprocal_sqrt", RW.rsqrt_forms),
     ("08_lm_head_cross_entropy", "cross_entropy_as_nll_log_softmax", RW.cross_entropy_spellings),
     ("16_lm_head_cross_entropy_padded", "cross_entropy_as_nll_log_softmax", RW.cross_entropy_spellings),
-    ("01_rms_norm", "upcast_each_use", RW.common_subexpressions),
     ("05_vocab_softmax", "softmax_max_values", RW.named_fields),
 ])
 def test_without_its_canonical_form_the_variant_gets_another_plan(name, rule, form, problems,
@@ -195,6 +193,27 @@ def test_without_its_canonical_form_the_variant_gets_another_plan(name, rule, fo
     assert signature(vp) == base
     monkeypatch.setattr(RW, "CANONICAL", [f for f in RW.CANONICAL if f is not form])
     assert signature(vp) != base
+
+
+def test_the_weight_upcast_before_the_downcast_needs_a_form(problems, monkeypatch):
+    """10_rms_norm_fp32_weight is the weight-before-downcast spelling of 01_rms_norm: its
+    ``h * self.weight.float()`` joins the norm kernel through the redundant-upcast form or, the
+    weight being a parameter, through the fusion planner's parameter chains (either is enough);
+    with both off the cast is a kernel of its own."""
+    from codegen import fusion as FU
+
+    paths, _out = problems
+    base = signature(paths["01_rms_norm"])
+    vp = paths["10_rms_norm_fp32_weight"]
+    assert signature(vp) == base
+    with monkeypatch.context() as m:
+        m.setattr(RW, "CANONICAL", [f for f in RW.CANONICAL if f is not RW.redundant_upcasts])
+        assert signature(vp) == base
+    with monkeypatch.context() as m:
+        m.setattr(FU, "_parameter_chains_into_norms", lambda *a: None)
+        assert signature(vp) == base
+        m.setattr(RW, "CANONICAL", [f for f in RW.CANONICAL if f is not RW.redundant_upcasts])
+        assert signature(vp) != base
 
 
 def _attention_operands(path) -> list[str]:
