@@ -61,7 +61,7 @@ VARIANTS = {
              ("2 rows", {"norm": {"BLOCK_O": 2, "num_warps": 8}})],
 }
 KIND_OF = {"01": "norm", "02": "norm", "10": "norm", "11": "norm", "15": "norm",
-           "06": "decode", "12": "decode", "17": "decode", "19": "decode", "07": "prefill", "13": "prefill", "21": "prefill", "22": "gemv",
+           "06": "decode", "12": "decode", "17": "decode", "19": "decode", "07": "prefill", "13": "prefill", "21": "prefill", "22": "gemv", "23": "decode",
            "08": "lm_head", "16": "lm_head", "20": "lm_head", "09": "gemv"}
 
 #: what was expected before any GPU run of these kernels (stage 1, heuristic configurations):
@@ -93,6 +93,9 @@ PREDICT = {
     "20": (3.35, 1.0, "the log-probs gather as -cross_entropy(reduction='none'): 08's linear_ce time"),
     "22": (0.030, 2.0, "int8 tiles converted in registers (the weight read once, 58.7 MB: ~0.014 ms at "
                        "4.3 TB/s); eager converts the weight to bf16 first (~0.1 ms, estimated)"),
+    "23": (0.018, 2.0, "the broadcast products as split-KV attention with one key/value head (enable_gqa): "
+                       "71 query rows per head in DECODE_ROWS tiles, the 34 MB cache from L2 after the first "
+                       "tile; floor 0.007 ms, two launches; eager writes ~9M fp32 scores (estimated)"),
     "21": (0.30, 3.0, "soft-capped causal flash (head dim 256: 2x 13's work per score, a tanh per "
                       "score): eager writes 0.5 GB of fp32 scores (~1.5-2 ms), compile ~1 ms (estimated)"),
 }
