@@ -19,7 +19,7 @@ from codegen.pipeline import analyze, compile_problem
 from harness.problem import load_problem
 from harness.verify import static_findings_src
 from tests.dropin import check_dropin, load_sources
-from tests.test_attention_mask import SPLIT, runs_and_is_a_drop_in
+from tests.test_attention_mask import SPLIT, _Launches, runs_and_is_a_drop_in
 
 HEAD = "import math\nimport torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n"
 
@@ -394,3 +394,33 @@ def test_a_branch_not_on_dtypes_alone_is_a_graph_break(cond, write_problem):
     cap = capture(load_problem(write_problem(src, "other_branch")))
     assert cap.gm is not None and cap.breaks
     assert not cap.gm.meta.get(DTYPE_FIXED) or cond.startswith("x.dtype")
+
+
+@pytest.mark.parametrize("configs", [None, {"g0": {"ONE_MAX": 16, "SPLIT_CHUNK": 32}}], ids=["one", "split"])
+def test_a_parameter_chain_after_a_residual_norm_reads_the_sum_too(configs, write_problem):
+    """``rms_norm(x + r) * (1 + w) + (x + r)``: the chain reads the norm's result and the sum of
+    its prologue; it joins the norm kernel, which holds both (rows in registers, or Welford
+    partials of row chunks and a second pass)."""
+    src = HEAD + '''
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(64))
+    def forward(self, x, r):
+        s = x + r
+        return F.rms_norm(s, (64,), None, 1e-6) * (1.0 + self.weight) + s
+def get_inputs():
+    return [torch.randn(2, 8, 64), torch.randn(2, 8, 64)]
+def get_init_inputs():
+    return []
+'''
+    path = write_problem(src, "residual_chain")
+    assert _kinds(path) == ["norm"]
+    emitted = _emitted(path, configs)
+    _kernels_agree_and_drop_in(src, emitted, 1e-4)
+    pm, cm = load_sources(src, emitted)
+    kernel = "_egg_k_g0_one" if configs is None else "_egg_k_g0_apply"
+    box: list = []
+    setattr(cm, kernel, _Launches(getattr(cm, kernel), box))
+    cm.ModelNew()(*pm.get_inputs())
+    assert box, f"{kernel} did not run"

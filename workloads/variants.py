@@ -476,8 +476,14 @@ class LayerNormWrittenOut(_Counting):
         if name not in self.norms or len(node.args) != 1 or node.keywords:
             return node
         self.hits += 1
-        attr = lambda a: ast.parse(f"{name}.{a}", mode="eval").body  # noqa: E731
-        return _call("_v_layer_norm", [node.args[0], attr("weight"), attr("bias"), attr("eps")])
+        return self.replacement(name, node.args[0])
+
+    @staticmethod
+    def _attr(name: str, a: str):
+        return ast.parse(f"{name}.{a}", mode="eval").body
+
+    def replacement(self, name: str, x):
+        return _call("_v_layer_norm", [x] + [self._attr(name, a) for a in ("weight", "bias", "eps")])
 
 
 class SoftmaxMaxValues(SoftmaxWrittenOut):
@@ -487,29 +493,17 @@ class SoftmaxMaxValues(SoftmaxWrittenOut):
     helper = "_v_softmax_values"
 
 
-class LayerNormFunctional(_Counting):
+class LayerNormFunctional(LayerNormWrittenOut):
     """A call of an ``nn.LayerNorm`` attribute (one normalized dim, affine) ->
     ``torch.nn.functional.layer_norm(x, x.shape[-1:], self.norm.weight, ...)``: the
     normalized shape read from the input in forward."""
 
-    def __init__(self):
-        super().__init__()
-        self.norms: set[str] = set()
-
-    visit_Module = LayerNormWrittenOut.visit_Module
-
-    def visit_Call(self, node):
-        self.generic_visit(node)
-        name = _dotted(node.func)
-        if name not in self.norms or len(node.args) != 1 or node.keywords:
-            return node
-        self.hits += 1
-        x = node.args[0]
+    def replacement(self, name: str, x):
         ns = ast.Subscript(value=ast.Attribute(value=copy.deepcopy(x), attr="shape", ctx=ast.Load()),
                            slice=ast.Slice(lower=ast.UnaryOp(op=ast.USub(), operand=ast.Constant(1))),
                            ctx=ast.Load())
-        attr = lambda a: ast.parse(f"{name}.{a}", mode="eval").body  # noqa: E731
-        return _call("torch.nn.functional.layer_norm", [x, ns, attr("weight"), attr("bias"), attr("eps")])
+        return _call("torch.nn.functional.layer_norm",
+                     [x, ns] + [self._attr(name, a) for a in ("weight", "bias", "eps")])
 
 
 def _is_upcast(v) -> bool:
