@@ -280,12 +280,12 @@ def rsqrt_forms(gm: fx.GraphModule) -> bool:
                 and isinstance(op.operands[1], fx.Node) and op.p.get("rounding_mode") is None:
             inner = op.operands[1]
             iop = classify(inner, gm)
-            if iop.kind == "pointwise" and iop.name == "sqrt" and len(inner.users) == 1:
+            if iop.kind == "pointwise" and iop.name == "sqrt":  # (a sqrt read elsewhere too stays)
                 v = iop.operands[0]
         elif op.name == "reciprocal" and isinstance(op.operands[0], fx.Node):
             inner = op.operands[0]
             iop = classify(inner, gm)
-            if iop.kind == "pointwise" and iop.name == "sqrt" and len(inner.users) == 1:
+            if iop.kind == "pointwise" and iop.name == "sqrt":
                 v = iop.operands[0]
         elif op.name == "pow" and isinstance(op.operands[1], (int, float)) and op.operands[1] == -0.5:
             v, inner = op.operands[0], None
