@@ -5,8 +5,8 @@ written at each use, Gemma's norm (``x.float() * torch.rsqrt(x.float().pow(2).me
 times ``1.0 + w.float()``: one norm kernel computing 1 + w per column), T5's norm (the input
 itself times the rsqrt of its upcast's mean square, a branch on the weight's dtype),
 ``F.layer_norm`` with the normalized shape read from the input (``x.shape[-1:]``,
-``(x.size(-1),)``, no weight), and cross-entropy as ``logsumexp(z) - z.gather(t)`` after an LM
-head. Each gets the kernels of its usual spelling; each emitted file passes the verifier's static
+``(x.size(-1),)``, no weight), MLA-style latent attention by einsum (the head letter the cache
+lacks broadcast), and cross-entropy as ``logsumexp(z) - z.gather(t)`` after an LM head. Each gets the kernels of its usual spelling; each emitted file passes the verifier's static
 check, runs its kernels with eager's values, and is a drop-in (tests/dropin.check_dropin). The
 canonical forms behind them keep what they must not merge (two dropouts, values read across an
 in-place write, two outputs of one value), and a call at another dtype than a branch was traced
@@ -424,3 +424,55 @@ def get_init_inputs():
     setattr(cm, kernel, _Launches(getattr(cm, kernel), box))
     cm.ModelNew()(*pm.get_inputs())
     assert box, f"{kernel} did not run"
+
+
+#: latent attention as MLA's absorbed decode writes it: one latent cache, keys and values both,
+#: the head letter missing from it (einsum broadcasts it)
+LATENT_EINSUM = HEAD + '''
+class Model(nn.Module):
+    def forward(self, q, kv):
+        s = torch.einsum("bhqr,btr->bhqt", q, kv) * 0.125
+        p = s.float().softmax(-1).to(q.dtype)
+        return torch.einsum("bhqt,btr->bhqr", p, kv)
+def get_inputs():
+    return [torch.randn(2, 4, 1, 32, dtype=torch.{dtype}), torch.randn(2, 40, 32, dtype=torch.{dtype})]
+def get_init_inputs():
+    return []
+'''
+
+
+@pytest.mark.parametrize("dtype,tol", [("float32", 1e-4), ("bfloat16", 1e-2)])
+def test_latent_attention_by_einsum_is_multi_query_attention(dtype, tol, write_problem):
+    """The einsum form writes the head letter the latent cache lacks as a size-1 dim the product
+    broadcasts (not a permuted product over a leading head dim), so the attention rule reads
+    it as multi-query attention: one split-KV kernel reading the cache once for all heads."""
+    src = LATENT_EINSUM.format(dtype=dtype)
+    path = write_problem(src, f"latent_{dtype}")
+    plan, rw, err = analyze(load_problem(path))
+    assert plan is not None, err
+    assert [g.kind for g in plan.groups] == ["attention"] and "rw-attention" in rw
+    runs_and_is_a_drop_in(src, _emitted(path, SPLIT), "_egg_k_g0_merge", tol)
+
+
+@pytest.mark.parametrize("eq,shapes", [
+    ("bhqr,btr->bhqt", "(2, 4, 3, 8), (2, 5, 8)"),   # the right operand lacks h
+    ("btr,bhqr->bhqt", "(2, 5, 8), (2, 4, 3, 8)"),   # the same, operands swapped
+    ("bqr,bhtr->bhqt", "(2, 3, 8), (2, 4, 5, 8)"),   # the left operand lacks h
+    ("bhrq,brt->bhqt", "(2, 4, 8, 3), (2, 8, 5)"),   # the left stored (k, row), the right (k, col)
+])
+def test_broadcast_einsums_are_products_with_eager_values(eq, shapes, write_problem):
+    src = HEAD + f'''
+class Model(nn.Module):
+    def forward(self, a, b):
+        return torch.einsum("{eq}", a, b)
+def get_inputs():
+    return [torch.randn{shapes.split("), ")[0]}), torch.randn{shapes.split("), ")[1]}]
+def get_init_inputs():
+    return []
+'''
+    gm = _canonical(src, write_problem, "bcast_einsum")
+    assert not any(n.target is torch.einsum for n in gm.graph.nodes)
+    pm = load_sources(src, src.replace("class Model", "class ModelNew"))[0]
+    ins = pm.get_inputs()
+    gm.recompile()
+    torch.testing.assert_close(gm(*ins), pm.Model()(*ins))

@@ -16,6 +16,11 @@ one letter and neither operand has a letter that is summed alone:
   ``squeeze``;
 - X and Y are taken in the order that makes the product's dims the output's order; where no order
   does, the result is permuted and made contiguous (as einsum's own result is).
+Where the output ends with X's row and Y's column letters and a leading letter is missing from
+one operand (latent attention's ``einsum('bhqr,btr->bhqt', q, kv)``), that letter is a size-1 dim
+of the operand instead (``kv.unsqueeze(1)``, a right operand stored as (col, k) read through
+``transpose(-2, -1)``): the product broadcasts it and writes the output's order, and attention
+written so is multi-query attention for rw-attention.
 Operands are permuted views (``permute``); the product reads them as they are. An einsum whose
 result is indexed is left to rw-select-first, which indexes its operands; the canonical pass
 after the rules writes the smaller einsum as a product.
@@ -50,6 +55,40 @@ def _layout(sx: str, sy: str, out: str):
     return x_letters, y_letters, prod, not row, not cols
 
 
+def _broadcast_layout(sx: str, sy: str, out: str) -> bool:
+    """X's row letter and Y's column letter end the output, one letter is contracted, every
+    other letter leads the output, and one of those leading letters is missing from an operand
+    (latent attention's ``einsum('bhqr,btr->bhqt', q, kv)``: kv has no head letter). The product
+    is then ``X' @ Y'`` with the missing letters as size-1 dims it broadcasts, in the output's
+    order: no permute of the result, and an attention written so reads as multi-query attention
+    ([B, 1, T, D] keys) rather than a product over a permuted batch."""
+    if len(out) < 3:
+        return False
+    row, col, lead = out[-2], out[-1], out[:-2]
+    k = [c for c in sx if c in sy and c not in out]
+    return (len(k) == 1 and row in sx and row not in sy and col in sy and col not in sx
+            and set(sx) <= set(lead) | {row, k[0]} and set(sy) <= set(lead) | {col, k[0]}
+            and any(c not in sx or c not in sy for c in lead))
+
+
+def _broadcast_operand(call, node: fx.Node, spec: str, out: str, right: bool):
+    """The operand of _broadcast_layout as the product reads it: its leading letters in the
+    output's order, a size-1 dim where it lacks one, then (row, k) on the left and (k, col) on
+    the right; a right operand stored as (col, k) is transposed (a view: the attention rule reads
+    ``k.transpose(-1, -2)``)."""
+    lead = [c for c in out[:-2] if c in spec]
+    own = [c for c in spec if c not in lead]  # the two letters of the matrix dims, as stored
+    # left: (row, k); right: as stored, (k, col) or (col, k) then transposed
+    tail = own if right else [out[-2]] + [c for c in own if c != out[-2]]
+    x = _permuted(call, node, spec, lead + tail)
+    for i, c in enumerate(out[:-2]):
+        if c not in spec:
+            x = call("call_method", "unsqueeze", x, i)
+    if right and tail[0] == out[-1]:  # stored (col, k): the product reads its transpose
+        x = call("call_method", "transpose", x, -2, -1)
+    return x
+
+
 def _permuted(call, node: fx.Node, spec: str, letters: list):
     order = [spec.index(c) for c in letters]
     if order == list(range(len(spec))):
@@ -75,6 +114,24 @@ def einsum_as_matmul(gm: fx.GraphModule) -> bool:
         size = dict(zip(sa, ha))
         if any(size.get(c, s) != s for c, s in zip(sb, hb)):
             continue  # a letter of two sizes (einsum broadcasts size 1): left alone
+        made = []
+
+        def call(kind: str, target, *args):
+            made.append(graph.create_node(kind, target, args))
+            return made[-1]
+
+        bc = next(((x, y) for x, y in (((a, sa), (b, sb)), ((b, sb), (a, sa)))
+                   if _broadcast_layout(x[1], y[1], out)), None)
+        if bc is not None:  # a leading letter one operand lacks: a size-1 dim the product broadcasts
+            (x, sx), (y, sy) = bc
+            with graph.inserting_before(n):
+                new = call("call_function", torch.matmul, _broadcast_operand(call, x, sx, out, False),
+                           _broadcast_operand(call, y, sy, out, True))
+            _annotate(made)
+            new.meta = {**n.meta, **new.meta}
+            _replace(n, new)
+            changed = True
+            continue
         choices = [(lay, x, y) for lay, x, y in ((_layout(sa, sb, out), (a, sa), (b, sb)),
                                                  (_layout(sb, sa, out), (b, sb), (a, sa)))
                    if lay is not None]
@@ -83,12 +140,6 @@ def einsum_as_matmul(gm: fx.GraphModule) -> bool:
         # the order whose product has the output's order, else the first
         lay, (x, sx), (y, sy) = next((c for c in choices if "".join(c[0][2]) == out), choices[0])
         x_letters, y_letters, prod, no_row, no_col = lay
-        made = []
-
-        def call(kind: str, target, *args):
-            made.append(graph.create_node(kind, target, args))
-            return made[-1]
-
         with graph.inserting_before(n):
             xp = _permuted(call, x, sx, x_letters)
             yp = _permuted(call, y, sy, y_letters)
