@@ -370,8 +370,8 @@ def _parameter_shape(n: fx.Node):
     """The shape of a parameter or buffer read as ``self.weight.shape`` (or ``.size()``): fixed
     once the module is built, so a constant; None for the shape of anything else (an input's
     shape changes from call to call)."""
-    if n.op == "call_function" and n.target is getattr and n.args[1:] == ("shape",):
-        src = n.args[0]
+    if _shape_of(n) is not None:
+        src = _shape_of(n)
     elif n.op == "call_method" and n.target == "size" and len(n.args) == 1 and not n.kwargs:
         src = n.args[0]
     else:

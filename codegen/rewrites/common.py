@@ -31,6 +31,21 @@ def _op_name(n: fx.Node) -> str:
     return n.target if n.op == "call_method" else getattr(n.target, "__name__", "")
 
 
+def _upcast_source(gm: fx.GraphModule, s) -> fx.Node | None:
+    """x when s is x.float() / x.to(torch.float32) of a 16-bit x (its values exactly): the
+    T5 form of rw-rms-norm, the redundant-upcast form."""
+    import torch
+
+    if not isinstance(s, fx.Node) or s.op not in ("call_function", "call_method"):
+        return None
+    op = classify(s, gm)
+    x = op.operands[0] if op.operands else None
+    if (op.kind == "pointwise" and op.name == "cast" and op.p.get("dtype") == torch.float32
+            and isinstance(x, fx.Node) and node_dtype(x) in (torch.float16, torch.bfloat16)):
+        return x
+    return None
+
+
 def _replace(n: fx.Node, new: fx.Node) -> None:
     n.replace_all_uses_with(new)
     n.graph.erase_node(n)

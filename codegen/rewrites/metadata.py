@@ -5,7 +5,7 @@ from __future__ import annotations
 from torch import fx
 
 from codegen.ops import classify, node_dtype, node_shape
-from codegen.rewrites.common import _float, _is_shape_query, _live, _shape_query_kind
+from codegen.rewrites.common import _float, _is_shape_query, _live, _op_name, _shape_query_kind, _upcast_source
 
 
 def fold_dtype_queries(gm: fx.GraphModule) -> bool:
@@ -46,11 +46,10 @@ def named_fields(gm: fx.GraphModule) -> bool:
                 and n.args[1] in ("values", "indices") and isinstance(n.args[0], fx.Node)):
             continue
         src = n.args[0]
-        name = (src.target if src.op == "call_method" else
-                getattr(src.target, "__name__", None) if src.op == "call_function"
-                and getattr(torch, getattr(src.target, "__name__", ""), None) is src.target else None)
-        if name not in _NAMED_PAIRS:
+        if src.op not in ("call_method", "call_function") or _op_name(src) not in _NAMED_PAIRS:
             continue
+        if src.op == "call_function" and getattr(torch, _op_name(src)) is not src.target:
+            continue  # (a function of another module named so)
         with gm.graph.inserting_before(n):
             v = gm.graph.call_function(operator.getitem, (src, 0 if n.args[1] == "values" else 1))
         v.meta = dict(n.meta)
@@ -253,11 +252,8 @@ def redundant_upcasts(gm: fx.GraphModule) -> bool:
     for n in _live(graph):
         if n.op not in ("call_function", "call_method"):
             continue
-        op = classify(n, gm)
-        x = op.operands[0] if op.operands else None
-        if (op.kind != "pointwise" or op.name != "cast" or op.p.get("dtype") != torch.float32
-                or not _float(x) or node_dtype(x) not in (torch.float16, torch.bfloat16)
-                or not node_shape(x) or not n.users):
+        x = _upcast_source(gm, n)
+        if x is None or not node_shape(x) or not n.users:
             continue
         ok = True
         for u in n.users:

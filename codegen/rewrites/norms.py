@@ -7,7 +7,7 @@ from torch import fx
 from codegen.fusion import norm_dims
 from codegen.ops import classify, node_dtype, node_shape
 from codegen.rewrites.common import (_attr_node, _float, _live, _module_calls, _ops, _replace,
-                                     _scalar_step, _sub_operands)
+                                     _scalar_step, _sub_operands, _upcast_source)
 
 
 def _square_of(gm: fx.GraphModule, n) -> fx.Node | None:
@@ -24,20 +24,6 @@ def _square_of(gm: fx.GraphModule, n) -> fx.Node | None:
         return a[0]
     if op.name == "mul" and len(a) == 2 and a[0] is a[1] and _float(a[0]):
         return a[0]
-    return None
-
-
-def _upcast_source(gm: fx.GraphModule, s) -> fx.Node | None:
-    """x when s is x.float() / x.to(torch.float32) of a 16-bit x (its values exactly)."""
-    import torch
-
-    if not isinstance(s, fx.Node) or s.op not in ("call_function", "call_method"):
-        return None
-    op = classify(s, gm)
-    x = op.operands[0] if op.operands else None
-    if (op.kind == "pointwise" and op.name == "cast" and op.p.get("dtype") == torch.float32
-            and isinstance(x, fx.Node) and node_dtype(x) in (torch.float16, torch.bfloat16)):
-        return x
     return None
 
 
