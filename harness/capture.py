@@ -477,8 +477,10 @@ class _FactorySizes:
         def call(*args, **kwargs):
             if not _has_proxy((args, kwargs)):
                 return f(*args, **kwargs)
-            if args and (len(args) > 1 or not isinstance(args[0], (tuple, list, torch.Size))):
+            if args and (len(args) > 1 or not isinstance(args[0], (tuple, list, torch.Size, fx.Proxy))):
                 args = (tuple(args),)  # (a size given as keyword: unchanged)
+            # one traced value (``x.shape[-2:]``, or one traced int) is passed as it is: a size
+            # or an int at run time, either of which the factory takes
             if kwargs.get("dtype") in _PY_DTYPES:
                 kwargs = {**kwargs, "dtype": _PY_DTYPES[kwargs["dtype"]]}
             return f(*args, **kwargs)

@@ -536,7 +536,9 @@ def _scores_chain(gm: fx.GraphModule, x, bias_ok: bool = False):
         return None
     q, kt = qk.operands[:2]
     k = _transposed_last(kt)
-    if k is None or not all(_float(t) for t in (q, k)):
+    if k is None and not _stored_keys(q, kt):
+        return None  # (k None: keys stored transposed, kt itself [..., D, T])
+    if not all(_float(t) for t in (q, kt)):
         return None
     if any(m is not None and _reads(m, s) for m in (bias, fills and fills[0])):
         return None  # a mask made from the scores themselves
@@ -571,29 +573,105 @@ def _position(gm: fx.GraphModule):
     return pos.__getitem__
 
 
-def _fits(n: fx.Node, q, k, v, shape) -> bool:
+def _stored_keys(q, kt) -> bool:
+    """kt is the keys stored transposed, [..., D, T] (a cache kept as k^T, read by ``q @ k_t``):
+    a batched tensor of q's rank that is no transpose the rule could walk through. The kernel
+    reads it through ``kt.transpose(-2, -1)``, a view."""
+    sq, st = node_shape(q), node_shape(kt)
+    return (isinstance(kt, fx.Node) and sq is not None and st is not None and 3 <= len(st) == len(sq)
+            and sq[-1] == st[-2])
+
+
+def _key_shape(k, kt):
+    """k's shape; for keys stored transposed (k None), kt's with its last two dims swapped."""
+    if k is not None:
+        return node_shape(k)
+    st = node_shape(kt)
+    return None if st is None else (*st[:-2], st[-1], st[-2])
+
+
+def _fits(n: fx.Node, q, k, kt, v, shape, fold: bool = True) -> bool:
     """q, k, v of one dtype (the product's too), of the product's rank, one batch, q and k of
     one head dim, k and v of one length: what the attention kernel takes. One key/value head
     that the products broadcast over the query heads (multi-query attention, [B, 1, T, D]) is
-    taken too: see _broadcast_heads."""
-    sq, sk, sv = node_shape(q), node_shape(k), node_shape(v)
-    return (len({node_dtype(q), node_dtype(k), node_dtype(v), node_dtype(n)}) == 1
+    taken too: see _broadcast_heads; with ``fold``, so are 5-d products over two head dims
+    (see _folded). k None: the keys stored transposed (kt, _stored_keys)."""
+    sq, sk, sv = node_shape(q), _key_shape(k, kt), node_shape(v)
+    if sq is None or sk is None or sv is None:
+        return False
+    return (len({node_dtype(q), node_dtype(kt if k is None else k), node_dtype(v), node_dtype(n)}) == 1
             and len(sq) == len(sk) == len(sv) == len(shape)
-            and (sq[:-2] == sk[:-2] or _broadcast_heads(q, k))
+            and (len(sq) < 5 or (fold and _folded(sq, sk) is not None))
+            and (sq[:-2] == sk[:-2] or _broadcast_heads(sq, sk) or _folded(sq, sk) == "grouped")
             and sk[:-2] == sv[:-2] and sq[-1] == sk[-1] and sk[-2] == sv[-2])
 
 
-def _broadcast_heads(q, k) -> bool:
+def _broadcast_heads(sq, sk) -> bool:
     """k (and v) of shape [B, 1, T, D] against q of [B, H, L, D], H > 1: torch.matmul broadcasts
     the one key/value head over the query heads, which is scaled_dot_product_attention with
     enable_gqa=True (H query heads sharing one group's key and value)."""
-    sq, sk = node_shape(q), node_shape(k)
     return (sq is not None and sk is not None and len(sq) == len(sk) == 4 and sq[0] == sk[0]
             and sk[1] == 1 and sq[1] > 1)
 
 
+def _folded(sq, sk) -> str | None:
+    """5-d attention over two head dims, q [B, K, G, L, D]: "grouped" where k is [B, K, 1, T, D]
+    (grouped-query attention written as ``q.view(B, KV, G, L, D)`` against each group's one
+    cache, by matmuls or einsums that broadcast it), "heads" where k is [B, K, G, T, D]. Either
+    is 4-d attention over K * G heads (q.flatten(1, 2), head h = kv * G + g), the grouped one
+    with enable_gqa (head h reads key/value head h // G); else None."""
+    if sq is None or sk is None or len(sq) != 5 or len(sk) != 5 or sq[:2] != sk[:2]:
+        return None
+    if sk[2] == sq[2]:
+        return "heads"
+    return "grouped" if sk[2] == 1 and sq[2] > 1 else None
+
+
+def _kernel_operands(gm: fx.GraphModule, n: fx.Node, q, k, kt, v):
+    """(q, k, v, k as written, fold) as the attention kernel reads them, the nodes made before
+    n: keys stored transposed read as ``kt.transpose(-2, -1)`` (then that view is "k as
+    written"); 5-d products (_folded) as 4-d ``flatten(1, 2)`` (a view where the strides allow;
+    the keys' size-1 group dim squeezed). ``fold``: _folded's answer (None: 4-d as written)."""
+    fold = _folded(node_shape(q), _key_shape(k, kt))
+    made = []
+
+    def _made(node):
+        made.append(node)
+        return node
+
+    with gm.graph.inserting_before(n):
+        k_written = k = k if k is not None else _made(gm.graph.call_method("transpose", (kt, -2, -1)))
+        if fold is not None:
+            q = _made(gm.graph.call_method("flatten", (q, 1, 2)))
+            # a size-1 dim the program inserted (k.unsqueeze(2), an einsum's broadcast letter)
+            # is read from under it
+            k, v = ((_getitem_unsqueeze2(t) or _made(gm.graph.call_method("squeeze", (t, 2)))
+                     if fold == "grouped" else _made(gm.graph.call_method("flatten", (t, 1, 2))))
+                    for t in (k, v))
+    _annotate(made)
+    return q, k, v, k_written, fold
+
+
+def _unfold(gm: fx.GraphModule, new: fx.Node, q5: fx.Node) -> None:
+    """The kernel's 4-d result [B, K * G, L, D] back to the product's [B, K, G, L, D] (K read from
+    q's shape at run time), replacing new in every reader."""
+    import torch
+    from torch.fx.passes.shape_prop import _extract_tensor_metadata
+
+    tm = new.meta["tensor_meta"]
+    s = tuple(tm.shape)
+    new.meta["tensor_meta"] = _extract_tensor_metadata(
+        torch.empty((s[0], s[1] * s[2], *s[3:]), dtype=tm.dtype, device="meta"))
+    with gm.graph.inserting_after(new):
+        size = gm.graph.call_method("size", (q5, 1))
+    with gm.graph.inserting_after(size):
+        out = gm.graph.call_method("unflatten", (new, 1, (size, -1)))
+    new.replace_all_uses_with(out, delete_user_cb=lambda u: u is not out)
+    out.meta["tensor_meta"] = tm
+
+
 def _pv_products(gm: fx.GraphModule):
-    """(n, p, v, shape) of each live product n = p @ v of a 3-d or 4-d floating result: where an
+    """(n, p, v, shape) of each live product n = p @ v of a 3-d to 5-d floating result: where an
     attention written out ends."""
     for n in _live(gm.graph):
         op = classify(n, gm) if n.op in ("call_function", "call_method") else None
@@ -601,14 +679,15 @@ def _pv_products(gm: fx.GraphModule):
             continue
         p, v = op.operands[:2]
         shape = node_shape(n)
-        if _float(v) and shape is not None and node_shape(v) is not None and len(shape) in (3, 4):
+        if _float(v) and shape is not None and node_shape(v) is not None and len(shape) in (3, 4, 5):
             yield n, p, v, shape
 
 
 def _swap_in(gm: fx.GraphModule, n: fx.Node, p, kt, target, args: tuple, kwargs: dict,
-             tril, q, k) -> None:
+             tril, q, k, q5: fx.Node | None = None) -> None:
     """Replace the product n (and the chain above it that nothing else reads: p, k^T) by one
-    call of ``target``; record the causal buffer it relies on."""
+    call of ``target``; record the causal buffer it relies on (q, k: as written). ``q5``: the
+    5-d query of a folded product (_kernel_operands), whose shape the result is unflattened to."""
     import torch.nn.functional as F
 
     _needs_tril(gm, tril, q, k)
@@ -620,6 +699,8 @@ def _swap_in(gm: fx.GraphModule, n: fx.Node, p, kt, target, args: tuple, kwargs:
     new.meta = dict(n.meta)
     n.replace_all_uses_with(new)
     gm.graph.erase_node(n)
+    if q5 is not None:
+        _unfold(gm, new, q5)
     _erase_unused_above([p, kt], stop=None)
 
 
@@ -656,19 +737,24 @@ def attention_pattern(gm: fx.GraphModule) -> bool:
         if found is None:
             continue
         q, k, kt, causal, scale, head, tril, bias, softcap, fills = found
-        if not _fits(n, q, k, v, shape) or (bias is not None and fills is not None):
+        if not _fits(n, q, k, kt, v, shape) or (bias is not None and fills is not None):
             continue  # (the kernels read one mask tensor)
-        gqa = {"enable_gqa": True} if _broadcast_heads(q, k) else {}
+        if len(shape) == 5 and (bias is not None or fills is not None):
+            continue  # (a mask of the 5-d scores: not folded)
+        grouped = _broadcast_heads(node_shape(q), _key_shape(k, kt))
+        q4, k4, v4, k, fold = _kernel_operands(gm, n, q, k, kt, v)
+        gqa = {"enable_gqa": True} if grouped or fold == "grouped" else {}
+        q5 = q if fold is not None else None
         if fills is not None:
             drop, fill, keep = fills
             if keep:  # where(m, s, fill): the kernel fills where its mask is True
                 with gm.graph.inserting_before(n):
                     drop = gm.graph.call_function(torch.logical_not, (drop,))
                 _annotate([drop])
-            _swap_in(gm, n, p, kt, masked_attention, (q, k, v, None, None if head else float(scale)),
+            _swap_in(gm, n, p, kt, masked_attention, (q4, k4, v4, None, None if head else float(scale)),
                      {k_: v_ for k_, v_ in (("is_causal", causal), ("softcap", softcap),
                                             ("factor", float(scale) if head else None)) if v_}
-                     | {"drop": drop, "fill": fill} | gqa, tril, q, k)
+                     | {"drop": drop, "fill": fill} | gqa, tril, q, k, q5)
             changed = True
             continue
         if bias is not None or softcap is not None or (head and scale != 1.0):
@@ -677,11 +763,11 @@ def attention_pattern(gm: fx.GraphModule) -> bool:
             # scale of c / sqrt(head dim) is scale None times factor c
             kw = {k_: v_ for k_, v_ in (("is_causal", causal), ("softcap", softcap),
                                         ("factor", float(scale) if head else None)) if v_}
-            _swap_in(gm, n, p, kt, masked_attention, (q, k, v, bias, None if head else float(scale)),
-                     kw | gqa, tril, q, k)
+            _swap_in(gm, n, p, kt, masked_attention, (q4, k4, v4, bias, None if head else float(scale)),
+                     kw | gqa, tril, q, k, q5)
         else:
-            _swap_in(gm, n, p, kt, F.scaled_dot_product_attention, (q, k, v),
-                     {"is_causal": causal, "scale": None if head else float(scale)} | gqa, tril, q, k)
+            _swap_in(gm, n, p, kt, F.scaled_dot_product_attention, (q4, k4, v4),
+                     {"is_causal": causal, "scale": None if head else float(scale)} | gqa, tril, q, k, q5)
         changed = True
     return changed
 
@@ -706,10 +792,11 @@ def relu_attention_pattern(gm: fx.GraphModule) -> bool:
         if found is None:
             continue
         q, k, kt, causal, scale, head, tril, _bias, _cap, _fills = found
-        if not _fits(n, q, k, v, shape) or _broadcast_heads(q, k):
+        if not _fits(n, q, k, kt, v, shape, fold=False) or _broadcast_heads(node_shape(q), _key_shape(k, kt)):
             continue  # (the ReLU kernel reads one key/value head per query head)
+        q, k4, v, k, _fold = _kernel_operands(gm, n, q, k, kt, v)
         # scale None: 1/sqrt(head dim) of the call's q
-        _swap_in(gm, n, p, kt, relu_attention, (q, k, v, causal, None if head else float(scale)), {},
+        _swap_in(gm, n, p, kt, relu_attention, (q, k4, v, causal, None if head else float(scale)), {},
                  tril, q, k)
         changed = True
     return changed
