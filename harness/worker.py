@@ -963,12 +963,13 @@ def _run_trials(req, result, model, cand, kmap, prob, dev, tol, deadline, prev: 
                 else:
                     priv = TR.transform(_seeded_inputs(prob, secrets.randbits(62), dev), tr.inputs)
                     if tr.layout:  # both models get the trial's memory layout (Model may raise on it:
-                        # a .view() of a padded row; then ModelNew must raise too)
-                        priv = [TR.relayout(x, tr.layout) for x in priv]
-                    shared = [TR.copy_layout(x) if isinstance(x, torch.Tensor) else x for x in priv]
-                    if tr.layout:  # the reference reads the same strides from an aligned base
-                        # (PyTorch's SDPA aborts on a misaligned one; the candidate keeps it)
-                        priv = [TR.aligned_base(x) for x in priv]
+                        # a .view() of a padded row; then ModelNew must raise too); the reference
+                        # its aligned form (PyTorch's SDPA aborts on misaligned rows; the candidate
+                        # gets them)
+                        shared = [TR.relayout(x, tr.layout) for x in priv]
+                        priv = [TR.relayout(x, tr.layout, aligned=True) for x in priv]
+                    else:
+                        shared = [TR.copy_layout(x) if isinstance(x, torch.Tensor) else x for x in priv]
                 check_det = tr.mode not in det_done and tr.inputs == "own"
                 try:
                     ref, before = _reference(model, priv, tr.mode, tr.grad, prob, check_det, tol)

@@ -86,8 +86,12 @@ def relevant_params(kind: str, geo: dict, names) -> list[str]:
     incumbent's value: varying them would time identical kernels)."""
     drop = {"pointwise": {"num_stages"}, "rows": {"BLOCK_I"}, "cols": {"BLOCK_O"}}.get(_kind(kind, geo), set())
     if kind == "attention":
-        # split-KV decode sizes its query tile from the packed rows; prefill never splits
-        decode = int(geo.get("group", 1)) * int(geo.get("M", 1)) <= int(geo.get("decode_rows", 64))
+        # split-KV decode sizes its query tile from the packed rows (at most DECODE_ROWS of them);
+        # prefill never splits
+        from knowledge.templates.attention import DECODE_QUERIES
+
+        decode = (int(geo.get("group", 1)) * int(geo.get("M", 1)) <= int(geo.get("decode_rows", 64))
+                  or int(geo.get("M", 1)) <= DECODE_QUERIES)
         drop = {"BLOCK_M"} if decode else {"SPLIT_PROGRAMS"}
     return [n for n in names if n not in drop]
 

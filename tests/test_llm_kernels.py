@@ -54,6 +54,15 @@ ATTN = {
         {g: {"BLOCK_N": 16, "SPLIT_PROGRAMS": 8} for g in ("g0", "g1", "g2", "g3")},
         # g0-g2 share one set of kernels (emit.share_kernels), the fp32 g3 has its own
         ("_egg_k_g0_split", "_egg_k_g0_merge", "_egg_k_g3_merge")),
+    # decode past DECODE_ROWS packed rows: 40 query heads on one key/value head (multi-query,
+    # Falcon's form), one query row (40 rows: 3 tiles of 16) and 4 rows (speculative decoding's
+    # few tokens: 160 rows, 10 tiles): split-KV in row tiles, never the flash kernel
+    "decode_row_tiles": (problem(
+        "q, k, v", "        return (F.scaled_dot_product_attention(q[:, :, :1], k, v, enable_gqa=True),\n"
+        "                F.scaled_dot_product_attention(q, k, v, enable_gqa=True))\n",
+        f"[torch.randn(2, 40, 4, 16, {BF}), torch.randn(2, 1, 77, 16, {BF}), torch.randn(2, 1, 77, 16, {BF})]"),
+        {g: {"BLOCK_N": 16, "SPLIT_PROGRAMS": 8, "DECODE_ROWS": 16} for g in ("g0", "g1")},
+        ("_egg_k_g0_split", "_egg_k_g0_merge")),
 }
 
 
@@ -63,6 +72,25 @@ def test_attention_kernels_match_torch(name, write_problem, tmp_path):
     comp = generated_matches(write_problem(src, name), tmp_path, seeds=(0, 1), atol=1e-2, rtol=1e-2,
                              configs=configs, launched=launched)
     assert {g.kind for g in comp.plan.groups} == {"attention"}
+
+
+def test_decode_rows_past_a_tile_are_split_kv_programs_per_row_tile(write_problem, tmp_path):
+    """The packed rows of one key/value head in tiles of DECODE_ROWS: one split-KV program per
+    (batch, kv head, row tile, key chunk) and never the flash kernel, whose tile would hold one
+    query row of each head (each query head reading the cache alone)."""
+    src, configs, _ = ATTN["decode_row_tiles"]
+    generated_matches(write_problem(src, "tiles"), tmp_path, seeds=(0,), atol=1e-2, rtol=1e-2,
+                      configs=configs)
+    mod = load_module(tmp_path / "cand_tiles.py", "candidate_tiles")
+    grids = []
+    for name in ("_egg_k_g0", "_egg_k_g0_split"):
+        kernel = getattr(mod, name)
+        setattr(mod, name, type("L", (), {"__getitem__": lambda self, g, n=name, k=kernel: (grids.append((n, g)), k[g])[1]})())
+    q, k = torch.randn(2, 40, 4, 16, dtype=torch.bfloat16), torch.randn(2, 1, 77, 16, dtype=torch.bfloat16)
+    with torch.no_grad():
+        mod.ModelNew()(q, k, k)
+    # B * HKV = 2 pairs; 40 rows -> 3 tiles of 16, 160 rows -> 10; 8 programs wanted in all
+    assert [(n, g[0]) for n, g in grids] == [("_egg_k_g0_split", 2 * 3), ("_egg_k_g0_split", 2 * 10)]
 
 
 def test_attention_refuses_what_sdpa_refuses(write_problem, tmp_path):

@@ -1,5 +1,6 @@
 """The verification trial plan (harness.trials): what the battery covers and how shape variants
 and partial changes are derived from the problem's own inputs."""
+import pytest
 import torch
 
 from harness import trials as TR
@@ -112,19 +113,21 @@ def test_layout_trials_give_the_same_values_in_other_memory_layouts():
     assert torch.equal(TR.relayout(s, "padded"), s) and TR.relayout(s, "padded") is not s
 
 
-def test_the_reference_of_a_layout_trial_reads_an_aligned_base():
-    """aligned_base: the padded layout's strides and values from a 16-byte aligned pointer (what
-    the judge's reference run gets; the candidate keeps the odd offset), the tensor itself where
-    it is aligned already, a clone where strides overlap."""
-    for dt in (torch.bfloat16, torch.float32):
-        x = torch.randn(2, 3, 5).to(dt)
-        y = TR.relayout(x, "padded")
-        assert y.data_ptr() % 16 != 0  # the odd offset the candidate gets
-        a = TR.aligned_base(y)
-        assert a.data_ptr() % 16 == 0 and torch.equal(a, x)
-        assert a.stride() == y.stride() and not a.is_contiguous()
-    z = torch.randn(4, 6)
-    assert TR.aligned_base(z) is z
-    e = torch.randn(8)[1:].expand(3, 7)  # stride 0 over the rows, a misaligned base
-    assert torch.equal(TR.aligned_base(e), e) and TR.aligned_base(e).data_ptr() % 16 == 0
-    assert TR.aligned_base(3) == 3
+def test_the_reference_of_a_layout_trial_reads_aligned_rows():
+    """relayout(aligned=True): what the judge's reference run gets where the candidate gets the
+    odd offset and padding: the same values, rows padded too (a .view() over the rows fails the
+    same way), every row 16 bytes aligned where its length allows."""
+    for dt in (torch.bfloat16, torch.float32, torch.float64):
+        for n in (5, 8, 128):
+            x = torch.randn(2, 3, n).to(dt)
+            y, a = TR.relayout(x, "padded"), TR.relayout(x, "padded", aligned=True)
+            assert y.data_ptr() % 16 != 0  # the odd offset the candidate gets
+            assert torch.equal(a, x) and not a.is_contiguous() and a.stride()[-1] == 1
+            assert a.data_ptr() % 16 == 0 and (a.stride()[-2] * a.element_size()) % 16 == 0
+            with pytest.raises(RuntimeError):
+                a.view(-1)  # as y.view(-1) raises
+            with pytest.raises(RuntimeError):
+                y.view(-1)
+        t = TR.relayout(torch.randn(4, 6).to(dt), "transposed", aligned=True)
+        assert t.data_ptr() % 16 == 0 and t.stride() == (1, 4)
+    assert TR.relayout(3, "padded", aligned=True) == 3

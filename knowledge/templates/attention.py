@@ -59,6 +59,11 @@ INFO = TemplateInfo(
 #: warpgroup products), so it streams keys with 4 warps as flash-decoding kernels do
 DECODE_WARPS = 4
 
+#: query rows per head up to which attention takes the split-KV decode kernel whatever the group
+#: size (speculative decoding's few tokens, a query head group wider than DECODE_ROWS): a flash
+#: tile of 64 or 128 rows would hold this few, and each query head would read the cache alone
+DECODE_QUERIES = 16
+
 
 @dataclass
 class AttentionSpec:
@@ -259,16 +264,20 @@ def _flash(spec: AttentionSpec, kname: str) -> str:
 
 
 def _split(spec: AttentionSpec, kname: str) -> str:
-    """Split-KV decode: program (b * HKV + hk, s) holds the G * M query rows of key/value head
-    hk packed as tile rows r (head hk * G + r // M, query r % M) and walks keys [s * CHUNK,
-    (s + 1) * CHUNK)."""
+    """Split-KV decode: the G * M query rows of key/value head hk packed as rows r (head
+    hk * G + r // M, query r % M), BLOCK_M of them a tile; program ((b * HKV + hk) * RT + t, s)
+    holds tile t of the RT = cdiv(G * M, BLOCK_M) and walks keys [s * CHUNK, (s + 1) * CHUNK)
+    (Falcon's 71 query heads on one cache: two tiles of 64, the cache read twice, the second
+    time mostly from L2, where one program per query head would read it 71 times)."""
     body = [
-        "bhk = tl.program_id(0).to(tl.int64)",
+        "G = H // HKV",
+        "RT = tl.cdiv(G * M, BLOCK_M)",
+        "pid = tl.program_id(0).to(tl.int64)",
+        "bhk = pid // RT",
         "sp = tl.program_id(1)",
         "b = bhk // HKV",
         "hk = bhk % HKV",
-        "G = H // HKV",
-        "r = tl.arange(0, BLOCK_M)",
+        "r = (pid % RT) * BLOCK_M + tl.arange(0, BLOCK_M)",
         "mr = r < G * M",
         "hq = hk * G + r // M",
         "mq = r % M",
@@ -385,10 +394,13 @@ def render(spec: AttentionSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         "f32 = q.device.type == 'cpu'",
         "BD = max(16, _egg_pow2(D))",
         "G = H // HKV",
-        f"if G * M <= {int(cfg['DECODE_ROWS'])}:  # decode: GQA rows packed, keys split",
+        # decode: GQA rows packed (in tiles of DECODE_ROWS), keys split; also where a flash
+        # tile's rows would be mostly empty (each query head would read the cache on its own)
+        f"if G * M <= {int(cfg['DECODE_ROWS'])} or M <= {DECODE_QUERIES}:",
         f"    ne = min(N, M) if {causal} else N  # top-left causal: row m sees keys <= m",
-        "    BR = max(16, _egg_pow2(G * M))",
-        f"    want = _egg_cdiv({int(cfg['SPLIT_PROGRAMS'])}, B * HKV)  # programs per (b, kv head)",
+        f"    BR = max(16, min(_egg_pow2(G * M), {int(cfg['DECODE_ROWS'])}))",
+        "    rt = _egg_cdiv(G * M, BR)  # row tiles per (b, kv head)",
+        f"    want = _egg_cdiv({int(cfg['SPLIT_PROGRAMS'])}, B * HKV * rt)  # splits per row tile",
         f"    splits = max(1, min(_egg_cdiv(ne, {bn}), want))",
         f"    chunk = max(1, _egg_cdiv(_egg_cdiv(ne, splits), {bn})) * {bn}",
         "    splits = max(1, _egg_cdiv(ne, chunk))",
@@ -398,7 +410,7 @@ def render(spec: AttentionSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         "        lp = torch.empty_like(mp)",
         "    else:",
         "        op = mp = lp = o",
-        f"    {kname}_split[(B * HKV, splits)](q4, k4, v4, o, op, mp, lp, *q4.stride(), *k4.stride(),",
+        f"    {kname}_split[(B * HKV * rt, splits)](q4, k4, v4, o, op, mp, lp, *q4.stride(), *k4.stride(),",
         f"        *v4.stride(), {ma}H, HKV, M, ne, D, qk_scale, chunk, SPLITS=splits,",
         f"        CAUSAL={causal}, DOT_F32=f32, EVEN_D=D == BD, BLOCK_M=BR, BLOCK_N={bn}, BLOCK_D=BD,",
         f"        num_warps={min(nw, DECODE_WARPS)}, num_stages={ns})",
