@@ -165,3 +165,43 @@ def get_init_inputs():
 '''
     path = write_problem(src, "weight_keys")
     assert "attention" not in [g.kind for g in _plan(path)[0].groups]
+
+
+#: one decode step that writes the new key and value into the caches it is given (in place),
+#: then attends to the prefix: the caller's caches hold the write afterwards
+KV_UPDATE = HEAD + '''
+class Model(nn.Module):
+    def forward(self, q, k_new, v_new, k_cache, v_cache):
+        pos = 40
+        k_cache[:, :, pos] = k_new[:, :, 0]
+        v_cache[:, :, pos] = v_new[:, :, 0]
+        return F.scaled_dot_product_attention(q, k_cache[:, :, :pos + 1], v_cache[:, :, :pos + 1])
+def get_inputs():
+    return [torch.randn(2, 4, 1, 16), torch.randn(2, 4, 1, 16), torch.randn(2, 4, 1, 16),
+            torch.randn(2, 4, 64, 16), torch.randn(2, 4, 64, 16)]
+def get_init_inputs():
+    return []
+'''
+
+
+def test_a_cache_written_in_place_is_written_as_model_writes_it(write_problem):
+    """The attention kernel reads the caches after the writes, and the caller's caches hold the
+    same writes afterwards (the drop-in check compares the inputs with Model's after the call)."""
+    path = write_problem(KV_UPDATE, "kv_update")
+    plan, _rw = _plan(path)
+    assert "attention" in [g.kind for g in plan.groups]
+    runs_and_is_a_drop_in(KV_UPDATE, _emitted(path, SPLIT), "_egg_k_g0_split", 1e-4)
+
+
+def test_the_drop_in_check_rejects_a_file_that_skips_the_cache_write(write_problem):
+    """The attack on the check above: a ModelNew that returns the right output from a copy but
+    leaves the caller's cache unwritten is not a drop-in."""
+    from tests.dropin import check_dropin
+
+    lazy = KV_UPDATE.replace("class Model(", "class ModelNew(").replace(
+        "        k_cache[:, :, pos] = k_new[:, :, 0]\n        v_cache[:, :, pos] = v_new[:, :, 0]\n",
+        "        k_cache, v_cache = k_cache.clone(), v_cache.clone()\n"
+        "        k_cache[:, :, pos] = k_new[:, :, 0]\n        v_cache[:, :, pos] = v_new[:, :, 0]\n")
+    lazy = KV_UPDATE + lazy[lazy.index("class ModelNew("):lazy.index("def get_inputs")]
+    with pytest.raises(AssertionError, match="other than Model"):
+        check_dropin(KV_UPDATE, lazy, calls=1, shapes=False, rank=False, move=False)
