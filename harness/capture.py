@@ -138,6 +138,10 @@ def capture_model(make, inputs: list) -> Captured:
     real tensors)."""
     t0 = time.time()
     model = make()
+    # plain tensor attributes (a 0-d scale, RoPE tables) as buffers, as the graph-break tracer
+    # does: the graph reads them as module state, and ModelNew registers them the same way (else
+    # its kernels would find no parameter or buffer of that name and never run)
+    attrs = tensor_attrs_to_buffers(model)
     first = None
     concrete = unsupplied_defaults(model, inputs)
     try:
@@ -165,7 +169,7 @@ def capture_model(make, inputs: list) -> Captured:
         except Exception as e:  # noqa: BLE001
             return Captured(None, inputs, f"shape propagation failed: {one_line(e)}", "none",
                             seconds=time.time() - t0)
-        return Captured(gm, inputs, seconds=time.time() - t0, root=model)
+        return Captured(gm, inputs, seconds=time.time() - t0, root=model, attr_buffers=attrs)
     cap = capture_with_breaks(make(), inputs, concrete)
     cap.seconds = time.time() - t0
     if cap.gm is None:

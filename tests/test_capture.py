@@ -76,6 +76,43 @@ def test_tensor_attributes_become_buffers():
     assert sorted(cap.attr_buffers) == ["cos_cached", "sin_cached"]
 
 
+#: a plain 0-d tensor attribute read in forward, in a model fx traces whole
+SCALE_ATTR = """import torch
+import torch.nn as nn
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.scale = torch.tensor(0.25)
+    def forward(self, x):
+        return torch.softmax(x * self.scale, -1) * 2.0
+def get_inputs():
+    return [torch.randn(8, 40)]
+def get_init_inputs():
+    return []
+"""
+
+
+def test_a_plain_tensor_attribute_of_a_whole_trace_is_a_buffer_the_kernels_read(write_problem):
+    """fx traced the attribute as a constant of its own name and ModelNew looked for a parameter
+    or buffer of that name, found none, and routed every call to Model's code (its kernels never
+    ran). The attribute is a non-persistent buffer in both captures now; the file's kernels run
+    and it stays a drop-in (state_dict keys as Model's; a changed attribute is read)."""
+    from tests.dropin import check_dropin, load_sources
+
+    path = write_problem(SCALE_ATTR, "scale_attr")
+    cap = capture(load_problem(path))
+    assert cap.method == "fx" and cap.attr_buffers == ["scale"]
+    comp = compile_problem(load_problem(path))
+    assert comp.emitted is not None, comp.error
+    report = check_dropin(SCALE_ATTR, comp.emitted.source, calls=1)
+    assert report.fast("own") and report.fast("own", "eval")
+    pm, cm = load_sources(SCALE_ATTR, comp.emitted.source)
+    ref, new = pm.Model(), cm.ModelNew()
+    ref.scale, new.scale = torch.tensor(0.5), torch.tensor(0.5)
+    x = torch.randn(8, 40)
+    torch.testing.assert_close(new(x), ref(x))
+
+
 def test_data_dependent_branch_is_a_break_between_two_regions():
     prob = load_problem(CASES / "branchy.py")
     cap = capture(prob)
