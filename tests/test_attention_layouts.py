@@ -131,6 +131,19 @@ def test_grouped_query_attention_over_5d_matmuls_is_one_kernel(write_problem):
     runs_and_is_a_drop_in(src, _emitted(path, SPLIT), "_egg_k_g0_merge", 1e-4)
 
 
+def test_a_group_cache_expanded_over_the_group_is_read_once(write_problem):
+    """``k.unsqueeze(2).expand(-1, -1, G, -1, -1)`` makes the key dims equal (the "heads" form,
+    whose flatten would copy the cache per query head): read as the one head it expands."""
+    src = GQA5_MATMUL.format(qview="2, H // 2", kdim=2).replace(
+        "k5, v5 = k.unsqueeze(2), v.unsqueeze(2)",
+        "k5, v5 = k.unsqueeze(2).expand(-1, -1, H // 2, -1, -1), v.unsqueeze(2).expand(-1, -1, H // 2, -1, -1)")
+    path = write_problem(src, "gqa5_expand")
+    plan, _rw = _plan(path)
+    _attention_reads_inputs(plan)
+    assert plan.nops[plan.groups[0].red].p["gqa"]
+    runs_and_is_a_drop_in(src, _emitted(path, SPLIT), "_egg_k_g0_merge", 1e-4)
+
+
 def test_the_other_grouping_keeps_its_products(write_problem):
     """``q.view(B, G, KV, ...)`` against ``k.unsqueeze(1)``: query head h = g * KV + kv reads
     cache kv = h % KV, not enable_gqa's h // G: not taken (taking it would be wrong)."""

@@ -633,6 +633,10 @@ def _kernel_operands(gm: fx.GraphModule, n: fx.Node, q, k, kt, v):
     written"); 5-d products (_folded) as 4-d ``flatten(1, 2)`` (a view where the strides allow;
     the keys' size-1 group dim squeezed). ``fold``: _folded's answer (None: 4-d as written)."""
     fold = _folded(node_shape(q), _key_shape(k, kt))
+    if fold == "heads" and k is not None and all(_expanded_group(t) is not None for t in (k, v)):
+        # each group's one cache expanded over the G dim (``k.unsqueeze(2).expand(...)``): read
+        # the one head (enable_gqa) instead of a copy per query head that flatten would make
+        fold, k, v = "grouped", _expanded_group(k), _expanded_group(v)
     made = []
 
     def _made(node):
@@ -650,6 +654,15 @@ def _kernel_operands(gm: fx.GraphModule, n: fx.Node, q, k, kt, v):
                     for t in (k, v))
     _annotate(made)
     return q, k, v, k_written, fold
+
+
+def _expanded_group(t):
+    """x (5-d, size 1 at dim 2) when t is ``x.expand(...)`` or ``x.expand_as(...)``, else None."""
+    if not isinstance(t, fx.Node) or t.op != "call_method" or t.target not in ("expand", "expand_as"):
+        return None
+    x = t.args[0]
+    sx = node_shape(x) if isinstance(x, fx.Node) else None
+    return x if sx is not None and len(sx) == 5 and sx[2] == 1 else None
 
 
 def _unfold(gm: fx.GraphModule, new: fx.Node, q5: fx.Node) -> None:
