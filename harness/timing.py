@@ -330,3 +330,51 @@ def summarize_rounds(rounds: list[dict], flush_ms: float, ipc_ms: float,
             out["inconsistent"] = (f"calls in long rounds ({lg:.4f} ms) are far faster than the "
                                    f"single-call rounds whose outputs were checked ({s:.4f} ms)")
     return out
+
+
+def _l2_flush_kernel():
+    """A Triton kernel that overwrites a buffer, under a name no eager, torch.compile or EGG
+    kernel has, so a profile can leave its time out by name."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _egg_l2_flush(P, N, BLOCK: tl.constexpr):
+        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(P + offs, tl.zeros([BLOCK], tl.int32), mask=offs < N)
+
+    return _egg_l2_flush
+
+
+def device_time(fn, dev: torch.device, iters: int = 10) -> dict:
+    """What the GPU itself spends in one call of ``fn``: the device time of every kernel and copy
+    it launches (torch.profiler), summed, per call, the L2 flushed before each call as in
+    ``bench``. No launch latency, no gaps between kernels: the measure a kernel's percent of
+    roofline is taken on (``bench``'s event time, the call as a user pays it, stays the headline).
+    {"device_ms", "kernels": [(name, ms per call, launches per call)], largest first}."""
+    from torch.profiler import ProfilerActivity, profile
+
+    dev = torch.device(dev)
+    flush = _flush_buffer(dev)
+    kernel = _l2_flush_kernel()
+    n, block = flush.numel(), 4096
+
+    def wipe():
+        kernel[(-(-n // block),)](flush, n, BLOCK=block)
+
+    with torch.no_grad():
+        fn()
+        wipe()
+        torch.cuda.synchronize(dev)
+        with gpulock.hold("exclusive"), profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(iters):
+                wipe()
+                fn()
+            torch.cuda.synchronize(dev)
+    rows = []
+    for e in prof.key_averages():
+        t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+        if t > 0 and e.device_type == torch.autograd.DeviceType.CUDA and "_egg_l2_flush" not in e.key:
+            rows.append((e.key, t / 1000.0 / iters, e.count // iters))
+    rows.sort(key=lambda r: -r[1])
+    return {"device_ms": sum(r[1] for r in rows), "kernels": rows, "iters": iters}

@@ -39,7 +39,7 @@ from codegen.emit import emit_model  # noqa: E402
 from harness import roofline  # noqa: E402
 from harness.hardware import detect  # noqa: E402
 from harness.problem import build_model, load_module, load_problem  # noqa: E402
-from harness.timing import bench  # noqa: E402
+from harness.timing import bench, device_time  # noqa: E402
 from harness.verify import verify  # noqa: E402
 from policies.expert import group_config  # noqa: E402
 
@@ -118,6 +118,32 @@ def _time(fn, dev) -> dict | str:
         return f"{type(e).__name__}: {str(e)[:200]}"
 
 
+def _device(fn, dev) -> dict:
+    """The kernels' own device time per call (harness.timing.device_time), the top 4 kernels."""
+    if dev.type != "cuda":
+        return {}
+    try:
+        d = device_time(fn, dev)
+        return {"ms": d["device_ms"], "kernels": d["kernels"][:4], "b2b_ms": _back_to_back(fn, dev)}
+    except Exception as e:  # noqa: BLE001 - a profiler failure should not lose the timing
+        return {"error": f"{type(e).__name__}: {str(e)[:200]}"}
+
+
+def _back_to_back(fn, dev, calls: int = 200) -> float | None:
+    """ms per call of ``calls`` calls issued back to back (no flush, one synchronize at the end):
+    max(host dispatch, device time) per call, what a decoding loop without CUDA graphs pays."""
+    if dev.type != "cuda":
+        return None
+    with torch.no_grad():
+        fn()
+        torch.cuda.synchronize(dev)
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize(dev)
+    return (time.perf_counter() - t0) * 1e3 / calls
+
+
 def _ms(t) -> float | None:
     return t.get("median_ms") if isinstance(t, dict) else None
 
@@ -155,12 +181,14 @@ def run_one(path: pathlib.Path, folder: pathlib.Path, trials: int, do_compile: b
         return f
 
     eager = _time(call(model), dev)
+    dev_eager, dev_comp = _device(call(model), dev), {}
     comp = "skipped"
     if do_compile:
         try:
             cm = torch.compile(model)
             call(cm)()
             comp = _time(call(cm), dev)
+            dev_comp = _device(call(cm), dev)
         except Exception as e:  # noqa: BLE001
             comp = f"{type(e).__name__}: {str(e)[:200]}"
         torch._dynamo.reset()
@@ -169,7 +197,8 @@ def run_one(path: pathlib.Path, folder: pathlib.Path, trials: int, do_compile: b
     alts = VARIANTS.get(KIND_OF.get(key, ""), []) if variants else []
     for label, over in [("heuristic", {})] + alts:
         row = {"problem": path.stem, "variant": label, "floor_ms": floor, "eager": eager,
-               "compile": comp, "kernels": [], "verified": None, "why": ""}
+               "compile": comp, "kernels": [], "verified": None, "why": "",
+               "device": {"eager": dev_eager, "compile": dev_comp}}
         t0 = time.time()
         try:
             src, kinds, why = _egg_source(prob, hw.sm_count or 132, over)
@@ -188,6 +217,7 @@ def run_one(path: pathlib.Path, folder: pathlib.Path, trials: int, do_compile: b
                     new = mod.ModelNew(*init)
                 new.load_state_dict(model.state_dict(), strict=False)
                 row["egg"] = _time(call(new), dev)
+                row["device"]["egg"] = _device(call(new), dev)
         except Exception as e:  # noqa: BLE001
             row["why"] = f"{type(e).__name__}: {str(e)[:200]}"
             traceback.print_exc()
@@ -218,12 +248,20 @@ def write(out: pathlib.Path, rows: list[dict], args, hw) -> None:
              f"{torch.__version__}, ceilings {hw.peaks_source} ({hw.mem_bandwidth_gbs:.0f} GB/s, "
              f"bf16 {hw.peak_tflops.get('bf16', 0):.0f} TFLOP/s). Stage 1 only (no tiler): the "
              "heuristic configuration and the alternatives the tiler would try; every EGG time is "
-             "of a verified candidate unless the verified column says otherwise.", "",
+             "of a verified candidate unless the verified column says otherwise. Times are of a "
+             "call (CUDA events, L2 flushed, median); device ms is the kernels' own time per call "
+             "(harness.timing.device_time: torch.profiler, L2 flushed, no launch latency), the "
+             "measure of a kernel's percent of roofline; back to back is ms per call of 200 calls "
+             "issued without flush or synchronize (max of host dispatch and device time: what a "
+             "decoding loop without CUDA graphs pays).", "",
              "| problem | variant | kernels | verified | eager ms | compile ms | EGG ms | vs eager | "
-             "vs compile | roofline % eager / compile / EGG | predicted: ms, %, vs compile | why / note |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "vs compile | roofline % eager / compile / EGG | device ms eager / compile / EGG | "
+             "roofline % of device time | back to back ms eager / compile / EGG | predicted: ms, %, vs compile | why / note |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         e, c, g = _ms(r["eager"]), _ms(r["compile"]), _ms(r.get("egg"))
+        dv = [r.get("device", {}).get(k, {}).get("ms") for k in ("eager", "compile", "egg")]
+        bb = [r.get("device", {}).get(k, {}).get("b2b_ms") for k in ("eager", "compile", "egg")]
         pred = PREDICT.get(r["problem"][:2])
         ptxt = (f"{pred[0]:.3f}, {_pct(r['floor_ms'], pred[0])}%, {pred[1]:.1f}x"
                 if pred and r["variant"] == "heuristic" else "")
@@ -232,7 +270,8 @@ def write(out: pathlib.Path, rows: list[dict], args, hw) -> None:
             f"{'-' if r['verified'] is None else ('yes' if r['verified'] else 'NO')} | {_fmt(e)} | "
             f"{_fmt(c)} | {_fmt(g)} | {_fmt(e / g if e and g else None, '.2f')} | "
             f"{_fmt(c / g if c and g else None, '.2f')} | {_pct(r['floor_ms'], e)} / {_pct(r['floor_ms'], c)} / "
-            f"{_pct(r['floor_ms'], g)} | {ptxt} | {(r['why'] or (pred[2] if pred and ptxt else ''))[:150].replace('|', '/')} |")
+            f"{_pct(r['floor_ms'], g)} | {' / '.join(_fmt(x) for x in dv)} | "
+            f"{' / '.join(_pct(r['floor_ms'], x) for x in dv)} | {' / '.join(_fmt(x) for x in bb)} | {ptxt} | {(r['why'] or (pred[2] if pred and ptxt else ''))[:150].replace('|', '/')} |")
     probs = sorted({r["problem"] for r in rows})
     se, sc = [], []
     for p in probs:

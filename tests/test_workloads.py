@@ -164,6 +164,28 @@ def test_gpu_llm_kernels_script_runs_on_the_cpu(tmp_path):
     assert "| norm | yes |" in row and "| 0.037, -%, 2.0x |" in row  # no floor on the CPU
 
 
+def test_config_probe_sweeps_a_grid_and_its_template_constants_on_the_cpu(small_dir, tmp_path):
+    """scripts/config_probe.py in the interpreter: the heuristic configuration first, then every
+    point of the grid times the constants, each emitted with its configuration (the split-KV
+    kernel's warps read from the template module, then restored) and compared with eager."""
+    import json
+
+    from knowledge.templates import attention
+    from tests.helpers import load_script
+
+    mod = load_script("scripts/config_probe.py")
+    out = tmp_path / "probe.json"
+    rc = mod.main([str(out), str(small_dir / "06_gqa_decode_attention.py"), "--kind", "attention",
+                   "--grid", "BLOCK_N=16,32", "--consts", "DECODE_WARPS=2", "--device", "cpu"])
+    res = json.loads(out.read_text())
+    assert rc == 0 and attention.DECODE_WARPS == 4
+    assert [(p["config"], p["consts"]) for p in res["points"]] == [
+        ({}, {}), ({"BLOCK_N": 16}, {"DECODE_WARPS": 2}), ({"BLOCK_N": 32}, {"DECODE_WARPS": 2})]
+    assert all(p["max_err"] == 0.0 and p["t"]["median_ms"] > 0 for p in res["points"])
+    with pytest.raises(SystemExit):
+        mod.parse_grid("BLOCK_N")
+
+
 #: the plan (template kinds of its groups, in order) each drop-in file below gets at small shapes
 KINDS = {
     "07_causal_prefill_attention.py": ["attention"],
