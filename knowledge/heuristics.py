@@ -60,8 +60,11 @@ def reduction_config(nrows: int, r: int, inner: int, rows_variant: bool, sm_coun
             "num_stages": 2, "SPLIT_ROWS": 2 * sm_count, "SPLIT_CHUNK": chunk}
 
 
-def softmax_config(nrows: int, r: int, inner: int, rows_variant: bool) -> dict:
-    """One pass while the row fits 8K fp32 values in registers (alg-online-softmax)."""
+def softmax_config(nrows: int, r: int, inner: int, rows_variant: bool, sm_count: int = 132) -> dict:
+    """One pass while the row fits 8K fp32 values in registers (alg-online-softmax). Longer rows
+    take two passes; where they are too few to give every SM >= 4 programs (a sampling softmax
+    over a vocabulary: 64 rows of 128k), each row is cut into chunks of SPLIT_CHUNK, at least
+    4 tiles of BLOCK_R long (tile-split-rows)."""
     if rows_variant:
         p = next_pow2(r)
         if p <= 8192:
@@ -69,8 +72,10 @@ def softmax_config(nrows: int, r: int, inner: int, rows_variant: bool) -> dict:
             warps = 4 if p * block_o <= 2048 else (8 if p <= 4096 else 16)
             return {"BLOCK_O": block_o, "BLOCK_R": p, "BLOCK_I": 32, "num_warps": warps,
                     "num_stages": 1, "ONE_PASS_MAX": max(8192, p * block_o)}
+        want = max(1, math.ceil(4 * sm_count / max(1, nrows)))
+        chunk = max(4 * 4096, math.ceil(r / want)) if want > 1 else 1 << 62
         return {"BLOCK_O": 1, "BLOCK_R": 4096, "BLOCK_I": 32, "num_warps": 16, "num_stages": 2,
-                "ONE_PASS_MAX": 8192}
+                "ONE_PASS_MAX": 8192, "SPLIT_CHUNK": chunk}
     block_i = min(64, next_pow2(inner))
     return {"BLOCK_O": 1, "BLOCK_R": max(8, min(next_pow2(r), 4096 // block_i)), "BLOCK_I": block_i,
             "num_warps": 4, "num_stages": 2, "ONE_PASS_MAX": 4096}

@@ -125,6 +125,8 @@ def identity_key(kind: str, cfg: dict, geo: dict) -> tuple:
         single = kind == "softmax" and one_pass(c, geo)
         if "ONE_PASS_MAX" in c:
             c["ONE_PASS_MAX"] = single
+        if kind == "softmax" and "SPLIT_CHUNK" in c:  # it matters through the chunks it makes
+            c["SPLIT_CHUNK"] = softmax_splits(c, geo)
         if single:
             c.pop("BLOCK_R", None)
         if single or c.get("BLOCK_R", 0) >= int(geo["r"]):
@@ -141,6 +143,21 @@ def norm_tile(cfg: dict, geo: dict) -> tuple[int, int, bool]:
     if br <= one_max:
         return max(1, min(int(cfg.get("BLOCK_O", 1)), one_max // br)), br, True
     return 1, min(int(cfg.get("BLOCK", 2048)), br), False
+
+
+def softmax_splits(cfg: dict, geo: dict) -> int:
+    """Chunks the softmax template cuts each row into (1: no split): rows variant, two passes,
+    rows longer than SPLIT_CHUNK (rounded up to whole BLOCK_R tiles), as its wrapper decides.
+    (A broadcast reduction, which never splits, is planned only for rows of at most
+    codegen.fusion.MAX_BROADCAST_LENGTH, no longer than the least SPLIT_CHUNK the space holds.)"""
+    r = int(geo.get("r", 1) or 1)
+    if not geo.get("rows_variant", True) or one_pass(cfg, geo):
+        return 1
+    chunk = int(cfg.get("SPLIT_CHUNK", 1 << 62))
+    if r <= chunk:
+        return 1
+    br = min(int(cfg.get("BLOCK_R", 1024)), next_pow2(r))
+    return math.ceil(r / (math.ceil(chunk / br) * br))
 
 
 def one_pass(cfg: dict, geo: dict) -> bool:
@@ -186,7 +203,8 @@ def programs(kind: str, cfg: dict, geo: dict) -> int:
         chunk = int(cfg.get("SPLIT_CHUNK", 16384))  # the statistics kernel: chunks of each row
         return int(geo.get("nrows", 1)) * math.ceil(int(geo.get("r", 1) or 1) / max(br, chunk))
     if m == "rows":
-        return math.ceil(geo.get("nrows", 1) / max(1, cfg.get("BLOCK_O", 1)))
+        n = math.ceil(geo.get("nrows", 1) / max(1, cfg.get("BLOCK_O", 1)))
+        return n * softmax_splits(cfg, geo) if kind == "softmax" else n
     if m == "cols":
         return geo.get("nrows", 1) * math.ceil(geo.get("inner", 1) / max(1, cfg.get("BLOCK_I", 1)))
     if m == "matmul":

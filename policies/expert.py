@@ -45,7 +45,7 @@ LIBRARY_TRY = "alg-library-tail-fusion"
 KIND_PRINCIPLES = {
     "pointwise": ["alg-fuse-pointwise-chain", "alg-fp32-accumulate"],
     "reduction": ["alg-reduction-prologue", "alg-reduction-epilogue", "alg-fp32-accumulate"],
-    "softmax": ["alg-online-softmax", "alg-reduction-prologue", "alg-reduction-epilogue"],
+    "softmax": ["alg-online-softmax", "alg-reduction-prologue", "alg-reduction-epilogue", "tile-split-rows"],
     "chanstats": ["alg-batchnorm-decompose", "tile-split-rows"],
     "scan": ["alg-scan-carry", "alg-reduction-prologue", "alg-reduction-epilogue"],
     "pool": ["alg-pool-direct", "alg-reduction-prologue", "alg-reduction-epilogue"],
@@ -270,7 +270,7 @@ def group_config(plan: FusionPlan, g: Group, sm_count: int) -> dict:
         return H.matmul_config(geo["M"], geo["N"], geo["K"], geo["batch"], sm_count)
     if g.kind == "linear_ce":
         return H.linear_ce_config(geo["M"], geo["N"], geo["K"], geo["itemsize"], sm_count)
-    return H.softmax_config(geo["nrows"], geo["r"], geo["inner"], geo["rows_variant"])
+    return H.softmax_config(geo["nrows"], geo["r"], geo["inner"], geo["rows_variant"], sm_count)
 
 
 def _memory_outside_candidate(ver) -> bool:

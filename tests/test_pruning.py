@@ -100,3 +100,19 @@ def test_norm_configs_are_read_as_the_norm_wrapper_runs_them():
     assert R.identity_key("norm", inc, ROWS) != R.identity_key("norm", split, ROWS)
     keys = [R.identity_key("norm", r.config, ROWS) for r in kept]
     assert len(keys) == len(set(keys))
+
+
+def test_softmax_split_chunk_counts_through_the_chunks_it_makes():
+    """SPLIT_CHUNK changes the kernel only where it cuts a two-pass row into chunks: configs
+    that make the same chunks are one kernel, and the split multiplies the programs."""
+    geo = {"numel": 64 * 128256, "n_inputs": 1, "r": 128256, "inner": 1, "nrows": 64, "rows_variant": True}
+    base = {"BLOCK_O": 1, "BLOCK_R": 4096, "num_warps": 16, "num_stages": 2, "ONE_PASS_MAX": 8192}
+    a, b = {**base, "SPLIT_CHUNK": 16384}, {**base, "SPLIT_CHUNK": 15000}  # both: 8 chunks of 16384
+    assert R.softmax_splits(a, geo) == R.softmax_splits(b, geo) == 8
+    assert R.identity_key("softmax", a, geo) == R.identity_key("softmax", b, geo)
+    assert R.identity_key("softmax", a, geo) != R.identity_key("softmax", {**base, "SPLIT_CHUNK": 32768}, geo)
+    assert R.programs("softmax", a, geo) == 64 * 8
+    whole = {**base, "SPLIT_CHUNK": 1 << 62}
+    assert R.programs("softmax", whole, geo) == 64
+    short = {**geo, "r": 4000, "numel": 64 * 4000}  # one pass: no split whatever the chunk
+    assert R.softmax_splits({**base, "SPLIT_CHUNK": 1024}, short) == 1

@@ -46,6 +46,13 @@ CASES = {
     "softmax_two_pass": ("softmax", problem(
         "x):\n        return torch.softmax(x * 3.0, dim=-1)\n", "[torch.randn(37, 9001)]"),
         {"g0": {"ONE_PASS_MAX": 1024, "BLOCK_R": 1024}}),
+    # few long rows cut into chunks (tile-split-rows): partials, then the rows combined; a row
+    # whose first chunks are all -inf (their partial max is -inf, their sum 0)
+    "softmax_split_rows": ("softmax", problem(
+        "x, y):\n        return (torch.softmax(x.float() / 0.7, dim=-1), torch.log_softmax(x * 2.0, dim=1),\n"
+        "                torch.softmax(y, dim=-1))\n",
+        "[torch.randn(3, 9001), torch.cat([torch.full((2, 5000), float('-inf')), torch.randn(2, 3001)], 1)]"),
+        {g: {"ONE_PASS_MAX": 1024, "BLOCK_R": 512, "SPLIT_CHUNK": 2048} for g in ("g0", "g1", "g2")}),
     # reductions read back over their reduced dims (alg-reduce-broadcast): columns (a mean of
     # squares over channels), rows over two dims, and both mappings in two passes
     "broadcast_reduction": ("softmax", problem(
@@ -173,6 +180,30 @@ def test_template_matches_torch(name, write_problem, tmp_path):
         assert len(comp.plan.groups) == 1, [g.kind for g in comp.plan.groups]
     if name in KERNELS:
         assert sorted((g.kind, len(g.prologue())) for g in comp.plan.groups) == KERNELS[name]
+
+
+def test_softmax_of_few_long_rows_splits_them_into_chunks(write_problem, tmp_path):
+    """Rows longer than SPLIT_CHUNK: two launches of the kernel (partials, then the rows
+    combined), one program per (row, chunk) each; shorter rows or the default config: one launch
+    of one program per row. The heuristic splits 64 rows of a 128k vocabulary, not 4096 rows."""
+    from harness.problem import load_module
+    from knowledge.heuristics import softmax_config
+
+    _t, src, configs = CASES["softmax_split_rows"]
+    generated_matches(write_problem(src, "split"), tmp_path, seeds=(0,), configs=configs)
+    mod = load_module(tmp_path / "cand_split.py", "candidate_split")
+    launches = []
+    for g in ("g0", "g1", "g2"):
+        kernel = getattr(mod, f"_egg_k_{g}")
+        setattr(mod, f"_egg_k_{g}", type("L", (), {"__getitem__": lambda self, grid, n=g, k=kernel: (
+            lambda *a, **kw: (launches.append((n, grid[0], kw["PHASE"], kw["SPLITS"])), k[grid](*a, **kw)))})())
+    with torch.no_grad():
+        mod.ModelNew()(torch.randn(3, 9001), torch.randn(2, 2000))
+    # 9001 -> chunks of 2048: 5 per row; 2000 fits one chunk: one launch, a program per row
+    assert launches == [("g0", 15, 1, 5), ("g0", 15, 2, 5), ("g1", 15, 1, 5), ("g1", 15, 2, 5),
+                        ("g2", 2, 0, 1)]
+    few, many = softmax_config(64, 128256, 1, True, 132), softmax_config(4096, 128256, 1, True, 132)
+    assert 128256 > few["SPLIT_CHUNK"] >= 4 * few["BLOCK_R"] and many["SPLIT_CHUNK"] > 128256
 
 
 def test_gpu_templates_script_casts_a_case_and_verifies_it(tmp_path):
