@@ -28,6 +28,11 @@ FAMILIES = {
         "        z = x + bias\n"
         "        return self.sm(z) * 0.5, torch.log_softmax(z * 2.0, dim=-1), torch.softmax(x, dim=1)\n",
         "[torch.randn(2, 3, 40), torch.randn(40)]"), {"softmax"}, ["own", "x100", "batch", "rank"]),
+    # few long rows cut into chunks (the split softmax, forced by CONFIGS below)
+    "softmax_split": (problem("",
+        "    def forward(self, x):\n"
+        "        return torch.softmax(x.float() / 0.7, dim=-1), torch.log_softmax(x * 2.0, dim=-1)\n",
+        "[torch.randn(2, 3, 700)]"), {"softmax"}, ["own", "x100", "batch", "rank"]),
     "norms": (problem(
         "        self.ln = nn.LayerNorm(24)\n        self.rms = nn.RMSNorm(24)\n"
         "        self.gn = nn.GroupNorm(2, 4)\n        self.inorm = nn.InstanceNorm2d(4, affine=True)\n",
@@ -73,7 +78,8 @@ FAMILIES = {
 CONFIGS = {"batch_norm": {"g0": {"SPLITS": 1}},
            "batch_norm_1d": {"g0": {"SPLITS": 1, "BLOCK": 16}},
            "attention": {"g0": {"BLOCK_M": 16, "BLOCK_N": 16}},
-           "norms": {g: {"BLOCK_O": 8} for g in ("g0", "g1", "g2", "g3")}}
+           "norms": {g: {"BLOCK_O": 8} for g in ("g0", "g1", "g2", "g3")},
+           "softmax_split": {g: {"ONE_PASS_MAX": 128, "BLOCK_R": 64, "SPLIT_CHUNK": 200} for g in ("g0", "g1")}}
 
 
 CONV_BN_RELU = problem(
