@@ -16,6 +16,7 @@ import cProfile
 import io
 import pathlib
 import pstats
+import re
 import sys
 import tempfile
 import time
@@ -97,7 +98,9 @@ def main() -> int:
                 torch.cuda.synchronize()
             s = io.StringIO()
             pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(18)
-            lines.append(s.getvalue())
+            # no machine's paths in the report: packages and the temporary folder by name only
+            text = re.sub(r"\S*/site-packages/", "site-packages/", s.getvalue())
+            lines.append(text.replace(tmp + "/", ""))
     text = "\n".join(lines)
     pathlib.Path(a.out).write_text(text + "\n")
     print(text)
