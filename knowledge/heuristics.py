@@ -169,20 +169,23 @@ def matmul_config(m: int, n: int, k: int, batch: int, sm_count: int = 132) -> di
 
 def attention_config(m: int, n: int, head_dim: int, batch_heads: int, sm_count: int = 132,
                      itemsize: int = 4) -> dict:
-    """Flash-attention tiles after Triton's 06-fused-attention tutorial: 128 query rows x 64 keys,
-    8 warps, 3 stages for 16-bit operands up to head dim 128 (the tutorial's Hopper forward
-    configuration); 64 x 64 and 4 warps for fp32 operands (3xTF32: the same shared memory for
-    half the rows) or wider heads; 32 keys per step above head dim 128 (registers); fewer query
-    rows when the grid would leave SMs idle. Decode (at most DECODE_ROWS packed query rows per
+    """Flash-attention tiles: 64 query rows x 64 keys, 4 warps (one warpgroup), 3 stages for
+    16-bit operands up to head dim 128; 32 keys per step above head dim 128 (registers), and 2
+    stages there (3 stages of 256-wide key and value tiles leave one program per SM); 2 stages
+    for fp32 operands (3xTF32); fewer query rows when the grid would leave SMs idle. Measured on
+    an H100 (docs/results/workloads_h200.md, twenty-first session, 36 configurations of a
+    Llama-3 causal prefill, head dim 128: 64 x 64 x 4 warps 0.182 ms against 0.201 for the
+    128 x 64 x 8 warps of Triton's tutorial; head dim 256 soft-capped: 64 x 32, 2 stages 0.327
+    against 0.396 with 3). Decode (at most DECODE_ROWS packed query rows per
     key/value head, principle alg-split-kv-decode) splits the keys so that about
     SPLIT_PROGRAMS = 4 programs per SM run (the flash-decoding rule: enough splits to fill the
     GPU, each split long enough to amortize its partial)."""
-    bm = 128 if itemsize <= 2 and head_dim <= 128 else 64
+    bm = 64
     while bm > 16 and math.ceil(m / bm) * batch_heads < sm_count:
         bm //= 2
     bn = 32 if head_dim > 128 else 64
-    return {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": 8 if bm >= 128 else 4,
-            "num_stages": 3 if itemsize <= 2 else 2, "DECODE_ROWS": 64,
+    return {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": 4,
+            "num_stages": 3 if itemsize <= 2 and head_dim <= 128 else 2, "DECODE_ROWS": 64,
             "SPLIT_PROGRAMS": 4 * sm_count}
 
 

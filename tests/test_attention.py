@@ -61,8 +61,10 @@ def test_attention_the_template_does_not_take_says_why(call, inputs, why, write_
 
 def test_attention_heuristic_keeps_the_gpu_busy():
     assert H.attention_config(4096, 4096, 128, 64)["BLOCK_M"] == 64  # fp32: 3xTF32 tiles
-    bf16 = H.attention_config(2048, 2048, 128, 64, 132, itemsize=2)  # the tutorial's Hopper tile
-    assert (bf16["BLOCK_M"], bf16["BLOCK_N"], bf16["num_warps"], bf16["num_stages"]) == (128, 64, 8, 3)
+    bf16 = H.attention_config(2048, 2048, 128, 64, 132, itemsize=2)  # one warpgroup, 3 stages
+    assert (bf16["BLOCK_M"], bf16["BLOCK_N"], bf16["num_warps"], bf16["num_stages"]) == (64, 64, 4, 3)
+    wide = H.attention_config(2048, 2048, 256, 64, 132, itemsize=2)  # 256-wide heads: 2 stages
+    assert (wide["BLOCK_M"], wide["BLOCK_N"], wide["num_stages"]) == (64, 32, 2)
     decode = H.attention_config(16, 8192, 128, 32)  # few query rows: smaller query blocks
     assert decode["BLOCK_M"] == 16
     assert H.attention_config(1024, 1024, 256, 64)["BLOCK_N"] == 32
