@@ -146,7 +146,8 @@ def build_spec(plan: FusionPlan, g: Group):
         ins = [x, w, t] + ([b] if b is not None else [])
         spec = LinearCESpec(dtype=_dt(x), has_bias=b is not None,
                             ignore_index=int(red_op.p["ignore_index"]),
-                            reduction=str(red_op.p["reduction"]))
+                            reduction=str(red_op.p["reduction"]), softcap=red_op.p.get("softcap"),
+                            softcap_16=bool(red_op.p.get("softcap_16")))
         return spec, ins, outs
     if g.kind == "matmul":
         namer = _Namer(g, slots, "acc")

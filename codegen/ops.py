@@ -275,7 +275,8 @@ MATMULS: dict[str, OpDef] = {
 FUNCTIONS.update({F.linear: "linear", torch.matmul: "matmul", operator.matmul: "matmul",
                   torch.mm: "mm", torch.bmm: "bmm", F.scaled_dot_product_attention: "sdpa"})
 LINEAR_CE = _d("linear_ce", "linear_ce", ["input", "weight", "target", ("bias", None),
-                                           ("ignore_index", -100), ("reduction", "mean")])
+                                           ("ignore_index", -100), ("reduction", "mean"),
+                                           ("softcap", None), ("softcap_16", False)])
 SDPA = _d("sdpa", "attention", ["query", "key", "value", ("attn_mask", None), ("dropout_p", 0.0),
                                 ("is_causal", False), ("scale", None), ("enable_gqa", False)])
 METHODS.update({"matmul": "matmul", "mm": "mm", "bmm": "bmm"})
@@ -535,10 +536,13 @@ def _from_name(name: str, node: fx.Node, args: tuple, kwargs: dict, extra: dict 
         if not all(isinstance(b[k], fx.Node) for k in ("input", "weight", "target")) or not (
                 b["bias"] is None or isinstance(b["bias"], fx.Node)):
             raise TypeError("linear cross-entropy of a non-tensor")
-        if not isinstance(b["ignore_index"], int) or b["reduction"] not in ("mean", "sum", "none"):
+        if (not isinstance(b["ignore_index"], int) or b["reduction"] not in ("mean", "sum", "none")
+                or not (b["softcap"] is None or isinstance(b["softcap"], float))
+                or not isinstance(b["softcap_16"], bool)):
             raise TypeError("linear cross-entropy with traced arguments")
         return NOp("linear_ce", "linear_ce", node, [b["input"], b["weight"], b["target"], b["bias"]],
-                   {"ignore_index": b["ignore_index"], "reduction": b["reduction"]})
+                   {"ignore_index": b["ignore_index"], "reduction": b["reduction"],
+                    "softcap": b["softcap"], "softcap_16": b["softcap_16"]})
     if name == "chanstats":
         if node_dtype(args[0]) not in FLOAT_DTYPES:
             raise TypeError("channel statistics of a non-floating tensor")

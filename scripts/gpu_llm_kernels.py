@@ -62,7 +62,7 @@ VARIANTS = {
 }
 KIND_OF = {"01": "norm", "02": "norm", "10": "norm", "11": "norm", "15": "norm",
            "06": "decode", "12": "decode", "17": "decode", "19": "decode", "07": "prefill", "13": "prefill", "21": "prefill", "22": "gemv", "23": "decode",
-           "08": "lm_head", "16": "lm_head", "20": "lm_head", "09": "gemv"}
+           "08": "lm_head", "16": "lm_head", "20": "lm_head", "24": "lm_head", "09": "gemv"}
 
 #: what was expected before any GPU run of these kernels (stage 1, heuristic configurations):
 #: (EGG ms, speedup over torch.compile, why); the table adds the percent of roofline these ms
@@ -96,6 +96,9 @@ PREDICT = {
     "23": (0.018, 2.0, "the broadcast products as split-KV attention with one key/value head (enable_gqa): "
                        "71 query rows per head in DECODE_ROWS tiles, the 34 MB cache from L2 after the first "
                        "tile; floor 0.007 ms, two launches; eager writes ~9M fp32 scores (estimated)"),
+    "24": (3.9, 1.05, "Gemma-2's soft-capped LM head + loss as 08's linear_ce, the cap in the tile "
+                      "reduction: 08's time scaled by the FLOPs (x1.13); eager writes the 256k logits five times, "
+                      "compile still writes them once (estimated)"),
     "21": (0.30, 3.0, "soft-capped causal flash (head dim 256: 2x 13's work per score, a tanh per "
                       "score): eager writes 0.5 GB of fp32 scores (~1.5-2 ms), compile ~1 ms (estimated)"),
 }

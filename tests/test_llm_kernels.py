@@ -358,6 +358,37 @@ def test_lm_head_cross_entropy_matches_torch(name, mode, write_problem, tmp_path
     assert "rw-linear-cross-entropy" in comp.rewrites
 
 
+SOFTCAP = {
+    # Hugging Face's Gemma-2: the cap in bf16 on the product, then the upcast and the flattening
+    "gemma_bf16": ("        lg = self.head(h)\n        lg = lg / 1.5\n        lg = torch.tanh(lg)\n"
+                   "        lg = lg * 1.5\n"
+                   "        return F.cross_entropy(lg.float().view(-1, lg.size(-1)), t.view(-1), reduction='none')\n",
+                   f"[torch.randn(3, 13, 72, {BF}) * 3, torch.randint(0, 501, (3, 13))]", "torch.bfloat16"),
+    # after the upcast, the division written as a product, the factors the other way round
+    "fp32_mul": ("        return F.cross_entropy(1.5 * torch.tanh(self.head(h).float() * (1 / 1.5)), t,\n"
+                 "                               reduction='none')\n",
+                 "[torch.randn(37, 72) * 3, torch.randint(0, 501, (37,))]", "torch.float32"),
+}
+
+
+@pytest.mark.parametrize("mode", [0, 1])
+@pytest.mark.parametrize("name", sorted(SOFTCAP))
+def test_lm_head_cross_entropy_with_gemmas_logit_soft_cap(name, mode, write_problem, tmp_path):
+    """Gemma-2's final logit soft cap (cap * tanh(logits / cap)) between the LM head and its loss
+    is the fused op's soft cap, each tile capped where it is made, in the dtype eager caps it in
+    (bf16 steps for the bf16 product): the logits are still never written."""
+    fwd, inputs, dtype = SOFTCAP[name]
+    path = write_problem(lm_problem(fwd, inputs, False, dtype), f"lm_cap_{name}_{mode}")
+    cfg = {"g0": {"MODE": mode, "CHUNK_N": 128, "BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 32}}
+    tol = 5e-3 if mode == 1 and dtype != "torch.float32" else 2e-4
+    launched = ("_egg_k_g0_mm",) if mode == 1 else ("_egg_k_g0_lse",)
+    comp = generated_matches(path, tmp_path, seeds=(0, 1), atol=tol, rtol=tol, configs=cfg,
+                             launched=launched + ("_egg_k_g0_row",))
+    assert [g.kind for g in comp.plan.groups] == ["linear_ce"]
+    op = comp.plan.nops[comp.plan.groups[0].red]
+    assert op.p["softcap"] == 1.5 and op.p["softcap_16"] == (dtype == "torch.bfloat16")
+
+
 def test_lm_head_cross_entropy_gives_nan_for_a_target_outside_the_vocabulary(write_problem, tmp_path):
     """Eager raises on such a target; the kernel must not return a number for it."""
     fwd, inputs, bias, dtype = LM["mean"]
@@ -398,6 +429,11 @@ def test_lm_head_cross_entropy_refuses_what_eager_refuses(write_problem, tmp_pat
     ("label smoothing", "        return F.cross_entropy(self.head(h).float(), t, label_smoothing=0.1)\n"),
     ("the logits returned too", "        lg = self.head(h)\n        return F.cross_entropy(lg.float(), t), lg\n"),
     ("a 16-bit loss (no upcast)", "        return F.cross_entropy(self.head(h), t)\n"),
+    ("a tanh whose two scales differ", "        return F.cross_entropy(torch.tanh(self.head(h).float() / 2.0) * 3.0, t)\n"),
+    ("the capped logits returned too", "        lg = torch.tanh(self.head(h) / 2.0) * 2.0\n"
+                                       "        return F.cross_entropy(lg.float(), t), lg\n"),
+    ("the inner logits used elsewhere", "        lg = self.head(h)\n"
+                                        "        return F.cross_entropy((torch.tanh(lg / 2.0) * 2.0).float(), t), lg.sum()\n"),
 ])
 def test_lm_head_rule_leaves_other_losses_alone(why, forward, write_problem):
     _plan, applied = plan_of(write_problem, lm_problem(forward, LM["mean"][1]), "lm_no")

@@ -39,6 +39,7 @@ SMALL = {
     "21_softcap_prefill_attention": "BATCH, Q_HEADS, KV_HEADS, HEAD_DIM, SEQ = 1, 4, 2, 16, 32",
     "22_int8_weight_only_decode": "BATCH, HIDDEN, INTERMEDIATE = 2, 64, 96",
     "23_mqa_decode_broadcast": "BATCH, Q_HEADS, HEAD_DIM, CACHE_LEN = 2, 5, 16, 64",
+    "24_gemma_softcap_lm_head_loss": "TOKENS, HIDDEN, VOCAB = 16, 64, 500",
 }
 
 

@@ -41,13 +41,48 @@ def _chain_to_linear(gm: fx.GraphModule, n, consumer: fx.Node):
     return n, chain
 
 
+def _softcap(gm: fx.GraphModule, n):
+    """n = cap * tanh(z / cap) (or z * (1 / cap) inside; the factors in either order), Gemma-2's
+    final logit soft cap, its tanh and division used once: (z, cap, [the division]) or None."""
+    def by_number(node, name):
+        if not isinstance(node, fx.Node) or node.op not in ("call_function", "call_method"):
+            return None
+        op = classify(node, gm)
+        if op.kind != "pointwise" or op.name != name or len(op.operands) != 2 or op.p.get("rounding_mode"):
+            return None
+        a, c = op.operands
+        if isinstance(c, fx.Node) and name == "mul":
+            a, c = c, a
+        if isinstance(a, fx.Node) and isinstance(c, (int, float)) and not isinstance(c, bool):
+            return a, float(c)
+        return None
+
+    top = by_number(n, "mul")
+    if top is None or not 0.0 < top[1] < float("inf"):
+        return None
+    t, cap = top
+    top_op = classify(t, gm) if isinstance(t, fx.Node) and t.op != "placeholder" else None
+    if top_op is None or top_op.kind != "pointwise" or top_op.name != "tanh" or len(t.users) != 1:
+        return None
+    u = top_op.operands[0]
+    inner = by_number(u, "div")
+    if inner is not None and inner[1] == cap:
+        return (inner[0], cap, u) if len(u.users) == 1 else None
+    inner = by_number(u, "mul")
+    if inner is not None and abs(inner[1] * cap - 1.0) <= 1e-6 and len(u.users) == 1:
+        return inner[0], cap, u
+    return None
+
+
 def linear_cross_entropy_pattern(gm: fx.GraphModule) -> bool:
     """rw-linear-cross-entropy: cross_entropy(linear(x, W, b).float(), t) (class indices, mean,
     sum or none, an ignore_index; the logits maybe flattened from [B, S, V] and the targets from
     [B, S]) is one LM-head-and-loss op (codegen.ops linear_cross_entropy) whose template reduces
     each tile of logits where it is made: the [T, V] logits and their fp32 copy are never
-    written. The logits used anywhere else, fp32 logits of a 16-bit product kept 16-bit for the
-    loss (no upcast) or a weight / label smoothing keep the library calls."""
+    written. Gemma-2's final logit soft cap between the product and the loss (cap * tanh(logits /
+    cap), before or after the upcast) is the op's ``softcap``. The logits used anywhere else,
+    fp32 logits of a 16-bit product kept 16-bit for the loss (no upcast) or a weight / label
+    smoothing keep the library calls."""
     import torch
 
     from codegen import losses as LS
@@ -68,6 +103,9 @@ def linear_cross_entropy_pattern(gm: fx.GraphModule) -> bool:
         if len(logits.users) != 1:
             continue
         lin, _chain = _chain_to_linear(gm, logits, n)
+        cap = _softcap(gm, lin) if lin is not None else None
+        if cap is not None:
+            lin, _above = _chain_to_linear(gm, cap[0], cap[2])
         lop = classify(lin, gm) if isinstance(lin, fx.Node) and lin.op == "call_function" else None
         if lop is None or lop.kind != "matmul" or lop.name != "linear":
             continue
@@ -81,7 +119,11 @@ def linear_cross_entropy_pattern(gm: fx.GraphModule) -> bool:
             xf = x if len(xs) == 2 else graph.call_method("reshape", (x, -1, xs[-1]))
             new = graph.call_function(O.linear_cross_entropy, (xf, w, target, b),
                                       {"ignore_index": int(kw.get("ignore_index", -100)),
-                                       "reduction": kw.get("reduction", "mean")})
+                                       "reduction": kw.get("reduction", "mean"),
+                                       "softcap": cap[1] if cap is not None else None,
+                                       # computed in the product's own 16-bit dtype (else fp32)
+                                       "softcap_16": cap is not None and node_dtype(cap[2]) == node_dtype(x)
+                                       in (torch.float16, torch.bfloat16)})
         new.meta = dict(n.meta)
         n.replace_all_uses_with(new)
         graph.erase_node(n)

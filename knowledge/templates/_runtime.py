@@ -503,10 +503,19 @@ def _egg_rotate_pairs(x):
     return torch.stack((-x[..., 1::2], x[..., ::2]), dim=-1).flatten(-2)
 
 
-def _egg_linear_cross_entropy(x, weight, target, bias=None, ignore_index=-100, reduction="mean"):
+def _egg_linear_cross_entropy(x, weight, target, bias=None, ignore_index=-100, reduction="mean",
+                              softcap=None, softcap_16=False):
     """cross_entropy(linear(x, weight, bias).float(), target): the LM head and its loss, as eager
-    computes them (rw-linear-cross-entropy). Its kernel never writes the logits whole."""
-    logits = torch.nn.functional.linear(x, weight, bias).float()
+    computes them (rw-linear-cross-entropy); ``softcap``: Gemma-2's final logit soft cap, the
+    logits ``softcap * tanh(logits / softcap)`` first, in the product's 16-bit dtype before the
+    upcast where ``softcap_16`` (as Hugging Face's Gemma-2 does), else in fp32. Its kernel never
+    writes the logits whole."""
+    logits = torch.nn.functional.linear(x, weight, bias)
+    if softcap is not None and softcap_16:
+        logits = torch.tanh(logits / softcap) * softcap
+    logits = logits.float()
+    if softcap is not None and not softcap_16:
+        logits = torch.tanh(logits / softcap) * softcap
     return torch.nn.functional.cross_entropy(logits, target, ignore_index=ignore_index,
                                              reduction=reduction)
 

@@ -2,7 +2,8 @@
 memory; principles alg-linear-cross-entropy, rw-linear-cross-entropy).
 
 loss = cross_entropy(linear(x, W, b).float(), target) for x [T, H], W [V, H], class-index targets
-[T]. Every (BLOCK_M tokens x BLOCK_N vocabulary) tile of logits is reduced where it is made to
+[T] (Gemma-2's final logit soft cap, cap * tanh(logits / cap), applied to each tile first, in
+the dtype eager computes it in). Every (BLOCK_M tokens x BLOCK_N vocabulary) tile of logits is reduced where it is made to
 three numbers per row: the tile's maximum, its sum of exp(logit - maximum) and, for the one
 tile that holds a row's target, the target's logit. A second kernel merges a row's tiles into
 logsumexp - target logit (0 for ignored targets, NaN for a target outside the vocabulary, where
@@ -48,12 +49,25 @@ class LinearCESpec:
     has_bias: bool
     ignore_index: int
     reduction: str  # mean | sum | none
+    #: Gemma-2's final logit soft cap: each logit becomes softcap * tanh(logit / softcap)
+    #: before the reduction (None: none), each step rounded to the product's 16-bit dtype where
+    #: softcap_16 (eager computes it there, before the upcast), else in fp32
+    softcap: float | None = None
+    softcap_16: bool = False
 
 
-def _tile_partials(var: str) -> list[str]:
+def _tile_partials(var: str, spec: LinearCESpec, ety: str) -> list[str]:
     """Reduce a logits tile ``var`` [BLOCK_M, BLOCK_N] (fp32; rows rm, columns rn) to the row
-    maximum, the sum of exponentials and the target's logit, stored at tile index ``tn``."""
-    return [
+    maximum, the sum of exponentials and the target's logit, stored at tile index ``tn`` (the
+    soft cap applied to the tile first, rounded to ``ety`` after each step where spec.softcap_16)."""
+    cap = []
+    if spec.softcap is not None:
+        c = float(spec.softcap)
+        rnd = (lambda e: f"({e}).to({ety}).to(tl.float32)") if spec.softcap_16 else (lambda e: e)
+        cap = [f"{var} = {rnd(f'{var} / {c!r}')}  # the soft cap",
+               f"{var} = {rnd(f'_egg_tanh({var})')}",
+               f"{var} = {rnd(f'{var} * {c!r}')}"]
+    return cap + [
         "mrow = rm < M",
         "mcol = rn < V",
         f'z = tl.where(mcol[None, :], {var}, float("-inf"))',
@@ -106,14 +120,14 @@ def _fused(spec: LinearCESpec, kname: str) -> str:
         body.append("acc = acc + tl.load(BIAS + rn, mask=rn < V, other=0.0).to(tl.float32)[None, :]")
     if spec.dtype != "float32":  # eager's linear output is rounded to its dtype, then upcast
         body.append("acc = acc.to(X.dtype.element_ty).to(tl.float32)")
-    body += _tile_partials("acc")
+    body += _tile_partials("acc", spec, "X.dtype.element_ty")
     params = ["X", "W", "BIAS", "T", "PM", "PS", "PT", "M", "V", "K", "sxm", "sxk", "swn", "swk",
               "EVEN_K: tl.constexpr", "DOT_F32: tl.constexpr", "BLOCK_M: tl.constexpr",
               "BLOCK_N: tl.constexpr", "BLOCK_K: tl.constexpr", "GROUP_M: tl.constexpr"]
     return f"@triton.jit\ndef {kname}_mm({', '.join(params)}):\n{indent(body, 4)}\n"
 
 
-def _chunk(kname: str) -> str:
+def _chunk(spec: LinearCESpec, kname: str) -> str:
     """Tiles of one cuBLAS logits chunk L [M, C] (columns n0 .. n0 + C of the vocabulary)."""
     body = [
         "pid_m = tl.program_id(0)",
@@ -123,7 +137,7 @@ def _chunk(kname: str) -> str:
         "lz = tl.load(L + rm[:, None] * sl + (rn - n0)[None, :],",
         "             mask=(rm < M)[:, None] & (rn < V)[None, :], other=0.0).to(tl.float32)",
     ]
-    body += _tile_partials("lz")
+    body += _tile_partials("lz", spec, "L.dtype.element_ty")
     params = ["L", "T", "PM", "PS", "PT", "M", "V", "n0", "sl", "BLOCK_M: tl.constexpr",
               "BLOCK_N: tl.constexpr"]
     return f"@triton.jit\ndef {kname}_lse({', '.join(params)}):\n{indent(body, 4)}\n"
@@ -180,7 +194,7 @@ def _total(kname: str) -> str:
 
 def render(spec: LinearCESpec, cfg: dict, kname: str, gname: str) -> Rendered:
     cfg = {**INFO.defaults, **(cfg or {})}
-    kernel = "\n\n".join([_fused(spec, kname), _chunk(kname), _rows(spec, kname), _total(kname)])
+    kernel = "\n\n".join([_fused(spec, kname), _chunk(spec, kname), _rows(spec, kname), _total(kname)])
     bm, bn, bk = int(cfg["BLOCK_M"]), int(cfg["BLOCK_N"]), int(cfg["BLOCK_K"])
     chunk = max(bn, int(cfg["CHUNK_N"]) // bn * bn)
     args = "x, w, t, b" if spec.has_bias else "x, w, t"
