@@ -225,3 +225,18 @@ def test_single_call_rounds_time_the_gpu_not_the_hosts_dispatch(timeline, monkey
     # the host's cold dispatch less the flush it overlaps: 0.3 + 0.005 - 0.08, plus the kernel
     assert [r["times"][0] for r in bare if len(r["times"]) == 1] == pytest.approx([0.265] * 2)
     assert "inconsistent" in timing.summarize_rounds(bare, flush_ms=_Timeline.FLUSH_MS, ipc_ms=0.0)
+
+
+def test_device_time_flush_kernel_overwrites_the_whole_buffer_under_its_own_name():
+    """harness.timing.device_time leaves the flush out of the profile by its kernel's name: one
+    kernel per process, named as no eager, torch.compile or EGG kernel is, that writes every
+    element of a buffer whose size is not a multiple of its block (run in the interpreter)."""
+    import os
+
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("the flush kernel runs on a GPU or in Triton's interpreter")
+    k = timing._l2_flush_kernel()
+    assert k is timing._l2_flush_kernel() and k.__name__ == "_egg_l2_flush"
+    buf = torch.ones(10001, dtype=torch.int32)
+    k[(-(-buf.numel() // 4096),)](buf, buf.numel(), BLOCK=4096)
+    assert int(buf.abs().sum()) == 0
