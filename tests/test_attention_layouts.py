@@ -7,6 +7,8 @@ key/value head h // G), its result unflattened back. Each is one attention kerne
 caches where they are (no copy per head), with eager's values, and a drop-in; what is not that
 form (the other grouping, ``q.view(B, G, KV, ...)``, whose head h reads cache h % KV; a mask of
 the 5-d scores; a key group dim that is neither 1 nor G) keeps its products."""
+import pathlib
+
 import pytest
 import torch
 
@@ -220,29 +222,18 @@ def test_the_drop_in_check_rejects_a_file_that_skips_the_cache_write(write_probl
         check_dropin(KV_UPDATE, lazy, calls=1, shapes=False, rank=False, move=False)
 
 
-MQA_ROWS = HEAD + '''
-class Model(nn.Module):
-    def forward(self, q, k_cache, v_cache):
-        scores = torch.matmul(q, k_cache.transpose(2, 3)) * (q.shape[-1] ** -0.5)
-        probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-        return torch.matmul(probs, v_cache)
-
-
-def get_inputs():
-    return [torch.randn(2, 40, 1, 16), torch.randn(2, 1, 77, 16), torch.randn(2, 1, 77, 16)]
-
-
-def get_init_inputs():
-    return []
-'''
-
-
 def test_query_rows_past_one_tile_are_a_drop_in(write_problem):
     """Falcon's multi-query decode at small sizes: 40 query heads on one cached head, packed in
     row tiles of DECODE_ROWS = 16 (3 tiles per batch) with the keys split: the split-KV kernel runs,
     matches eager, and the file is a drop-in (train and eval, another batch, scaled inputs)."""
-    path = write_problem(MQA_ROWS, "mqa_rows")
+    from tests.helpers import load_script
+
+    shapes = load_script("workloads/small_shapes.py")
+    wl = pathlib.Path(__file__).resolve().parent.parent / "workloads" / "llm"
+    mqa = shapes.small_source(wl / "23_mqa_decode_broadcast.py",
+                              "BATCH, Q_HEADS, HEAD_DIM, CACHE_LEN = 2, 40, 16, 77")
+    path = write_problem(mqa, "mqa_rows")
     plan, _rw = _plan(path)
     assert [g.kind for g in plan.groups] == ["attention"]
     configs = {g: {"BLOCK_N": 16, "SPLIT_PROGRAMS": 8, "DECODE_ROWS": 16} for g in ("g0", "eg0")}
-    runs_and_is_a_drop_in(MQA_ROWS, _emitted(path, configs), "_egg_k_g0_split", 1e-4)
+    runs_and_is_a_drop_in(mqa, _emitted(path, configs), "_egg_k_g0_split", 1e-2)

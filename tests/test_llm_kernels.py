@@ -341,6 +341,20 @@ LM = {
 }
 
 
+def lm_compiled(src: str, name: str, mode: int, dtype: str, tol: float, write_problem, tmp_path):
+    """The LM-head problem compiled with MODE's mapping at small tiles, its kernels run and
+    matched against torch on two seeds: one linear_ce group, by rw-linear-cross-entropy."""
+    path = write_problem(src, f"lm_{name}_{mode}")
+    cfg = {"g0": {"MODE": mode, "CHUNK_N": 128, "BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 32}}
+    tol = 5e-3 if mode == 1 and dtype != "torch.float32" else tol
+    launched = ("_egg_k_g0_mm",) if mode == 1 else ("_egg_k_g0_lse",)
+    comp = generated_matches(path, tmp_path, seeds=(0, 1), atol=tol, rtol=tol, configs=cfg,
+                             launched=launched + ("_egg_k_g0_row",))
+    assert [g.kind for g in comp.plan.groups] == ["linear_ce"]
+    assert "rw-linear-cross-entropy" in comp.rewrites
+    return comp
+
+
 @pytest.mark.parametrize("mode", [0, 1])
 @pytest.mark.parametrize("name", sorted(LM))
 def test_lm_head_cross_entropy_matches_torch(name, mode, write_problem, tmp_path):
@@ -348,14 +362,7 @@ def test_lm_head_cross_entropy_matches_torch(name, mode, write_problem, tmp_path
     the interpreter the fp32 tile is truncated to bf16, not rounded, which moves a loss of ~6 by
     up to ~2e-3)."""
     fwd, inputs, bias, dtype = LM[name]
-    path = write_problem(lm_problem(fwd, inputs, bias, dtype), f"lm_{name}_{mode}")
-    cfg = {"g0": {"MODE": mode, "CHUNK_N": 128, "BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 32}}
-    tol = 5e-3 if mode == 1 and dtype != "torch.float32" else 1e-4
-    launched = ("_egg_k_g0_mm",) if mode == 1 else ("_egg_k_g0_lse",)
-    comp = generated_matches(path, tmp_path, seeds=(0, 1), atol=tol, rtol=tol, configs=cfg,
-                             launched=launched + ("_egg_k_g0_row",))
-    assert [g.kind for g in comp.plan.groups] == ["linear_ce"]
-    assert "rw-linear-cross-entropy" in comp.rewrites
+    lm_compiled(lm_problem(fwd, inputs, bias, dtype), name, mode, dtype, 1e-4, write_problem, tmp_path)
 
 
 SOFTCAP = {
@@ -378,13 +385,8 @@ def test_lm_head_cross_entropy_with_gemmas_logit_soft_cap(name, mode, write_prob
     is the fused op's soft cap, each tile capped where it is made, in the dtype eager caps it in
     (bf16 steps for the bf16 product): the logits are still never written."""
     fwd, inputs, dtype = SOFTCAP[name]
-    path = write_problem(lm_problem(fwd, inputs, False, dtype), f"lm_cap_{name}_{mode}")
-    cfg = {"g0": {"MODE": mode, "CHUNK_N": 128, "BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 32}}
-    tol = 5e-3 if mode == 1 and dtype != "torch.float32" else 2e-4
-    launched = ("_egg_k_g0_mm",) if mode == 1 else ("_egg_k_g0_lse",)
-    comp = generated_matches(path, tmp_path, seeds=(0, 1), atol=tol, rtol=tol, configs=cfg,
-                             launched=launched + ("_egg_k_g0_row",))
-    assert [g.kind for g in comp.plan.groups] == ["linear_ce"]
+    comp = lm_compiled(lm_problem(fwd, inputs, False, dtype), f"cap_{name}", mode, dtype, 2e-4,
+                       write_problem, tmp_path)
     op = comp.plan.nops[comp.plan.groups[0].red]
     assert op.p["softcap"] == 1.5 and op.p["softcap_16"] == (dtype == "torch.bfloat16")
 

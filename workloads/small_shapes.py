@@ -43,9 +43,10 @@ SMALL = {
 }
 
 
-def small_source(path: pathlib.Path) -> str:
+def small_source(path: pathlib.Path, line: str | None = None) -> str:
+    """The workload's source with its shapes block set to SMALL's line (or ``line``)."""
     src = path.read_text()
-    line = SMALL[path.stem]
+    line = SMALL[path.stem] if line is None else line
     out, n = BLOCK.subn(lambda m: f"{m.group(1)}{line}  # tiny: CPU tests\n{m.group(2)}", src)
     if n != 1:
         raise ValueError(f"{path.name}: expected one shapes block")
