@@ -43,7 +43,8 @@ def _chain_to_linear(gm: fx.GraphModule, n, consumer: fx.Node):
 
 def _softcap(gm: fx.GraphModule, n):
     """n = cap * tanh(z / cap) (or z * (1 / cap) inside; the factors in either order), Gemma-2's
-    final logit soft cap, its tanh and division used once: (z, cap, [the division]) or None."""
+    final logit soft cap, its tanh and division used once: (z, cap, the division's node) or
+    None."""
     def by_number(node, name):
         if not isinstance(node, fx.Node) or node.op not in ("call_function", "call_method"):
             return None
@@ -115,15 +116,16 @@ def linear_cross_entropy_pattern(gm: fx.GraphModule) -> bool:
                 or ls != (_prod(xs[:-1]), ws[0]) or node_dtype(target) != torch.int64
                 or node_shape(target) != (ls[0],)):
             continue
+        # the cap computed in the product's own 16-bit dtype (eager rounds each step), else fp32
+        capped_16 = (cap is not None and node_dtype(x) in (torch.float16, torch.bfloat16)
+                     and node_dtype(cap[2]) == node_dtype(x))
         with graph.inserting_before(n):
             xf = x if len(xs) == 2 else graph.call_method("reshape", (x, -1, xs[-1]))
             new = graph.call_function(O.linear_cross_entropy, (xf, w, target, b),
                                       {"ignore_index": int(kw.get("ignore_index", -100)),
                                        "reduction": kw.get("reduction", "mean"),
                                        "softcap": cap[1] if cap is not None else None,
-                                       # computed in the product's own 16-bit dtype (else fp32)
-                                       "softcap_16": cap is not None and node_dtype(cap[2]) == node_dtype(x)
-                                       in (torch.float16, torch.bfloat16)})
+                                       "softcap_16": capped_16})
         new.meta = dict(n.meta)
         n.replace_all_uses_with(new)
         graph.erase_node(n)
