@@ -10,6 +10,7 @@ exclusively (harness.gpulock), so parallel EGG processes never time at the same 
 """
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 import time
@@ -332,14 +333,10 @@ def summarize_rounds(rounds: list[dict], flush_ms: float, ipc_ms: float,
     return out
 
 
-_FLUSH_KERNEL: list = []
-
-
+@functools.lru_cache(maxsize=None)
 def _l2_flush_kernel():
     """A Triton kernel that overwrites a buffer, under a name no eager, torch.compile or EGG
     kernel has, so a profile can leave its time out by name (defined once per process)."""
-    if _FLUSH_KERNEL:
-        return _FLUSH_KERNEL[0]
     import triton
     import triton.language as tl
 
@@ -348,8 +345,19 @@ def _l2_flush_kernel():
         offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         tl.store(P + offs, tl.zeros([BLOCK], tl.int32), mask=offs < N)
 
-    _FLUSH_KERNEL.append(_egg_l2_flush)
     return _egg_l2_flush
+
+
+def profiled_kernels(prof, iters: int, leave_out: str | None = None) -> list[tuple[str, float, int]]:
+    """The device activities of a torch.profiler run of ``iters`` calls: (name, ms per call,
+    launches per call), largest first; names containing ``leave_out`` left out."""
+    rows = []
+    for e in prof.key_averages():
+        t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+        if t > 0 and e.device_type == torch.autograd.DeviceType.CUDA and not (
+                leave_out and leave_out in e.key):
+            rows.append((e.key, t / 1000.0 / iters, e.count // iters))
+    return sorted(rows, key=lambda r: -r[1])
 
 
 def device_time(fn, dev: torch.device, iters: int = 10) -> dict:
@@ -377,10 +385,5 @@ def device_time(fn, dev: torch.device, iters: int = 10) -> dict:
                 wipe()
                 fn()
             torch.cuda.synchronize(dev)
-    rows = []
-    for e in prof.key_averages():
-        t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
-        if t > 0 and e.device_type == torch.autograd.DeviceType.CUDA and "_egg_l2_flush" not in e.key:
-            rows.append((e.key, t / 1000.0 / iters, e.count // iters))
-    rows.sort(key=lambda r: -r[1])
+    rows = profiled_kernels(prof, iters, leave_out=kernel.__name__)
     return {"device_ms": sum(r[1] for r in rows), "kernels": rows, "iters": iters}

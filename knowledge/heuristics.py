@@ -34,6 +34,14 @@ def pool_config(numel: int, sm_count: int = 132) -> dict:
     return {"BLOCK": block, "num_warps": 4}
 
 
+def split_chunk(programs: int, r: int, block: int, sm_count: int) -> int:
+    """Elements of a long reduced dim per program when ``programs`` independent reductions (rows,
+    or row x inner-block tiles) would leave SMs idle (tile-split-rows): enough chunks for >= 4
+    programs per SM, each at least 4 blocks long (>= r: no split)."""
+    want = max(1, math.ceil(4 * sm_count / max(1, programs)))
+    return max(4 * block, math.ceil(r / want))
+
+
 def reduction_config(nrows: int, r: int, inner: int, rows_variant: bool, sm_count: int = 132) -> dict:
     """Tile ~2K-4K elements per loop step (tile-block-size): short rows pack several rows per
     program (BLOCK_O), long rows take one row and a wide BLOCK_R with more warps."""
@@ -44,8 +52,7 @@ def reduction_config(nrows: int, r: int, inner: int, rows_variant: bool, sm_coun
             block_o //= 2
         warps = 8 if block_r * block_o >= 4096 else 4
         # few long rows are split across programs (tile-split-rows): >= 4 programs per SM
-        want = max(1, math.ceil(4 * sm_count / max(1, nrows)))
-        chunk = max(4 * block_r, math.ceil(r / want))
+        chunk = split_chunk(nrows, r, block_r, sm_count)
         return {"BLOCK_O": block_o, "BLOCK_R": block_r, "BLOCK_I": 64, "num_warps": warps,
                 "num_stages": 2, "SPLIT_ROWS": 2 * sm_count, "SPLIT_CHUNK": chunk}
     block_i = min(128, next_pow2(inner))
@@ -53,9 +60,7 @@ def reduction_config(nrows: int, r: int, inner: int, rows_variant: bool, sm_coun
     warps = 4 if block_i * block_r <= 4096 else 8
     # few (outer index x inner block) tiles over a long reduced dim (a channels-last image
     # reduced over its pixels): the reduced dim is split too, >= 4 programs per SM
-    tiles = nrows * math.ceil(inner / block_i)
-    want = max(1, math.ceil(4 * sm_count / max(1, tiles)))
-    chunk = max(4 * block_r, math.ceil(r / want))
+    chunk = split_chunk(nrows * math.ceil(inner / block_i), r, block_r, sm_count)
     return {"BLOCK_O": 1, "BLOCK_R": block_r, "BLOCK_I": block_i, "num_warps": warps,
             "num_stages": 2, "SPLIT_ROWS": 2 * sm_count, "SPLIT_CHUNK": chunk}
 
@@ -72,8 +77,7 @@ def softmax_config(nrows: int, r: int, inner: int, rows_variant: bool, sm_count:
             warps = 4 if p * block_o <= 2048 else (8 if p <= 4096 else 16)
             return {"BLOCK_O": block_o, "BLOCK_R": p, "BLOCK_I": 32, "num_warps": warps,
                     "num_stages": 1, "ONE_PASS_MAX": max(8192, p * block_o)}
-        want = max(1, math.ceil(4 * sm_count / max(1, nrows)))
-        chunk = max(4 * 4096, math.ceil(r / want)) if want > 1 else 1 << 62
+        chunk = split_chunk(nrows, r, 4096, sm_count) if nrows < 4 * sm_count else 1 << 62
         return {"BLOCK_O": 1, "BLOCK_R": 4096, "BLOCK_I": 32, "num_warps": 16, "num_stages": 2,
                 "ONE_PASS_MAX": 8192, "SPLIT_CHUNK": chunk}
     block_i = min(64, next_pow2(inner))
@@ -100,9 +104,7 @@ def norm_config(rows: int, r: int, sm_count: int = 132) -> dict:
         return {"BLOCK_O": block_o, "BLOCK": 2048, "num_warps": 4 if p * block_o <= 2048 else 8,
                 "ONE_MAX": 4096, "SPLIT_CHUNK": 16384}
     block = 2048
-    want = max(1, math.ceil(4 * sm_count / max(1, rows)))
-    chunk = max(4 * block, math.ceil(r / want))
-    chunk = math.ceil(chunk / block) * block
+    chunk = math.ceil(split_chunk(rows, r, block, sm_count) / block) * block
     return {"BLOCK_O": 1, "BLOCK": block, "num_warps": 8, "ONE_MAX": 4096, "SPLIT_CHUNK": chunk}
 
 

@@ -26,6 +26,7 @@ from torch.profiler import ProfilerActivity, profile  # noqa: E402
 from codegen import pipeline  # noqa: E402
 from codegen.emit import emit_model  # noqa: E402
 from harness.problem import build_model, load_module, load_problem, problem_from_source  # noqa: E402
+from harness.timing import profiled_kernels  # noqa: E402
 from policies.expert import group_config  # noqa: E402
 
 
@@ -56,12 +57,7 @@ def _kernels(fn, iters: int) -> list[tuple[str, float, int]]:
         for _ in range(iters):
             fn()
         torch.cuda.synchronize()
-    rows = []
-    for e in prof.key_averages():
-        t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
-        if t > 0 and e.device_type == torch.autograd.DeviceType.CUDA:
-            rows.append((e.key, t / 1000.0 / iters, e.count // iters))
-    return sorted(rows, key=lambda r: -r[1])
+    return profiled_kernels(prof, iters)
 
 
 def one(path: pathlib.Path, out: pathlib.Path, iters: int) -> None:

@@ -19,7 +19,6 @@ import pstats
 import re
 import sys
 import tempfile
-import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -29,7 +28,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from gpu_llm_kernels import _egg_source, _inputs, _seeded_model  # noqa: E402
+from gpu_llm_kernels import _back_to_back, _egg_source, _inputs, _seeded_model  # noqa: E402
 from harness.problem import load_module, load_problem  # noqa: E402
 
 
@@ -46,14 +45,7 @@ def _empty40(A, B, C, D, E, F, G, H, i0, i1, i2, i3, i4, i5, i6, i7, i8, i9, j0,
 
 
 def per_call_us(fn, calls: int) -> float:
-    with torch.no_grad():
-        fn()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-    return (time.perf_counter() - t0) * 1e6 / calls
+    return _back_to_back(fn, torch.device("cuda"), calls) * 1e3
 
 
 def main() -> int:

@@ -56,23 +56,28 @@ def _normalize(op: str, z: str, mx: str, s: str) -> str:
     return f"({z} - {mx}) - tl.log({s})"
 
 
+def _online_pass(loop: str, tile: str, ct: str, ax: int, ex, tile_block) -> list[str]:
+    """The tiles of ``loop`` read once: a running max and a rescaled running sum per lane, then
+    the rows' max ``mx`` and sum ``s`` (principle alg-online-softmax)."""
+    lines = [f"m2 = tl.full({tile}, {NEG}, {ct})", f"s2 = tl.zeros({tile}, {ct})", loop]
+    lines += ["    " + ln for ln in tile_block("r0 + tl.arange(0, BLOCK_R)")]
+    return lines + [
+        "    mn = tl.maximum(m2, z)",
+        f"    s2 = s2 * tl.where(mn == {NEG}, 0.0, tl.exp(m2 - mn)) + tl.where(mn == {NEG}, 0.0, tl.exp(z - mn))",
+        "    m2 = mn",
+        f"mx = tl.max(m2, {ax})",
+        f"s = tl.sum(tl.where(m2 == {NEG}, 0.0, s2 * tl.exp(m2 - {ex('mx')})), {ax})"]
+
+
 def _partial(spec: SoftmaxSpec, tile_block) -> list[str]:
     """PHASE 1: the chunk [chunk * CHUNK, + CHUNK) of each row (CHUNK a multiple of BLOCK_R, so
     the tiles end on the chunk's end or on R): its max and its sum rescaled to that max, stored
     at MP/SP[row * SPLITS + chunk]."""
-    ct = compute_type(spec)
-    lines = ["lo = chunk * CHUNK", "hi = tl.minimum(R, lo + CHUNK)",
-             f"m2 = tl.full([BLOCK_O, BLOCK_R], {NEG}, {ct})", f"s2 = tl.zeros([BLOCK_O, BLOCK_R], {ct})",
-             "for r0 in range(lo, hi, BLOCK_R):"]
-    lines += ["    " + ln for ln in tile_block("r0 + tl.arange(0, BLOCK_R)")]
-    lines += ["    mn = tl.maximum(m2, z)",
-              f"    s2 = s2 * tl.where(mn == {NEG}, 0.0, tl.exp(m2 - mn)) + tl.where(mn == {NEG}, 0.0, tl.exp(z - mn))",
-              "    m2 = mn",
-              "mx = tl.max(m2, 1)",
-              f"s = tl.sum(tl.where(m2 == {NEG}, 0.0, s2 * tl.exp(m2 - mx[:, None])), 1)",
-              "tl.store(MP + rows * SPLITS + chunk, mx, mask=rmask)",
-              "tl.store(SP + rows * SPLITS + chunk, s, mask=rmask)"]
-    return lines
+    lines = ["lo = chunk * CHUNK", "hi = tl.minimum(R, lo + CHUNK)"]
+    lines += _online_pass("for r0 in range(lo, hi, BLOCK_R):", "[BLOCK_O, BLOCK_R]", compute_type(spec),
+                          1, lambda v: f"{v}[:, None]", tile_block)
+    return lines + ["tl.store(MP + rows * SPLITS + chunk, mx, mask=rmask)",
+                    "tl.store(SP + rows * SPLITS + chunk, s, mask=rmask)"]
 
 
 def _combine(tile_block, write_block) -> list[str]:
@@ -153,13 +158,7 @@ def render(spec: SoftmaxSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         two += ["    a2 = " + BROADCAST[spec.op][2].format(a="a2", b="z")]
         two += reduced("a2")
     else:
-        two = [f"m2 = tl.full({tile}, {NEG}, {ct})", f"s2 = tl.zeros({tile}, {ct})"] + loop
-        two += ["    " + ln for ln in tile_block("r0 + tl.arange(0, BLOCK_R)")]
-        two += ["    mn = tl.maximum(m2, z)",
-                f"    s2 = s2 * tl.where(mn == {NEG}, 0.0, tl.exp(m2 - mn)) + tl.where(mn == {NEG}, 0.0, tl.exp(z - mn))",
-                "    m2 = mn",
-                f"mx = tl.max(m2, {ax})",
-                f"s = tl.sum(tl.where(m2 == {NEG}, 0.0, s2 * tl.exp(m2 - {ex('mx')})), {ax})"]
+        two = _online_pass(loop[0], tile, ct, ax, ex, tile_block)
     two += loop
     two += ["    " + ln for ln in tile_block("r0 + tl.arange(0, BLOCK_R)") + write_block()]
     single = ["if ONE_PASS:"] + ["    " + ln for ln in one] + ["else:"] + ["    " + ln for ln in two]
