@@ -49,6 +49,10 @@ class KernelCheck:
     num_stages: int | None = None
     constexprs: dict = field(default_factory=dict)
     compile_s: float = 0.0
+    #: global loads and stores by PTX form ("ld.global.v4.b32": 6, "ld.global.b16": 16, ...):
+    #: a 16-bit operand read by scalar ``ld.global.b16`` where the others are ``.v4`` is one
+    #: whose index the compiler could not prove contiguous (a memory-bound kernel's smell)
+    global_access: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -260,6 +264,14 @@ def _resource_usage(cubin: bytes, name: str) -> tuple[int | None, int | None]:
     return regs, local
 
 
+def global_access(ptx: str) -> dict[str, int]:
+    """Counts of the global load and store instructions of a PTX text, by form."""
+    out: dict[str, int] = {}
+    for m in re.finditer(r"\b((?:ld|st)\.global(?:\.[\w:]+)*)", ptx):
+        out[m.group(1)] = out.get(m.group(1), 0) + 1
+    return out
+
+
 class _Launch:
     def __init__(self, fn, args, kwargs):
         self.fn, self.args, self.kwargs = fn, args, kwargs
@@ -368,7 +380,8 @@ def child_main(req: dict) -> dict:
         md = kernel.metadata
         regs, local = _resource_usage(kernel.asm.get("cubin", b""), md.name)
         kc.update(shared=int(md.shared), num_warps=int(md.num_warps), num_stages=int(md.num_stages),
-                  n_regs=regs, local_bytes=local, constexprs=shown, compile_s=time.time() - t0)
+                  n_regs=regs, local_bytes=local, constexprs=shown, compile_s=time.time() - t0,
+                  global_access=global_access(kernel.asm.get("ptx", "")))
         if md.shared > int(req["smem_limit"]):
             kc.update(ok=False, category="shared_memory",
                       reason=f"{md.shared} bytes of shared memory, the device allows {req['smem_limit']}")

@@ -349,6 +349,16 @@ ROWS_CASES = {
     "short_rows_many": ("q, c, s", "        r = torch.stack((-q[..., 1::2], q[..., ::2]), dim=-1).flatten(-2)\n"
                         "        return q * c + r * s\n",
                         "[torch.randn(2, 5, 3, 130), torch.randn(5, 1, 130), torch.randn(5, 1, 130)]", True),
+    # rotate-half with a half of 5 columns (the two masked loads of the rolled column end
+    # mid-vector) over rows of 70: the flat walk
+    "rope_odd_half": ("q, c, s", "        h = q.shape[-1] // 2\n"
+                      "        return q * c + torch.cat((-q[..., h:], q[..., :h]), dim=-1) * s\n",
+                      "[torch.randn(3, 7, 10), torch.randn(7, 10), torch.randn(7, 10)]", False),
+    # rotate-half of a transposed q ((batch, seq, heads, d) read as (batch, heads, seq, d)):
+    # each rolled load through the 4-d strided index (rows of 64 do not merge: the flat walk)
+    "rope_permuted": ("q, c, s", "        q = q.transpose(1, 2)\n        h = q.shape[-1] // 2\n"
+                      "        return q * c + torch.cat((-q[..., h:], q[..., :h]), dim=-1) * s\n",
+                      "[torch.randn(2, 40, 3, 64), torch.randn(40, 64), torch.randn(40, 64)]", False),
     # a permuted operand: strided, rows of the walk's inner dim
     "permuted": ("x, y", "        return x.transpose(0, 1) * 3.0 + y\n", "[torch.randn(300, 129), torch.randn(129, 300)]", True),
 }

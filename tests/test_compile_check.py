@@ -144,3 +144,46 @@ def test_a_hanging_candidate_times_out(tmp_path, cache_dir):
                  .replace("class ModelNew(Model):", "import time\ntime.sleep(60)\n\n\nclass ModelNew(Model):"))
     res = check_file(p, timeout_s=1, startup_s=4, cache_dir=cache_dir)
     assert not res.ok and res.category == "timeout"
+
+
+ROPE = '''
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("c", torch.randn(64, 128, dtype=torch.bfloat16), persistent=False)
+        self.register_buffer("s", torch.randn(64, 128, dtype=torch.bfloat16), persistent=False)
+
+    def forward(self, q, k):
+        h = q.shape[-1] // 2
+        pairs = torch.stack((-k[..., 1::2], k[..., ::2]), dim=-1).flatten(-2)
+        return q * self.c + torch.cat((-q[..., h:], q[..., :h]), dim=-1) * self.s, k * self.c + pairs * self.s
+
+
+def get_inputs():
+    return [torch.randn(2, 4, 64, 128, dtype=torch.bfloat16), torch.randn(2, 2, 64, 128, dtype=torch.bfloat16)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
+def test_rope_rotations_load_whole_vectors(write_problem, tmp_path, cache_dir):
+    """bf16 RoPE, rotate-half (q) and interleaved pairs (k): every global load and store of both
+    kernels is a 16-byte vector in sm_90 PTX. A rolled operand loaded at the computed column
+    ``offs - offs % d + (offs % d + d/2) % d`` (or ``offs ^ 1`` for pairs) compiled to one
+    two-byte ``ld.global.b16`` per element."""
+    comp = pipeline.compile_problem(load_problem(write_problem(ROPE, "rope_vec")))
+    assert [g.kind for g in comp.plan.groups] == ["pointwise", "pointwise"]
+    cand = tmp_path / "rope.py"
+    cand.write_text(comp.emitted.source)
+    res = check_file(cand, cache_dir=cache_dir)
+    assert res.ok, res.reason
+    assert len(res.kernels) == 2
+    for k in res.kernels:
+        forms = set(k.global_access)
+        assert forms and all(".v4." in f for f in forms), k.global_access

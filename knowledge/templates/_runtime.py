@@ -215,6 +215,20 @@ def _egg_index4(offs, D1, D2, D3, S0, S1, S2, S3):
 
 
 @triton.jit
+def _egg_swap_pairs(x, ROWS: tl.constexpr, RB: tl.constexpr, BLOCK: tl.constexpr):
+    """A pointwise block with each (even, odd) pair of columns swapped, in registers:
+    interleaved RoPE's other column of a pair. The block is loaded contiguous (vectorized);
+    a load at ``offs ^ 1`` made one two-byte load per element (sm_90 PTX). BLOCK is even and
+    a block starts at an even column, so no pair straddles the mask."""
+    if ROWS:
+        a, b = tl.split(tl.reshape(x, (RB, BLOCK // 2, 2)))
+        return tl.reshape(tl.join(b, a), (RB, BLOCK))
+    else:
+        a, b = tl.split(tl.reshape(x, (BLOCK // 2, 2)))
+        return tl.reshape(tl.join(b, a), (BLOCK,))
+
+
+@triton.jit
 def _egg_index3(row, O1, O2, S0, S1, S2):
     """Offset of outer row index row in a tensor with outer strides S over dims (., O1, O2)."""
     i2 = row % O2
