@@ -348,6 +348,30 @@ def _l2_flush_kernel():
     return _egg_l2_flush
 
 
+@functools.lru_cache(maxsize=None)
+def _l2_read_flush_kernel():
+    """A Triton kernel that reads a buffer (one sum per program written, so the reads stay):
+    the L2 it leaves holds only clean lines of that buffer. The write flush leaves up to an L2
+    of dirty lines, written back to memory while the next kernel runs: on a memory-bound call
+    that write-back is time the call did not cause. Its name starts like the write flush's, so
+    ``device_time`` leaves both out by one name."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _egg_l2_flush_read(P, OUT, N, BLOCK: tl.constexpr):
+        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(OUT + tl.program_id(0), tl.sum(tl.load(P + offs, mask=offs < N, other=0), axis=0))
+
+    return _egg_l2_flush_read
+
+
+#: how device_time empties the L2 before each call: "write" (zeros over FLUSH_BYTES, as bench
+#: and do_bench do: the L2 is left full of dirty lines) or "read" (FLUSH_BYTES read from a
+#: second buffer: the L2 is left clean, every earlier write already in memory)
+FLUSH_MODES = ("write", "read")
+
+
 def profiled_kernels(prof, iters: int, leave_out: str | None = None) -> list[tuple[str, float, int]]:
     """The device activities of a torch.profiler run of ``iters`` calls: (name, ms per call,
     launches per call), largest first; names containing ``leave_out`` left out."""
@@ -360,21 +384,34 @@ def profiled_kernels(prof, iters: int, leave_out: str | None = None) -> list[tup
     return sorted(rows, key=lambda r: -r[1])
 
 
-def device_time(fn, dev: torch.device, iters: int = 10) -> dict:
+def device_time(fn, dev: torch.device, iters: int = 10, flush: str = "write") -> dict:
     """What the GPU itself spends in one call of ``fn``: the device time of every kernel and copy
     it launches (torch.profiler), summed, per call, the L2 flushed before each call as in
-    ``bench``. No launch latency, no gaps between kernels: the measure a kernel's percent of
+    ``bench`` (``flush="write"``) or emptied of dirty lines by a read (``flush="read"``, see
+    FLUSH_MODES). No launch latency, no gaps between kernels: the measure a kernel's percent of
     roofline is taken on (``bench``'s event time, the call as a user pays it, stays the headline).
-    {"device_ms", "kernels": [(name, ms per call, launches per call)], largest first}."""
+    {"device_ms", "kernels": [(name, ms per call, launches per call)], largest first, "flush"}."""
     from torch.profiler import ProfilerActivity, profile
 
+    if flush not in FLUSH_MODES:
+        raise ValueError(f"flush must be one of {FLUSH_MODES}, not {flush!r}")
     dev = torch.device(dev)
-    flush = _flush_buffer(dev)
+    buf = _flush_buffer(dev)
+    n, block = buf.numel(), 4096
     kernel = _l2_flush_kernel()
-    n, block = flush.numel(), 4096
+    if flush == "read":
+        key = (dev.type, dev.index if dev.index is not None else torch.cuda.current_device(), "read")
+        if key not in _FLUSH:  # a second buffer: the write flush's lines may sit in the L2
+            _FLUSH[key] = (torch.ones(n, dtype=torch.int32, device=dev),
+                           torch.empty(-(-n // block), dtype=torch.int32, device=dev))
+        src, sums = _FLUSH[key]
+        reader = _l2_read_flush_kernel()
 
-    def wipe():
-        kernel[(-(-n // block),)](flush, n, BLOCK=block)
+        def wipe():
+            reader[(-(-n // block),)](src, sums, n, BLOCK=block)
+    else:
+        def wipe():
+            kernel[(-(-n // block),)](buf, n, BLOCK=block)
 
     with torch.no_grad():
         fn()
@@ -386,4 +423,4 @@ def device_time(fn, dev: torch.device, iters: int = 10) -> dict:
                 fn()
             torch.cuda.synchronize(dev)
     rows = profiled_kernels(prof, iters, leave_out=kernel.__name__)
-    return {"device_ms": sum(r[1] for r in rows), "kernels": rows, "iters": iters}
+    return {"device_ms": sum(r[1] for r in rows), "kernels": rows, "iters": iters, "flush": flush}

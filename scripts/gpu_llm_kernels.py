@@ -127,7 +127,8 @@ def _device(fn, dev) -> dict:
         return {}
     try:
         d = device_time(fn, dev)
-        return {"ms": d["device_ms"], "kernels": d["kernels"][:4], "b2b_ms": _back_to_back(fn, dev)}
+        return {"ms": d["device_ms"], "kernels": d["kernels"][:4], "b2b_ms": _back_to_back(fn, dev),
+                "read_ms": device_time(fn, dev, flush="read")["device_ms"]}
     except Exception as e:  # noqa: BLE001 - a profiler failure should not lose the timing
         return {"error": f"{type(e).__name__}: {str(e)[:200]}"}
 
@@ -254,17 +255,20 @@ def write(out: pathlib.Path, rows: list[dict], args, hw) -> None:
              "of a verified candidate unless the verified column says otherwise. Times are of a "
              "call (CUDA events, L2 flushed, median); device ms is the kernels' own time per call "
              "(harness.timing.device_time: torch.profiler, L2 flushed, no launch latency), the "
-             "measure of a kernel's percent of roofline; back to back is ms per call of 200 calls "
+             "measure of a kernel's percent of roofline; clean L2 is the same after a flush by reading "
+             "(harness.timing.FLUSH_MODES: no dirty lines of the flush written back during the call); back to back is ms per call of 200 calls "
              "issued without flush or synchronize (max of host dispatch and device time: what a "
              "decoding loop without CUDA graphs pays).", "",
              "| problem | variant | kernels | verified | eager ms | compile ms | EGG ms | vs eager | "
              "vs compile | roofline % eager / compile / EGG | device ms eager / compile / EGG | "
-             "roofline % of device time | back to back ms eager / compile / EGG | predicted: ms, %, vs compile | why / note |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "roofline % of device time | device ms, clean L2 eager / compile / EGG | roofline %, clean L2 | "
+             "back to back ms eager / compile / EGG | predicted: ms, %, vs compile | why / note |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         e, c, g = _ms(r["eager"]), _ms(r["compile"]), _ms(r.get("egg"))
         dv = [r.get("device", {}).get(k, {}).get("ms") for k in ("eager", "compile", "egg")]
         bb = [r.get("device", {}).get(k, {}).get("b2b_ms") for k in ("eager", "compile", "egg")]
+        rd = [r.get("device", {}).get(k, {}).get("read_ms") for k in ("eager", "compile", "egg")]
         pred = PREDICT.get(r["problem"][:2])
         ptxt = (f"{pred[0]:.3f}, {_pct(r['floor_ms'], pred[0])}%, {pred[1]:.1f}x"
                 if pred and r["variant"] == "heuristic" else "")
@@ -274,7 +278,8 @@ def write(out: pathlib.Path, rows: list[dict], args, hw) -> None:
             f"{_fmt(c)} | {_fmt(g)} | {_fmt(e / g if e and g else None, '.2f')} | "
             f"{_fmt(c / g if c and g else None, '.2f')} | {_pct(r['floor_ms'], e)} / {_pct(r['floor_ms'], c)} / "
             f"{_pct(r['floor_ms'], g)} | {' / '.join(_fmt(x) for x in dv)} | "
-            f"{' / '.join(_pct(r['floor_ms'], x) for x in dv)} | {' / '.join(_fmt(x) for x in bb)} | {ptxt} | {(r['why'] or (pred[2] if pred and ptxt else ''))[:150].replace('|', '/')} |")
+            f"{' / '.join(_pct(r['floor_ms'], x) for x in dv)} | {' / '.join(_fmt(x) for x in rd)} | "
+            f"{' / '.join(_pct(r['floor_ms'], x) for x in rd)} | {' / '.join(_fmt(x) for x in bb)} | {ptxt} | {(r['why'] or (pred[2] if pred and ptxt else ''))[:150].replace('|', '/')} |")
     probs = sorted({r["problem"] for r in rows})
     se, sc = [], []
     for p in probs:

@@ -240,3 +240,21 @@ def test_device_time_flush_kernel_overwrites_the_whole_buffer_under_its_own_name
     buf = torch.ones(10001, dtype=torch.int32)
     k[(-(-buf.numel() // 4096),)](buf, buf.numel(), BLOCK=4096)
     assert int(buf.abs().sum()) == 0
+
+
+def test_device_time_read_flush_reads_every_element_and_is_left_out_by_the_same_name():
+    """The read flush (device_time(flush="read")) sums every element of its buffer, one sum per
+    program (a kernel whose loads could be dropped would flush nothing), and its name carries
+    the write flush's, which device_time leaves out of the profile."""
+    import os
+
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("the flush kernel runs on a GPU or in Triton's interpreter")
+    k = timing._l2_read_flush_kernel()
+    assert timing._l2_flush_kernel().__name__ in k.__name__
+    buf = torch.arange(10001, dtype=torch.int32)
+    sums = torch.zeros(3, dtype=torch.int32)
+    k[(3,)](buf, sums, buf.numel(), BLOCK=4096)
+    assert int(sums.sum()) == int(buf.sum()) and int(sums[2]) == int(buf[8192:].sum())
+    with pytest.raises(ValueError, match="flush must be one of"):
+        timing.device_time(lambda: None, torch.device("cpu"), flush="none")
