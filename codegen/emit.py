@@ -796,6 +796,7 @@ def emit_model(problem_source: str, plan: FusionPlan, configs: dict[str, dict] |
               + list(refs.values())]
     prelude = break_definitions(graphs, sources) + [code for code, _ in folds.values()]
     body_code = "\n\n".join(x.rstrip() + "\n" for c in cores for x in c.kernels + c.wrappers)
+    launched = launched_kernels([x for c in cores for x in c.kernels], [x for c in cores for x in c.wrappers])
     if prelude:  # graph breaks (PyTorch statements) and tables, before the kernels
         body_code = "\n\n".join(x.rstrip() + "\n" for x in prelude) + "\n\n" + body_code
     state = []
@@ -815,7 +816,10 @@ def emit_model(problem_source: str, plan: FusionPlan, configs: dict[str, dict] |
     # the only code the imports of fx's globals serve (forwards, tables)
     fx_code = "\n".join([fwd] + methods + [code for code, _ in folds.values()])
     fwd_imports = sorted(i for i in imports if _import_used(i, fx_code))
-    runtime = runtime_for(code)
+    # each launched kernel behind a launcher that skips Triton's per-launch binding
+    # (_egg_Launcher), set up after the runtime helpers that define it
+    tail = "\n".join(f"{n} = _egg_launcher({n})" for n in launched)
+    runtime = runtime_for(code + "\n" + tail)
     top = ["import math"] if re.search(r"(?<![.\w])math\.", code + runtime) else []  # not tl.math
     top += ["import torch", "import triton", "import triton.language as tl"]
     top += [i for i in fwd_imports if i not in top]
@@ -828,6 +832,8 @@ def emit_model(problem_source: str, plan: FusionPlan, configs: dict[str, dict] |
     if runtime:
         parts.append("# ---- EGG runtime helpers this file calls (knowledge/templates/_runtime.py) ----\n"
                      + runtime)
+    if tail:
+        parts.append(tail)
     source = problem_source.rstrip() + "\n\n\n" + "\n\n\n".join(parts) + "\n"
     kernels = [n for c in cores for n in c.names]
     infos = [i for c in cores for i in c.infos]
@@ -862,6 +868,12 @@ def _runtime_chunks() -> list[tuple[str, str]]:
 
 
 _RUNTIME = None
+
+
+def launched_kernels(kernels: list[str], wrappers: list[str]) -> list[str]:
+    """The Triton kernels the wrappers launch (``name[grid](...)``) that no kernel calls."""
+    called = set(re.findall(r"(?<!def )\b(_egg_k_\w+)\(", "\n".join(kernels)))
+    return [n for n in dict.fromkeys(re.findall(r"\b(_egg_k_\w+)\[", "\n".join(wrappers))) if n not in called]
 
 
 def runtime_for(code: str) -> str:

@@ -776,3 +776,123 @@ def _egg_route(module, key, args):
             routes.clear()
         routes[key] = fast
     return fast
+
+
+# ---- launches (principle host-launch-path): Triton's JITFunction.run binds and specializes every
+# argument again on each launch (~33 us of host time a launch of a 33-argument kernel on the lent
+# H100's host, where the compiled kernel's own launcher takes ~11 us); a generated module's small
+# kernels (norms, RoPE, decode attention: 0.03-0.1 ms on the GPU) were host-bound. Each launched
+# kernel of a file goes through _egg_Launcher: the first launch of an argument signature takes
+# Triton's path (compiling, or finding its cached kernel), later ones the compiled kernel's
+# launcher directly.
+
+#: entries a launcher keeps (argument signatures: grid, dtypes, alignments, integer values);
+#: beyond it the cache starts empty (many shapes, few repeats)
+_EGG_LAUNCH_KEEP = 64
+
+
+class _egg_Launcher:
+    """``kernel[grid](*args, **kwargs)`` as Triton launches it, the specialization remembered.
+
+    The key of a launch is what Triton specializes a kernel on, or finer: the grid, the current
+    device, each constexpr's and option's (num_warps, ...) value and, per other argument, a
+    tensor's dtype and 16-byte alignment, an int's value (Triton's 1 / multiple-of-16 / 64-bit
+    specializations are functions of it), a float's or a bool's type (Triton passes them by
+    value) or None. A key seen before
+    launches the CompiledKernel Triton returned for it, with the arguments Triton's binder would
+    pass (positional ones, then the kernel's other parameters from the keywords or their
+    defaults). Anything else (a callable grid, an argument the key cannot take, Triton's hooks
+    in use, a recording or interpreted kernel that returns no CompiledKernel) takes Triton's own
+    path every time."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.cache = {}
+        params = getattr(fn, "params", None)
+        ok = params is not None and all(hasattr(p, "has_default") and hasattr(p, "is_constexpr") for p in params)
+        self.params = [(p.name, p.has_default, p.default) for p in params] if ok else None
+        self.const = tuple(p.is_constexpr for p in params) if ok else ()
+        self.values = {p.name for p in params if not p.is_constexpr} if ok else set()
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.launch(grid, args, kwargs)
+
+    def key(self, grid, args, kwargs):
+        """A constexpr (positional or keyword) and an option (num_warps, ...) by value; another
+        parameter by what Triton specializes on (_egg_launch_key)."""
+        parts = [grid if type(grid) is tuple else None, torch.cuda.current_device()]
+        values = self.values
+        for name, a in kwargs.items():
+            parts.append(name)
+            parts.append(_egg_launch_key(a) if name in values else a)
+        for a, const in zip(args, self.const):
+            parts.append(a if const else _egg_launch_key(a))
+        return tuple(parts)
+
+    def launch(self, grid, args, kwargs):
+        try:
+            key = self.key(grid, args, kwargs) if self.params is not None and type(grid) is tuple else None
+            hit = self.cache.get(key) if key is not None else None
+        except Exception:  # noqa: BLE001 - no CUDA (the compile check's recorder), an unhashable value
+            key = hit = None
+        if hit is not None:
+            runner, tail = hit
+            return runner(*args, *[kwargs[x] if by_name else x for x, by_name in tail])
+        kernel = self.fn[grid](*args, **kwargs)
+        if key is not None and _egg_launchable(self.fn, kernel):
+            tail = _egg_launch_tail(self.params[len(args):], kwargs)
+            if tail is not None:
+                if len(self.cache) >= _EGG_LAUNCH_KEEP:
+                    self.cache.clear()
+                self.cache[key] = (kernel[tuple(grid) + (1,) * (3 - len(grid))], tail)
+        return kernel
+
+
+class _EggNoKey(Exception):
+    """An argument the launch key cannot take: Triton's path."""
+
+
+def _egg_launch_key(a):
+    """What Triton specializes a kernel on of one argument, or finer (_egg_Launcher)."""
+    if isinstance(a, torch.Tensor):
+        return (a.dtype, a.data_ptr() % 16 == 0)
+    if type(a) is int or a is None or type(a) is str:
+        return a
+    if type(a) in (float, bool):  # passed by value, never specialized on it
+        return type(a)
+    raise _EggNoKey(type(a).__name__)
+
+
+def _egg_launch_tail(params, kwargs):
+    """How to pass a kernel's parameters after its positional arguments, as Triton's binder
+    does: (name, True) for a keyword's value (read at each launch: a tensor or float keyword
+    changes), (default, False) for a default; None where a parameter has neither."""
+    out = []
+    for name, has_default, default in params:
+        if name in kwargs:
+            out.append((name, True))
+        elif not has_default:
+            return None
+        else:
+            out.append((default, False))
+    return tuple(out)
+
+
+def _egg_launchable(fn, kernel):
+    """May a launch skip JITFunction.run for ``kernel`` (what it returned)? A CompiledKernel
+    (Triton's path returned one: not the interpreter, not a recorder), no pre-run hooks on the
+    function and no stage-inspection hook (both act inside JITFunction.run; launch hooks are the
+    compiled kernel's runner's own)."""
+    from triton import knobs
+
+    return (hasattr(kernel, "packed_metadata") and hasattr(kernel, "function")
+            and not getattr(fn, "pre_run_hooks", None)
+            and getattr(knobs.runtime, "add_stages_inspection_hook", None) is None)
+
+
+def _egg_launcher(fn):
+    """A generated file's launched Triton kernel behind an _egg_Launcher, on a GPU (Triton's
+    interpreter launches interpreted functions: left as they are)."""
+    from triton.runtime.jit import JITFunction
+
+    return _egg_Launcher(fn) if type(fn) is JITFunction else fn
