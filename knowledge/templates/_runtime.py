@@ -442,16 +442,28 @@ def _egg_mask_fits(mask, q, k):
     return None
 
 
+#: layouts _egg_complex_fits passed (shape, strides, offset, dtypes, method, view shape): a call
+#: with one of them skips the meta-tensor check (~13 us; bounded: cleared past 1024 entries)
+_EGG_COMPLEX_OK = set()
+
+
 def _egg_complex_fits(x, dtype, method, *shape):
     """Raise as ``torch.view_as_complex(x.to(dtype).<method>(*shape))`` would (a last dim of
     stride 1, other strides and the offset even): the complex-rotation rewrite reads x's pairs
     at their columns and never makes that view, so the strides it needed are checked here, on a
-    meta tensor of x's layout (no data is read or copied)."""
+    meta tensor of x's layout (no data is read or copied). A layout that passed once passes
+    again without the check (_EGG_COMPLEX_OK)."""
+    key = (tuple(x.shape), x.stride(), x.storage_offset(), x.dtype, dtype, method, shape)
+    if key in _EGG_COMPLEX_OK:
+        return None
     need = x.storage_offset() + sum((n - 1) * st for n, st in zip(x.shape, x.stride())) + 1
     m = torch.empty(need, dtype=x.dtype, device="meta").as_strided(x.shape, x.stride(), x.storage_offset())
     if dtype is not None:
         m = m.to(dtype)
     torch.view_as_complex(m.reshape(*shape) if method == "reshape" else m.view(*shape))
+    if len(_EGG_COMPLEX_OK) > 1024:
+        _EGG_COMPLEX_OK.clear()
+    _EGG_COMPLEX_OK.add(key)
     return None
 
 
