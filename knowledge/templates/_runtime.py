@@ -790,7 +790,7 @@ def _egg_route(module, key, args):
     return fast
 
 
-# ---- launches (principle host-launch-path): Triton's JITFunction.run binds and specializes every
+# ---- launches (the host path, docs/dropin.md): Triton's JITFunction.run binds and specializes every
 # argument again on each launch (~33 us of host time a launch of a 33-argument kernel on the lent
 # H100's host, where the compiled kernel's own launcher takes ~11 us); a generated module's small
 # kernels (norms, RoPE, decode attention: 0.03-0.1 ms on the GPU) were host-bound. Each launched

@@ -32,7 +32,7 @@ INFO = TemplateInfo(
     # (tuning table knowledge/tuning/pointwise.yaml lists the measured space).
     tunables={"BLOCK": [512, 1024, 2048, 4096, 8192], "num_warps": [2, 4, 8, 16]},
     defaults={"BLOCK": 1024, "num_warps": 4},
-    principle_ids=["alg-fuse-pointwise-chain", "alg-fp32-accumulate", "mem-block-count"],
+    principle_ids=["alg-fuse-pointwise-chain", "alg-fp32-accumulate", "mem-block-count", "mem-vector-loads"],
     description="elementwise chain; flat or strided-broadcast indexing per input",
 )
 
