@@ -24,12 +24,12 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import torch  # noqa: E402
 
-from gpu_llm_kernels import _inputs, _seeded_model  # noqa: E402
+from gpu_llm_kernels import _inputs, _seeded_model, caller  # noqa: E402
 from harness.problem import load_module, load_problem  # noqa: E402
 from harness.timing import bench, device_time  # noqa: E402
 
 
-def host_us(f, n: int = 200) -> tuple[float, float]:
+def host_us(f, n: int = 200, digits: int = 1) -> tuple[float, float]:
     """(us per call to issue n calls, us per call until they finished)."""
     f()
     torch.cuda.synchronize()
@@ -39,7 +39,7 @@ def host_us(f, n: int = 200) -> tuple[float, float]:
     t1 = time.perf_counter()
     torch.cuda.synchronize()
     t2 = time.perf_counter()
-    return round((t1 - t0) * 1e6 / n, 1), round((t2 - t0) * 1e6 / n, 1)
+    return round((t1 - t0) * 1e6 / n, digits), round((t2 - t0) * 1e6 / n, digits)
 
 
 def main(argv: list[str]) -> int:
@@ -56,10 +56,7 @@ def main(argv: list[str]) -> int:
         xs = _inputs(prob, "cuda")
 
         def call(m):
-            def f():
-                with torch.no_grad():
-                    return m(*xs)
-            return f
+            return caller(m, xs)
 
         with torch.no_grad():
             want = ref(*xs)

@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import torch  # noqa: E402
 
-from gpu_llm_kernels import _egg_source, _inputs, _seeded_model  # noqa: E402
+from gpu_llm_kernels import _egg_source, _inputs, _seeded_model, caller  # noqa: E402
 from harness import roofline  # noqa: E402
 from harness.hardware import detect  # noqa: E402
 from harness.problem import load_module, load_problem  # noqa: E402
@@ -99,10 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     saved = {k: getattr(tmod, k) for k in consts}
 
     def call(m):
-        def f():
-            with torch.no_grad():
-                return m(*xs)
-        return f
+        return caller(m, xs)
 
     with torch.no_grad():
         want = ref(*xs)

@@ -114,6 +114,14 @@ def _inputs(prob, device):
     return [x.to(device) if isinstance(x, torch.Tensor) else x for x in prob.inputs()]
 
 
+def caller(m, xs):
+    """A function of no arguments calling ``m(*xs)`` under no_grad (what the timers take)."""
+    def f():
+        with torch.no_grad():
+            return m(*xs)
+    return f
+
+
 def _time(fn, dev) -> dict | str:
     try:
         return bench(fn, dev)
@@ -179,10 +187,7 @@ def run_one(path: pathlib.Path, folder: pathlib.Path, trials: int, do_compile: b
     floor = roofline.floor(cnt, hw.peak_tflops, hw.mem_bandwidth_gbs).ms
 
     def call(m):
-        def f():
-            with torch.no_grad():
-                return m(*xs)
-        return f
+        return caller(m, xs)
 
     eager = _time(call(model), dev)
     dev_eager, dev_comp = _device(call(model), dev), {}

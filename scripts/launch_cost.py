@@ -12,7 +12,6 @@ from __future__ import annotations
 import inspect
 import pathlib
 import sys
-import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -23,19 +22,14 @@ import triton  # noqa: E402
 from triton.runtime import driver  # noqa: E402
 from triton.runtime.jit import JITFunction  # noqa: E402
 
+from ab_files import host_us  # noqa: E402
 from gpu_llm_kernels import _inputs, _seeded_model  # noqa: E402
 from harness.problem import load_module, load_problem  # noqa: E402
 
 
 def per_call(f, n: int = 300) -> float:
-    f()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        f()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    return (t1 - t0) * 1e6 / n
+    """us per call to issue n calls (ab_files.host_us, without its rounding)."""
+    return host_us(f, n, digits=3)[0]
 
 
 def main(argv: list[str]) -> int:
