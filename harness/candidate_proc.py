@@ -123,7 +123,10 @@ def _send_failure(conn, e: BaseException, creq: dict, what_ran: str, category: s
 
 
 def count_triton_launches():
-    """Count Triton kernel launches in this process (installed before the candidate loads)."""
+    """Count Triton kernel launches in this process (installed before the candidate loads):
+    ``kernel[grid](...)`` (JITFunction.run, or the interpreter's) and a compiled kernel's own
+    runner (``compiled[grid]``: a generated file's launcher, knowledge/templates/_runtime.py
+    _egg_Launcher, takes it after a kernel's first launch)."""
     counter = {"n": 0}
     try:
         from triton.runtime.jit import JITFunction
@@ -135,6 +138,18 @@ def count_triton_launches():
             return orig(self, *a, **k)
 
         JITFunction.run = run
+        try:
+            from triton.compiler.compiler import CompiledKernel
+
+            orig_g = CompiledKernel.__getitem__
+
+            def getitem(self, grid):
+                counter["n"] += 1
+                return orig_g(self, grid)
+
+            CompiledKernel.__getitem__ = getitem
+        except Exception:  # noqa: BLE001 - a triton without CompiledKernel.__getitem__
+            pass
         try:
             from triton.runtime.interpreter import InterpretedFunction
 

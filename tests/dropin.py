@@ -253,7 +253,7 @@ def check_dropin(problem_source: str, modelnew_source: str, *, seed: int = 0, at
     pmod, cmod = load_sources(problem_source, modelnew_source)
     box = [0]
     for name, v in list(vars(cmod).items()):
-        if type(v).__name__ in ("JITFunction", "InterpretedFunction") and (
+        if type(v).__name__ in ("JITFunction", "InterpretedFunction", "_egg_Launcher") and (
                 name.startswith("_egg_k_") or name == "_egg_transpose_kernel"):
             setattr(cmod, name, _Count(v, box))  # kernels, not the @triton.jit helpers they call
     init = pmod.get_init_inputs()

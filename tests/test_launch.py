@@ -25,7 +25,7 @@ class _Compiled:
     def __init__(self, log):
         self.log = log
 
-    def __getitem__(self, grid):
+    def __getitem__(self, grid):  # the verifier counts launches here (candidate_proc)
         return lambda *args: self.log.append(("fast", grid, args))
 
 
@@ -204,3 +204,26 @@ def test_a_generated_file_puts_its_launched_kernels_behind_launchers(write_probl
     x, c = torch.randn(3, 5, 16), torch.randn(5, 16)
     with torch.no_grad():
         torch.testing.assert_close(m(x, c), mod.Model()(x, c))
+
+
+def test_the_verifier_counts_a_compiled_kernel_s_runner_as_a_launch():
+    """harness.candidate_proc.count_triton_launches counts JITFunction.run and also
+    CompiledKernel.__getitem__ (the launcher's path after a kernel's first launch), so a
+    verified call that launched its kernels directly is not taken for one that launched none.
+    Run in a child process: the counter patches Triton's classes for the whole process."""
+    import subprocess
+    import sys
+
+    code = (
+        "from harness.candidate_proc import count_triton_launches\n"
+        "c = count_triton_launches()\n"
+        "from triton.compiler.compiler import CompiledKernel\n"
+        "class K:\n"
+        "    def _init_handles(self):\n"
+        "        pass\n"
+        "runner = CompiledKernel.__getitem__(K(), (1, 1, 1))\n"
+        "assert callable(runner)\n"
+        "print(c['n'])\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "1"

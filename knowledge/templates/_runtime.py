@@ -811,9 +811,9 @@ class _egg_Launcher:
     tensor's dtype and 16-byte alignment, an int's value (Triton's 1 / multiple-of-16 / 64-bit
     specializations are functions of it), a float's or a bool's type (Triton passes them by
     value) or None. A key seen before
-    launches the CompiledKernel Triton returned for it, with the arguments Triton's binder would
-    pass (positional ones, then the kernel's other parameters from the keywords or their
-    defaults). Anything else (a callable grid, an argument the key cannot take, Triton's hooks
+    launches the CompiledKernel Triton returned for it (``compiled[grid](*args)``, its runner),
+    with the arguments Triton's binder would pass (positional ones, then the kernel's other
+    parameters from the keywords or their defaults). Anything else (a callable grid, an argument the key cannot take, Triton's hooks
     in use, a recording or interpreted kernel that returns no CompiledKernel) takes Triton's own
     path every time."""
 
@@ -848,15 +848,15 @@ class _egg_Launcher:
         except Exception:  # noqa: BLE001 - no CUDA (the compile check's recorder), an unhashable value
             key = hit = None
         if hit is not None:
-            runner, tail = hit
-            return runner(*args, *[kwargs[x] if by_name else x for x, by_name in tail])
+            kernel, grid3, tail = hit  # kernel[grid3]: CompiledKernel's runner (counted by the verifier)
+            return kernel[grid3](*args, *[kwargs[x] if by_name else x for x, by_name in tail])
         kernel = self.fn[grid](*args, **kwargs)
         if key is not None and _egg_launchable(self.fn, kernel):
             tail = _egg_launch_tail(self.params[len(args):], kwargs)
             if tail is not None:
                 if len(self.cache) >= _EGG_LAUNCH_KEEP:
                     self.cache.clear()
-                self.cache[key] = (kernel[tuple(grid) + (1,) * (3 - len(grid))], tail)
+                self.cache[key] = (kernel, tuple(grid) + (1,) * (3 - len(grid)), tail)
         return kernel
 
 
