@@ -5,7 +5,8 @@ lookups (us per call, 300 calls without synchronize). Also writes the installed 
 CompiledKernel source next to OUT (what _egg_Launcher relies on).
 
     source scripts/gpu_env.sh
-    python scripts/launch_cost.py OUT.txt GENERATED.py WORKLOAD.py   # e.g. a file emitted for workloads/llm/03_rope.py
+    python scripts/launch_cost.py OUT.txt GENERATED.py WORKLOAD.py
+    # GENERATED.py: e.g. a file emitted for workloads/llm/03_rope.py (gpu_llm_kernels._egg_source)
 """
 from __future__ import annotations
 

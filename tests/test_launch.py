@@ -131,7 +131,8 @@ def test_launches_the_key_cannot_hold_always_take_triton_s_path(device0, monkeyp
     cases = {
         "callable grid": (_JIT(), lambda k: k[lambda meta: (1,)](x, 8, BLOCK=8)),
         "an argument of another kind": (_JIT(), lambda k: k[(1,)](x, [8], BLOCK=8)),
-        "no CompiledKernel returned (a recorder, the interpreter)": (_JIT(returns=False), lambda k: k[(1,)](x, 8, BLOCK=8)),
+        "no CompiledKernel returned (a recorder, the interpreter)":
+            (_JIT(returns=False), lambda k: k[(1,)](x, 8, BLOCK=8)),
         "a parameter with neither keyword nor default": (_JIT(), lambda k: k[(1,)](x, 8)),
     }
     for what, (fn, call) in cases.items():

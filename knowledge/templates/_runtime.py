@@ -790,8 +790,8 @@ def _egg_route(module, key, args):
     return fast
 
 
-# ---- launches (the host path, docs/dropin.md): Triton's JITFunction.run binds and specializes every
-# argument again on each launch (~33 us of host time a launch of a 33-argument kernel on the lent
+# ---- launches (the host path, docs/dropin.md): Triton's JITFunction.run binds and specializes
+# every argument again on each launch (~33 us of host time for a 33-argument kernel on a lent
 # H100's host, where the compiled kernel's own launcher takes ~11 us); a generated module's small
 # kernels (norms, RoPE, decode attention: 0.03-0.1 ms on the GPU) were host-bound. Each launched
 # kernel of a file goes through _egg_Launcher: the first launch of an argument signature takes
@@ -810,18 +810,19 @@ class _egg_Launcher:
     device, each constexpr's and option's (num_warps, ...) value and, per other argument, a
     tensor's dtype and 16-byte alignment, an int's value (Triton's 1 / multiple-of-16 / 64-bit
     specializations are functions of it), a float's or a bool's type (Triton passes them by
-    value) or None. A key seen before
-    launches the CompiledKernel Triton returned for it (``compiled[grid](*args)``, its runner),
-    with the arguments Triton's binder would pass (positional ones, then the kernel's other
-    parameters from the keywords or their defaults). Anything else (a callable grid, an argument the key cannot take, Triton's hooks
-    in use, a recording or interpreted kernel that returns no CompiledKernel) takes Triton's own
-    path every time."""
+    value) or None. A key seen before launches the CompiledKernel Triton returned for it
+    (``compiled[grid](*args)``, its runner), with the arguments Triton's binder would pass
+    (positional ones, then the kernel's other parameters from the keywords or their defaults).
+    Anything else (a callable grid, an argument the key cannot take, pre-run or stage hooks, a
+    recording or interpreted kernel that returns no CompiledKernel) takes Triton's own path
+    every time."""
 
     def __init__(self, fn):
         self.fn = fn
         self.cache = {}
         params = getattr(fn, "params", None)
-        ok = params is not None and all(hasattr(p, "has_default") and hasattr(p, "is_constexpr") for p in params)
+        ok = params is not None and all(hasattr(p, "has_default") and hasattr(p, "is_constexpr")
+                                        for p in params)
         self.params = [(p.name, p.has_default, p.default) for p in params] if ok else None
         self.const = tuple(p.is_constexpr for p in params) if ok else ()
         self.values = {p.name for p in params if not p.is_constexpr} if ok else set()
