@@ -148,11 +148,10 @@ def render(spec: PointwiseSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         follow = "False" if rolled else "True"
         wbody = [
             f"ts = ({args},)",
-            f"BLOCK = {int(cfg['BLOCK'])}",
-            f"plan = _egg_pointwise_plan(ts, {follow}, BLOCK)",
+            f"plan = _egg_pointwise_plan(ts, {follow}, {int(cfg['BLOCK'])})",
             "if plan is None:  # strides that do not collapse to 4 dims (a permuted input): copies do",
             "    ts = tuple(t.contiguous() for t in ts)",
-            f"    plan = _egg_pointwise_plan(ts, {follow}, BLOCK)",
+            f"    plan = _egg_pointwise_plan(ts, {follow}, {int(cfg['BLOCK'])})",
             "if plan is None:",
             "    raise RuntimeError(f'EGG: pointwise domain {tuple(_egg_broadcast_shape(ts))} needs more than 4 dimensions')",
             "shape, order, n, grid, ints, flags = plan",
