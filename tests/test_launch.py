@@ -228,26 +228,3 @@ def test_the_verifier_counts_a_compiled_kernel_s_runner_as_a_launch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "1"
-
-
-def test_a_pointwise_launch_plan_is_remembered_per_shapes_and_strides(monkeypatch):
-    """_egg_pointwise_plan: the second call with the operands' shapes and strides takes the
-    first one's plan without computing it again; another stride or shape, another block or walk
-    rule makes its own; strides that do not collapse to 4 dims give None (the wrapper copies)."""
-    monkeypatch.setattr(R, "_EGG_PW_PLANS", {})
-    calls = []
-    real = R._egg_broadcast_shape
-    monkeypatch.setattr(R, "_egg_broadcast_shape", lambda ts: calls.append(1) or real(ts))
-    q, c = torch.randn(2, 3, 40, 64), torch.randn(40, 64)
-    p1 = R._egg_pointwise_plan((q, c), False, 1024)
-    p2 = R._egg_pointwise_plan((torch.randn(2, 3, 40, 64), torch.randn(40, 64)), False, 1024)
-    assert p2 is p1 and len(calls) == 1
-    shape, order, n, grid, ints, flags = p1
-    assert tuple(shape) == (2, 3, 40, 64) and n == 2 * 3 * 40 * 64
-    assert flags["F0"] is True and flags["F1"] is False and flags["ROWS"] is True
-    assert R._egg_pointwise_plan((q.transpose(1, 2), torch.randn(40, 3, 1)), False, 1024) is not p1
-    assert R._egg_pointwise_plan((q, c), False, 2048) is not p1
-    assert R._egg_pointwise_plan((q, c), True, 1024) is not p1
-    assert len(calls) == 4
-    odd = torch.randn(2, 3, 4, 5, 6, 7).permute(5, 3, 1, 4, 2, 0)  # six dims that do not merge
-    assert R._egg_pointwise_plan((odd, torch.randn(7, 5, 3, 6, 4, 2)), True, 1024) is None

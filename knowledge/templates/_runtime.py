@@ -140,41 +140,6 @@ def _egg_pointwise_rows(dims, flat, block):
     return True, min(block, _egg_pow2(dims[3]))
 
 
-#: pointwise launch plans per (operands' shapes and strides, block, walk rule): a call with the
-#: shapes and strides of an earlier one takes its plan (bounded: cleared past 1024 entries)
-_EGG_PW_PLANS = {}
-
-
-def _egg_pointwise_plan(ts, follow_memory, block):
-    """A non-tiled pointwise launch's plan for operands ``ts``: (domain shape, walk order, number
-    of elements, grid, the kernel's integer arguments after the output, its flag keywords), or
-    None where the strides do not collapse to 4 dims (the caller copies). Everything in it is a
-    function of the operands' shapes and strides (and the block), so it is remembered per those
-    (_EGG_PW_PLANS): the wrapper's per-call work is the key, the allocation and the launch
-    (~7 us of ~10 of Python a call on the CPU machine for RoPE's four operands)."""
-    key = (block, follow_memory) + tuple((t.shape, t.stride()) for t in ts)
-    got = _EGG_PW_PLANS.get(key, 0)
-    if got == 0:
-        shape = _egg_broadcast_shape(ts)
-        lay = _egg_pointwise_layout(shape, ts, follow_memory)
-        got = None
-        if lay is not None:
-            dims, sts, flat, order = lay
-            n = shape.numel()  # a torch.Size (_egg_broadcast_shape)
-            rows, b = _egg_pointwise_rows(dims, flat, block)
-            rb = max(1, block // b) if rows else 1  # rows a program takes: a block's worth
-            grid = ((_egg_cdiv(n // dims[3], rb) * _egg_cdiv(dims[3], b),) if rows and n
-                    else (_egg_cdiv(n, b),))
-            ints = (n, dims[1], dims[2], dims[3], *[s for st in sts for s in st])
-            flags = {**{f"F{i}": f for i, f in enumerate(flat)}, "I64": n + block >= 2**31,
-                     "ROWS": rows, "RB": rb, "BLOCK": b}
-            got = (shape, order, n, grid, ints, flags)
-        if len(_EGG_PW_PLANS) > 1024:
-            _EGG_PW_PLANS.clear()
-        _EGG_PW_PLANS[key] = got
-    return got
-
-
 def _egg_layout_of(shape, tensors, follow_memory):
     order = _egg_memory_order(shape, tensors) if follow_memory else list(range(len(shape)))
     strides = [[s[d] for d in order] for s in (_egg_bstrides(t, shape) for t in tensors)]

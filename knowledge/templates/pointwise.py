@@ -131,37 +131,18 @@ def render(spec: PointwiseSpec, cfg: dict, kname: str, gname: str) -> Rendered:
             f"    {kname}_t[(nct * _egg_cdiv(S, BS), N)]({t_args})",
             f"    return {ret}",
         ]
-    if tiled:
-        wbody += [
-            *out_allocs,
-            f"n = o0.numel()",
-            "if n == 0:",
-            f"    return {ret}",
-            # rows of the innermost collapsed dim when an operand needs a strided index and the rows
-            # are long enough to fill a block (_egg_pointwise_rows); else the flat walk
-            "rows, B = _egg_pointwise_rows(dims, flat, BLOCK)",
-            "RB = max(1, BLOCK // B) if rows else 1  # rows a program takes: a block's worth",
-            "grid = (_egg_cdiv(n // dims[3], RB) * _egg_cdiv(dims[3], B),) if rows else (_egg_cdiv(n, B),)",
-            f"{kname}[grid]({launch_args})",
-        ]
-    else:  # the launch's plan remembered per shapes and strides (_egg_pointwise_plan)
-        follow = "False" if rolled else "True"
-        wbody = [
-            f"ts = ({args},)",
-            f"plan = _egg_pointwise_plan(ts, {follow}, {int(cfg['BLOCK'])})",
-            "if plan is None:  # strides that do not collapse to 4 dims (a permuted input): copies do",
-            "    ts = tuple(t.contiguous() for t in ts)",
-            f"    plan = _egg_pointwise_plan(ts, {follow}, {int(cfg['BLOCK'])})",
-            "if plan is None:",
-            "    raise RuntimeError(f'EGG: pointwise domain {tuple(_egg_broadcast_shape(ts))} needs more than 4 dimensions')",
-            "shape, order, n, grid, ints, flags = plan",
-            "dev = ts[0].device",
-            *[f"o{j} = _egg_empty(shape, order, torch.{dt}, dev)" for j, (_v, dt) in enumerate(spec.outputs)],
-            "if n == 0:",
-            f"    return {ret}",
-            f"{kname}[grid](*ts, {', '.join(f'o{j}' for j in range(len(spec.outputs)))}, *ints, **flags, "
-            f"num_warps={int(cfg['num_warps'])})",
-        ]
+    wbody += [
+        *out_allocs,
+        f"n = o0.numel()",
+        "if n == 0:",
+        f"    return {ret}",
+        # rows of the innermost collapsed dim when an operand needs a strided index and the rows
+        # are long enough to fill a block (_egg_pointwise_rows); else the flat walk
+        "rows, B = _egg_pointwise_rows(dims, flat, BLOCK)",
+        "RB = max(1, BLOCK // B) if rows else 1  # rows a program takes: a block's worth",
+        "grid = (_egg_cdiv(n // dims[3], RB) * _egg_cdiv(dims[3], B),) if rows else (_egg_cdiv(n, B),)",
+        f"{kname}[grid]({launch_args})",
+    ]
     wbody += [f"o{j} = _egg_standard_layout(o{j})" for j in spec.std_outputs]
     wbody.append(f"return {ret}")
     wrapper = f"def {gname}({args}):\n{indent(wbody, 4)}\n"
