@@ -1,6 +1,7 @@
 """Convolutions in channels-last order (codegen.layout, principle mem-conv-channels-last): where
 the rewrite applies, where it must not, what the generated ModelNew does with layouts, and the
 memory optimizer's choice of it. GPU speed is measured on the device (docs/results/)."""
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -217,6 +218,25 @@ def test_memory_format_walk_of_the_pointwise_runtime():
     assert mod._egg_memory_order((2, 3, 4, 5), [x[:, :, :2]]) == [0, 1, 2, 3]  # not full-size
     e = mod._egg_empty((2, 3, 4, 5), [0, 2, 3, 1], torch.float32, "cpu")
     assert e.shape == (2, 3, 4, 5) and e.stride() == x.stride()
+    e = mod._egg_empty(torch.Size((2, 3, 4, 5)), [0, 1, 2, 3], torch.float32, "cpu")
+    assert e.shape == (2, 3, 4, 5) and e.is_contiguous()
+
+
+def test_broadcast_shapes_remembered_per_operand_shapes():
+    """The runtime's broadcast shape equals torch's for every call, also the ones whose shapes
+    it remembered, and a pair that does not broadcast raises every time (never remembered)."""
+    from knowledge.templates import _runtime as mod
+
+    cases = [((4, 1, 3), (5, 1)), ((2, 3), (3,)), ((1,), (7, 1, 2)), ((2, 3), (2, 3)), ((), (4,)),
+             ((1, 3), (4, 1)), ((1, 3), (3,))]  # one first shape, two results
+    for _ in range(2):  # the second round reads the memo
+        for a, b in cases:
+            got = mod._egg_broadcast_shape([torch.empty(a), torch.empty(b)])
+            assert got == torch.broadcast_shapes(a, b) and isinstance(got, torch.Size)
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="must match"):
+            mod._egg_broadcast_shape([torch.empty(2, 3), torch.empty(4)])
+    assert all(k != (torch.Size((2, 3)), torch.Size((4,))) for k in mod._EGG_BSHAPES)
 
 
 def test_memory_optimizer_offers_channels_last_once_on_a_gpu(write_problem):
