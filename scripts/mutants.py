@@ -373,6 +373,16 @@ MUTANTS: list[Mutant] = [
            "        tl.store(OUT + tl.program_id(0), 0)\n",
            ("tests/test_timing.py::test_device_time_read_flush_reads_every_element_and_is_left_out_by_the_same_name",),
            "the clean-L2 device time with the L2 never emptied: kernels timed warm"),
+    Mutant("broadcast-memo-first-shape", "knowledge/templates/_runtime.py",
+           "    key = tuple(t.shape for t in ts)\n    got = _EGG_BSHAPES.get(key)\n",
+           "    key = tuple(t.shape for t in ts)[:1]\n    got = _EGG_BSHAPES.get(key)\n",
+           ("tests/test_layout.py::test_broadcast_shapes_remembered_per_operand_shapes",),
+           "a pointwise domain remembered for another call whose first operand had the same shape"),
+    Mutant("empty-ignores-walk-order", "knowledge/templates/_runtime.py",
+           "    if order == sorted(order):\n        return torch.empty(shape, dtype=dtype, device=device)\n",
+           "    if True:\n        return torch.empty(shape, dtype=dtype, device=device)\n",
+           ("tests/test_layout.py::test_memory_format_walk_of_the_pointwise_runtime",),
+           "outputs of a channels-last walk allocated in the standard order: written at the wrong offsets"),
 
 ]
 
