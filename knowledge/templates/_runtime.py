@@ -858,8 +858,9 @@ class _egg_Launcher:
         for name, a in kwargs.items():
             parts.append(name)
             parts.append(_egg_launch_key(a) if name in values else a)
-        for a, const in zip(args, self.const):
-            parts.append(a if const else _egg_launch_key(a))
+        # an int (most arguments: sizes, strides) is its own key: no call for it
+        parts += [a if const or type(a) is int else _egg_launch_key(a)
+                  for a, const in zip(args, self.const)]
         return tuple(parts)
 
     def launch(self, grid, args, kwargs):
