@@ -245,6 +245,10 @@ MUTANTS: list[Mutant] = [
     Mutant("pool-max-identity", "knowledge/templates/pool.py",
            'ident = \'float("-inf")\' if spec.op == "max" else "0.0"', 'ident = "0.0"', TEMPLATES,
            "max pooling over the padding of an all-negative window is 0"),
+    Mutant("magic-division-short-shift", "knowledge/templates/_runtime.py",
+           "return -(-(1 << (31 + l)) // d), l - 1", "return (1 << (31 + l)) // d, l - 1",
+           ("tests/test_templates.py::test_magic_division_matches_floor_division",),
+           "the magic multiplier rounded down: n // d one short at some multiples of d"),
     # -- graph/checkpoints.py: the state survives a checkpoint round trip typed
     # (the types that only ever sit inside another record, TensorSpec, OutputError, TrialRecord
     # and Attempt, are rebuilt by their parent's validation: leaving them off changes nothing,

@@ -7,7 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
-from knowledge.templates._runtime import _egg_tanh
+from knowledge.templates._runtime import _egg_fdiv, _egg_magic, _egg_tanh
 from tests.helpers import generated_matches
 
 HEAD = "import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n"
@@ -91,6 +91,14 @@ CASES = {
         "x, y):\n        return F.avg_pool2d(x, 3, 2, 1), self.p(y)\n",
         "[torch.randn(2, 3, 37, 29), torch.randn(2, 3, 9, 10, 11)]",
         members="        self.p = nn.AvgPool3d(2, ceil_mode=True, count_include_pad=False)\n"), None),
+    # output rows of 7 (a prologue and a broadcast epilogue), 33 and 1000 split across blocks of
+    # 256: the output index divided by its magic numbers (_egg_fdiv)
+    "pool_tiles": ("pool", problem(
+        "x, y, z):\n        return (torch.relu(F.max_pool2d(x * 0.5 - 1.0, 3, 2) + self.b),\n"
+        "                F.avg_pool1d(y, 3, 2), F.max_pool1d(z, 4, 2, 1))\n",
+        "[torch.randn(2, 5, 15, 16), torch.randn(2, 3, 67), torch.randn(1, 3, 2000)]",
+        members="        self.b = nn.Parameter(torch.randn(5, 1, 7))\n"),
+        {g: {"BLOCK": 256} for g in ("g0", "g1", "g2")}),
     # fp32 products run as 3xTF32 on tensor cores: the interpreter computes them exactly
     "matmul_linear_epilogue": ("matmul", problem(
         "x, r):\n        return F.gelu(self.fc(x)) * 0.5 + r\n",
@@ -341,3 +349,26 @@ def test_wrappers_compute_launch_sizes_in_plain_python():
         assert _egg_pow2(n) == triton.next_power_of_2(n), n
         for d in (1, 3, 64, 1024):
             assert _egg_cdiv(n, d) == triton.cdiv(n, d), (n, d)
+
+
+
+
+@triton.jit
+def _fdiv_kernel(X, Y, d, m, s, BLOCK: tl.constexpr):
+    o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(Y + o, _egg_fdiv(tl.load(X + o), d, m, s))
+
+
+def test_magic_division_matches_floor_division():
+    """_egg_fdiv(n, d, *_egg_magic(d)) == n // d for int32 0 <= n < 2**31: divisors 1 (the
+    special case), powers of two, their neighbours, primes and the largest int32, numerators at
+    0, multiples of d and their neighbours, and the top of the range."""
+    g = torch.Generator().manual_seed(0)
+    for d in (1, 2, 3, 7, 56, 64, 65, 4095, 65523, 2**20 + 7, 12345678, 2**30, 2**31 - 1):
+        edge = [0, 1, d - 1, d, d + 1, 2 * d - 1, 2 * d, 2**31 - 1, 2**31 - 2, 2**31 - d]
+        xs = torch.cat([torch.tensor([v for v in edge if 0 <= v < 2**31]),
+                        torch.randint(0, 2**31 - 1, (500,), generator=g)]).to(torch.int32)
+        xs = torch.cat([xs, xs[: -xs.numel() % 64]]) if xs.numel() % 64 else xs
+        y = torch.empty_like(xs)
+        _fdiv_kernel[(xs.numel() // 64,)](xs, y, d, *_egg_magic(d), BLOCK=64)
+        assert torch.equal(y.long(), xs.long() // d), d

@@ -222,6 +222,24 @@ def _egg_pool_out(i, k, s, p, d, ceil):
     return o
 
 
+def _egg_magic(d):
+    """(m, s) with n // d == umulhi(n, m) >> s for every 0 <= n < 2**31: Granlund and
+    Montgomery's round-up multiplier (N = 31 bits, l = ceil(log2 d), m = ceil(2**(31 + l) / d)
+    < 2**32). d == 1 (or 0, never a divisor here): (0, 0), which _egg_fdiv answers with n."""
+    if d <= 1:
+        return 0, 0
+    l = (d - 1).bit_length()
+    return -(-(1 << (31 + l)) // d), l - 1
+
+
+@triton.jit
+def _egg_fdiv(n, d, m, s):
+    """n // d for int32 0 <= n < 2**31, (m, s) = _egg_magic(d): a multiply-high and a shift
+    where a division by a runtime int costs about twenty instructions per element."""
+    q = (tl.umulhi(n.to(tl.uint32), m.to(tl.uint32)) >> s.to(tl.uint32)).to(tl.int32)
+    return tl.where(d == 1, n, q)
+
+
 @triton.jit
 def _egg_index4(offs, D1, D2, D3, S0, S1, S2, S3):
     """Offset of flat domain index offs in a tensor with strides S over dims (., D1, D2, D3)."""

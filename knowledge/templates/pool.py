@@ -63,7 +63,8 @@ def render(spec: PoolSpec, cfg: dict, kname: str, gname: str) -> Rendered:
     outs = [f"O{j}" for j in range(len(spec.outputs))]
     epi_strides = [f"E{i}_{d}" for i in spec.epi_inputs for d in range(4)]
     epi_flags = [f"F{i}: tl.constexpr" for i in spec.epi_inputs]
-    sig = ", ".join(ins + outs + ["N_OUT", "C", "ID", "IH", "IW", "OD", "OH", "OW", "D1", "D2", "D3"]
+    sig = ", ".join(ins + outs + ["N_OUT", "C", "ID", "IH", "IW", "OD", "OH", "OW", "D1", "D2", "D3",
+                                  "MD", "SD", "MH", "SH", "MW", "SW"]
                     + epi_strides + epi_flags + ["I64: tl.constexpr", "BLOCK: tl.constexpr"])
     ident = 'float("-inf")' if spec.op == "max" else "0.0"
     b = [
@@ -75,11 +76,13 @@ def render(spec: PoolSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         "t = offs",
     ]
     # only the pooled dims are decomposed and bounds-checked: a 1-d pool's output index costs
-    # one division, not three by runtime sizes of 1
+    # one division, not three by runtime sizes of 1; in 32 bits a division is a multiply-high
+    # by the divisor's magic number (_egg_magic, computed on the host)
     used = list(range(3 - spec.nd, 3))
     for dim in reversed(used):
-        o, n = ["od", "oh", "ow"][dim], ["OD", "OH", "OW"][dim]
-        b += [f"{o} = t % {n}", f"t = t // {n}"]
+        o, n, ax = ["od", "oh", "ow"][dim], ["OD", "OH", "OW"][dim], "DHW"[dim]
+        b += ["if I64:", f"    {o} = t % {n}", f"    t = t // {n}", "else:",
+              f"    q = _egg_fdiv(t, {n}, M{ax}, S{ax})", f"    {o} = t - q * {n}", "    t = q"]
     b += [
         "nc = t",
         f"base = nc * ({' * '.join(['ID', 'IH', 'IW'][d] for d in used)})",
@@ -173,6 +176,7 @@ def render(spec: PoolSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         f"{kname}[(_egg_cdiv(n_out, BLOCK),)](*ts, "
         + "".join(f"o{j}, " for j in range(len(spec.outputs)))
         + "n_out, x.shape[1], I3[0], I3[1], I3[2], O3[0], O3[1], O3[2], dims[1], dims[2], dims[3], "
+        + "*_egg_magic(O3[0]), *_egg_magic(O3[1]), *_egg_magic(O3[2]), "
         + "*[s for st in sts for s in st], *flat, I64=max(x.numel(), n_out + BLOCK) >= 2**31, BLOCK=BLOCK, "
         + f"num_warps={int(cfg['num_warps'])})",
         f"return {ret}",
