@@ -58,6 +58,19 @@ def _compute(nodes) -> str:
     return "fp64" if any(O.node_dtype(n) == torch.float64 for n in nodes) else "fp32"
 
 
+_HALF = {torch.bfloat16: "tl.bfloat16", torch.float16: "tl.float16"}
+
+
+def _step_half(op: O.NOp):
+    """The 16-bit dtype a step op (a comparison) of 16-bit tensors and Python scalars computes
+    in (torch rounds the scalar to it: ``x_bf16 <= 0.1`` compares with bf16's 0.1001), else
+    None."""
+    if op.name not in O.STEP_OPS:
+        return None
+    dts = {O.node_dtype(t) for t in op.operands if isinstance(t, fx.Node)}
+    return next(iter(dts)) if len(dts) == 1 and next(iter(dts)) in _HALF else None
+
+
 class _Namer:
     """Triton expression of an operand inside one group."""
 
@@ -69,6 +82,9 @@ class _Namer:
         if o is None:
             return None
         if not isinstance(o, fx.Node):
+            half = _step_half(consumer)
+            if half is not None and isinstance(o, (int, float)) and not isinstance(o, bool):
+                o = torch.tensor(o, dtype=half).item()  # torch compares in the tensor's dtype
             return O.lit(o)
         if o in self.g.aliases:
             e = self.g.aliases[o]
@@ -78,6 +94,12 @@ class _Namer:
             e = f"v_{o.name}"
         else:
             e = f"x{self.slots[(role, o)]}"
+        if consumer.name in O.STEP_OPS and e != f"x{self.slots.get((role, o))}" \
+                and O.node_dtype(o) in _HALF:
+            # a 16-bit value computed in fp32 here is rounded before a step function reads it:
+            # eager compares (floors, ...) the rounded value, and a value one rounding apart
+            # can land on the other side of the step (a top-p threshold on a bf16 cumsum)
+            e = f"{e}.to({_HALF[O.node_dtype(o)]}).to(tl.float32)"
         is_bool = O.node_dtype(o) == torch.bool
         if consumer.name == "where" and pos == 0:
             return e if is_bool else f"({e} != 0)"

@@ -834,3 +834,6 @@ def emit(op: NOp, a: list[str | None]) -> str:
 
 
 BOOL_RESULT = {"gt", "ge", "lt", "le", "eq", "ne", "logical_not"}
+#: ops whose result jumps where their operand crosses a point: a 16-bit operand computed in the
+#: group is rounded to its dtype before them, as eager's stored intermediate is (codegen.emit)
+STEP_OPS = {"gt", "ge", "lt", "le", "eq", "ne", "floor", "ceil", "sign"}

@@ -249,6 +249,14 @@ MUTANTS: list[Mutant] = [
            "return -(-(1 << (31 + l)) // d), l - 1", "return (1 << (31 + l)) // d, l - 1",
            ("tests/test_templates.py::test_magic_division_matches_floor_division",),
            "the magic multiplier rounded down: n // d one short at some multiples of d"),
+    Mutant("step-ops-unrounded", "codegen/emit.py",
+           'e = f"{e}.to({_HALF[O.node_dtype(o)]}).to(tl.float32)"', "e = e",
+           ("tests/test_codegen_families.py::test_step_ops_read_16_bit_values_as_eager_rounds_them",),
+           "a comparison reads a bf16 intermediate unrounded: x * 1.01 <= 1.0 flips at x = 0.992"),
+    Mutant("step-literal-unrounded", "codegen/emit.py",
+           "o = torch.tensor(o, dtype=half).item()", "o = o",
+           ("tests/test_codegen_families.py::test_step_ops_read_16_bit_values_as_eager_rounds_them",),
+           "a bf16 comparison's scalar kept in fp32: x * 0.5 <= 0.1 flips at x = 0.2002"),
     # -- graph/checkpoints.py: the state survives a checkpoint round trip typed
     # (the types that only ever sit inside another record, TensorSpec, OutputError, TrialRecord
     # and Attempt, are rebuilt by their parent's validation: leaving them off changes nothing,

@@ -399,3 +399,26 @@ def test_pointwise_rows_of_the_inner_dim(name, write_problem, tmp_path):
     if name == "short_rows_many":
         assert seen[0][1:] == (256, 4)  # rows of 130 in blocks of 256, 4 rows a program
     assert got.shape == prob.Model()(*prob.inputs()).shape
+
+
+def test_step_ops_read_16_bit_values_as_eager_rounds_them(write_problem, tmp_path):
+    """A comparison or floor of a bf16 value computed inside a kernel reads it rounded to bf16,
+    and a Python scalar it is compared with is rounded to bf16 too, as torch does: over every
+    bf16 value in [0.125, 4), the kernel's steps land where eager's do, bit for bit (unrounded,
+    x * 1.01 <= 1.0 differs at x = 0.992, x * 0.5 <= 0.1 at x = 0.2002: mutants
+    step-ops-unrounded and step-literal-unrounded)."""
+    src = '''
+import torch, torch.nn as nn
+class Model(nn.Module):
+    def forward(self, x):
+        return x * 1.01 <= 1.0, x * 0.5 <= 0.1, torch.floor(x * 3.3), (x * 0.7).ceil() > x
+def get_inputs():
+    return [torch.arange(0x3E00, 0x4080, dtype=torch.int16).view(torch.bfloat16).reshape(40, 16)]
+def get_init_inputs():
+    return []
+'''
+    path = write_problem(src, "steps_bf16")
+    comp = generated_matches(path, tmp_path, seeds=(0,), atol=0.0, rtol=0.0,
+                             launched=["_egg_k_g0"])
+    assert [g.kind for g in comp.plan.groups] == ["pointwise"]
+    assert "<= 0.10009765625" in comp.emitted.source  # the scalar as bf16 holds it
