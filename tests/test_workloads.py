@@ -39,6 +39,10 @@ def test_suite_has_the_llm_operators_in_both_sizes(small_dir):
         assert "bfloat16" in a, big.name
 
 
+#: operators whose outputs are -inf where they mask by design
+MASKS = {"29_top_p_filter.py"}
+
+
 @pytest.mark.parametrize("name", [p.name for p in LLM], ids=lambda n: n[:-3])
 def test_small_reference_runs_on_cpu(name, small_dir):
     path = small_dir / name
@@ -49,8 +53,13 @@ def test_small_reference_runs_on_cpu(name, small_dir):
     with torch.no_grad():
         out = model(*xs)
     outs = out if isinstance(out, tuple) else (out,)
-    assert outs and all(isinstance(o, torch.Tensor) and torch.isfinite(o.float()).all() for o in outs)
-    assert any(isinstance(x, torch.Tensor) and x.dtype == torch.bfloat16 for x in xs)
+    # no NaN; -inf only where the operator masks (a top-p filter's tail), never everywhere
+    assert outs and all(isinstance(o, torch.Tensor) and not torch.isnan(o.float()).any()
+                        and (torch.isfinite(o.float()).all() or name in MASKS) for o in outs)
+    assert all(torch.isfinite(o.float()).any() for o in outs)
+    # bf16 data: an input, or the weights an embedding reads by token ids
+    tensors = [x for x in xs if isinstance(x, torch.Tensor)] + list(model.parameters())
+    assert any(t.dtype == torch.bfloat16 for t in tensors)
 
 
 class _NoRealTensors(TorchDispatchMode):
@@ -206,6 +215,11 @@ KINDS = {
     "23_mqa_decode_broadcast.py": ["attention"],
     # rw-linear-cross-entropy with Gemma-2's final logit soft cap: the cap in the loss's tiles
     "24_gemma_softcap_lm_head_loss.py": ["linear_ce"],
+    # the sort and the scatter stay torch calls; softmax, then the cumsum with its threshold (the
+    # bf16 cumsum rounded and the threshold compared in bf16, as eager compares them)
+    "29_top_p_filter.py": ["softmax", "scan"],
+    # rw-attention with a window mask built from position indices: one flash kernel
+    "31_sliding_window_prefill_attention.py": ["attention"],
 }
 #: files whose emitted source the verifier's static check rejects (a gap of the compiler, not of
 #: the file: `egg verify` calls the kernel a cheat and a run keeps the reference); xfail until

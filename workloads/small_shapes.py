@@ -40,6 +40,20 @@ SMALL = {
     "22_int8_weight_only_decode": "BATCH, HIDDEN, INTERMEDIATE = 2, 64, 96",
     "23_mqa_decode_broadcast": "BATCH, Q_HEADS, HEAD_DIM, CACHE_LEN = 2, 5, 16, 64",
     "24_gemma_softcap_lm_head_loss": "TOKENS, HIDDEN, VOCAB = 16, 64, 500",
+    "25_qk_norm": "BATCH, SEQ, Q_HEADS, KV_HEADS, HEAD_DIM = 2, 8, 4, 2, 16",
+    "26_partial_rope": "BATCH, HEADS, SEQ, HEAD_DIM, ROTARY_DIM = 2, 4, 8, 32, 16",
+    "27_geglu_fused_gate_up": "TOKENS, INTERMEDIATE = 16, 48",
+    "28_sampling_probs_argmax": "BATCH, VOCAB = 4, 500",
+    "29_top_p_filter": "BATCH, VOCAB = 4, 500",
+    "30_repetition_penalty": "BATCH, VOCAB, GENERATED = 4, 500, 24",
+    "31_sliding_window_prefill_attention": "BATCH, HEADS, SEQ, HEAD_DIM, WINDOW = 1, 4, 32, 16, 8",
+    "32_layer_norm_no_bias": "TOKENS, HIDDEN = 16, 96",
+    "33_gemma_rms_norm": "BATCH, SEQ, HIDDEN = 2, 8, 64",
+    "34_embedding_scale": "BATCH, SEQ, VOCAB, HIDDEN = 2, 8, 500, 64",
+    "35_moe_topk_combine": "TOKENS, EXPERTS, TOP_K, HIDDEN = 16, 8, 2, 64",
+    "36_padded_decode_attention": "BATCH, HEADS, CACHE_LEN, HEAD_DIM = 2, 4, 64, 16",
+    "37_int4_groupwise_gemv": "BATCH, HIDDEN, INTERMEDIATE, GROUP = 2, 64, 96, 32",
+    "38_qkv_split_rope": "BATCH, SEQ, Q_HEADS, KV_HEADS, HEAD_DIM = 2, 8, 4, 2, 16",
 }
 
 
