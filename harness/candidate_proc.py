@@ -55,16 +55,28 @@ AS_SLACK_BYTES = 1 << 30
 MARK = "__egg_marker__"
 
 
-def sendable(o):
+def sendable(o, received: frozenset = frozenset()):
     """An output as it crosses to the judge: plain tensors and plain values; anything else as a
-    marker naming its type (a lazy Tensor subclass is never materialized by the judge)."""
+    marker naming its type (a lazy Tensor subclass is never materialized by the judge).
+    ``received``: storages of the tensors the judge sent; an output in one of them (a view of
+    an input, as Model's own `qkv.split(...)` returns) goes as a copy: CUDA memory opened from
+    another process cannot be sent on (torch refuses "Attempted to send CUDA tensor received
+    from another process"), and the judge copies every output it receives anyway."""
     if type(o) is torch.Tensor or type(o) is torch.nn.Parameter:
+        if o.numel() and o.untyped_storage().data_ptr() in received:
+            return o.detach().clone()
         return o.detach()
     if isinstance(o, torch.Tensor):
         return (MARK, "subclass", type(o).__qualname__)
     if o is None or type(o) in (int, float, bool, complex, str):
         return o
     return (MARK, "object", type(o).__qualname__)
+
+
+def _storages(xs) -> frozenset:
+    """The storages of the tensors among ``xs`` (what the judge sent)."""
+    return frozenset(t.untyped_storage().data_ptr() for t in xs or ()
+                     if isinstance(t, torch.Tensor) and t.numel())
 
 
 def _limit_memory(creq: dict, dev: torch.device) -> None:
@@ -274,7 +286,7 @@ def main(conn, creq: dict) -> None:
                 if do_flush and dev.type == "cuda" and flush is None:
                     flush = torch.empty(FLUSH_BYTES // 4, dtype=torch.int32, device=dev)
                 times, out = run_round(lambda: model(*held), dev, int(calls), flush if do_flush else None)
-                conn.send(("round", [sendable(o) for o in flatten(out)], times))
+                conn.send(("round", [sendable(o, _storages(held)) for o in flatten(out)], times))
                 del out
                 conn.recv()  # the judge's ack: it has copied the outputs
                 continue
@@ -299,7 +311,7 @@ def main(conn, creq: dict) -> None:
                 conn.send(("raised", _describe_exc(e, traceback.format_exc(), creq.get("candidate") or "?")))
                 continue
             wall = time.perf_counter() - t0
-            safe = [sendable(o) for o in flatten(out)]
+            safe = [sendable(o, _storages(held)) for o in flatten(out)]
             conn.send(("out", safe, wall, launches["n"] - before, state_of(model)))
         except BaseException as e:  # noqa: BLE001
             _send_failure(conn, e, creq, "forward" if kind != "load" else "load_state_dict", "runtime")

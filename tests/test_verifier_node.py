@@ -185,3 +185,40 @@ def test_a_judge_past_its_deadline_reports_a_timeout_itself(tmp_path):
     assert not res["passed"] and res["category"] == "timeout", res
     assert "building the reference model" in res["reason"], res["reason"]
     assert wall < 3 + KILL_GRACE_S, wall
+
+
+def test_an_output_that_is_a_view_of_an_input_crosses_as_a_copy():
+    """The candidate process sends an output that lives in an input's memory (Model returning
+    `qkv.split(...)[2]`) as a copy: CUDA memory received from the judge cannot be sent back
+    (on the H100, workload 38's honest kernel failed every trial with torch's "Attempted to
+    send CUDA tensor received from another process"). Its own memory goes as it is."""
+    import torch
+
+    from harness.candidate_proc import _storages, sendable
+
+    x = torch.randn(4, 6)
+    own = torch.randn(3)
+    got = sendable(x[:, 2:], _storages([x]))
+    assert torch.equal(got, x[:, 2:]) and got.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
+    assert sendable(own, _storages([x])).untyped_storage().data_ptr() == own.untyped_storage().data_ptr()
+    assert sendable(x[:, 2:]).untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+
+
+def test_a_candidate_returning_a_view_of_its_input_is_verified(tmp_path):
+    """End to end on the CPU: Model and ModelNew both return a view of the input among their
+    outputs; the verdict passes (the copy changes no value the judge compares)."""
+    prob = tmp_path / "split.py"
+    prob.write_text(
+        "import torch, torch.nn as nn\n"
+        "class Model(nn.Module):\n"
+        "    def forward(self, qkv):\n"
+        "        q, k, v = qkv.split([8, 4, 4], dim=-1)\n"
+        "        return q * 2.0, k + 1.0, v\n"
+        "def get_inputs():\n    return [torch.randn(3, 5, 16)]\n"
+        "def get_init_inputs():\n    return []\n")
+    cand = tmp_path / "cand.py"
+    cand.write_text(prob.read_text() + "\nclass ModelNew(Model):\n    pass\n")
+    from harness.verify import verify
+
+    res = verify(str(prob), str(cand), device="cpu", trials=2)
+    assert res["passed"], res["reason"]
