@@ -165,8 +165,28 @@ def resize(xs: list, more: list, size: int, new: int, only_batch: bool = False) 
                     if d2 != d and y_.shape[d2] != x.shape[d2]:
                         y_ = y_.narrow(d2, 0, min(y_.shape[d2], x.shape[d2]))
                 x = torch.cat([x, y_.narrow(d, 0, min(y_.shape[d], new - size))], d)
+        if not dims and new < size and _indexes_into(x, size):
+            x = x % new  # token ids into a vocabulary that shrank: still valid ids
+            dims = [None]
         out.append(x.contiguous().clone() if dims else x)
     return out
+
+
+def index_like(x) -> bool:
+    """An integer tensor of non-negative values past 1 (ids, positions, lengths): what may index
+    a dim, so that changing the dims around it may send it out of range."""
+    return isinstance(x, torch.Tensor) and _indexes_into(x, None) and bool(x.max() > 1)
+
+
+def _indexes_into(x: torch.Tensor, size: int | None) -> bool:
+    """An integer tensor whose values could index a dim of ``size`` (all in [0, size]): ids,
+    positions, lengths. A shape trial that shrinks that dim maps them into the new range: out of
+    range, a gather on the GPU is a device-side assert that aborts the judge's process (on the
+    H100, a repetition penalty's `gather(scores, 1, ids)` with the vocabulary halved), where the
+    CPU raises."""
+    if x.dtype.is_floating_point or x.is_complex() or x.dtype == torch.bool or not x.numel():
+        return False
+    return bool(x.min() >= 0) and (size is None or bool(x.max() <= size))
 
 
 def add_rank(xs: list, more: list) -> list:

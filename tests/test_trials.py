@@ -72,6 +72,36 @@ def test_resize_changes_a_size_everywhere_it_appears():
     assert only[0].shape == (4, 10) and only[1].shape == (4, 3)
 
 
+def test_shrinking_a_size_keeps_ids_into_it_valid():
+    """Token ids into a vocabulary the trial halves stay ids into it (a gather out of range is a
+    device-side assert that aborts the judge on a GPU); ids already in range, other integers,
+    and floats are left alone, and growing a size changes no id."""
+    scores, ids = torch.randn(4, 100), torch.randint(0, 100, (4, 30))
+    small = torch.randint(0, 7, (4, 5))
+    lengths = torch.tensor([100, 37, 1, 64])
+    s2, i2, k2, l2 = TR.resize([scores, ids, small, lengths],
+                               [torch.randn(4, 100), ids, small, lengths], 100, 51)
+    assert s2.shape == (4, 51) and i2.shape == ids.shape and int(i2.max()) < 51
+    assert torch.equal(i2, ids % 51) and torch.equal(k2, small)
+    assert torch.equal(l2, torch.tensor([49, 37, 1, 13])) and int(l2.max()) <= 51
+    torch.gather(s2, 1, i2)  # valid: on the CPU an out-of-range id raises here
+    big = TR.resize([scores, ids], [torch.randn(4, 100), ids], 100, 131)
+    assert big[0].shape == (4, 131) and torch.equal(big[1], ids)
+    neg = torch.tensor([[-1, 5]])
+    assert torch.equal(TR.resize([scores, neg], [scores, neg], 100, 51)[1], neg)  # not ids
+
+
+def test_index_like_inputs_are_non_negative_integers_past_one():
+    """What the judge on a GPU keeps out of the one-more-leading-dim trial (its values may index
+    another dim there, and an out-of-range index aborts a GPU process)."""
+    assert TR.index_like(torch.randint(0, 100, (4, 30)))
+    assert TR.index_like(torch.tensor([5, 37]))
+    assert not TR.index_like(torch.tensor([0, 1, 1]))  # a 0/1 mask indexes nothing out of range
+    assert not TR.index_like(torch.tensor([-1, 5]))
+    assert not TR.index_like(torch.randn(3)) and not TR.index_like(torch.ones(3, dtype=torch.bool))
+    assert not TR.index_like(torch.zeros(0, dtype=torch.long)) and not TR.index_like(3)
+
+
 def test_add_rank_stacks_halves_of_the_batch():
     x, w = torch.randn(8, 5), torch.randn(5)
     rx, rw = TR.add_rank([x, w], [torch.randn(8, 5), torch.randn(5)])
