@@ -461,7 +461,7 @@ def run_tests(tests: tuple[str, ...], cwd: pathlib.Path, timeout_s: float) -> tu
 def _pytest(sel: str, cwd: pathlib.Path, timeout_s: float) -> tuple[str, float, str]:
     env = {**os.environ, "TRITON_INTERPRET": "1", "EGG_DEVICE": "cpu",
            "PYTHONPATH": str(cwd), "PYTHONDONTWRITEBYTECODE": "1"}
-    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", sel]
+    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-n", "0", "-p", "no:cacheprovider", sel]
     t0 = time.time()
     if timeout_s <= 0:
         return "timeout", 0.0, ""

@@ -22,6 +22,20 @@ install_shims()
 
 EXAMPLES = ROOT / "examples"
 
+#: modules whose tests share a module-scoped fixture that is expensive to build (a pool of
+#: verifications started at once, a LangGraph server, a recorded run): under pytest-xdist each
+#: stays on one worker (``--dist loadgroup``, pyproject.toml), so the fixture is built once
+SHARED_FIXTURE_MODULES = {"test_verifier_suite", "test_sandbox", "test_studio", "test_llm_run",
+                          "test_time_travel"}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        mod = item.module.__name__.rsplit(".", 1)[-1] if getattr(item, "module", None) else ""
+        if mod in SHARED_FIXTURE_MODULES:
+            item.add_marker(pytest.mark.xdist_group(mod))
+
 
 @pytest.fixture
 def write_problem(tmp_path):
