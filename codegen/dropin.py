@@ -143,6 +143,30 @@ def _search(classes: dict[int, Dims], ok: Callable[[dict], bool]) -> list[tuple[
     return free
 
 
+def _joint(free: list[tuple[Dims, int]]) -> dict:
+    return {m: size for cls, size in free for m in cls}
+
+
+def _accumulate(inputs: list, free: list[tuple[Dims, int]], lead: list[int],
+                same: Callable[..., bool]) -> tuple[list[tuple[Dims, int]], list[int]]:
+    """The free classes that hold together, when each holds alone but not all at once: each is
+    added to those kept if the file stays the same with all of them changed, at its probed size
+    or else at twice its traced size. Sizes that are only valid together (grouped-query
+    attention's query heads a multiple of its key/value heads: 4 -> 6 against 2 -> 4 raises)
+    then keep both free, where dropping every class fixed attention to its traced sequence
+    length (a prefill of any other length, a decode step past the traced cache, took Model's ops)."""
+    kept: list[tuple[Dims, int]] = []
+    for cls, size in free:
+        twice = 2 * int(inputs[cls[0][0]].shape[cls[0][1]])
+        for z in dict.fromkeys((size, twice)):
+            if same(_joint(kept + [(cls, z)])):
+                kept.append((cls, z))
+                break
+    if lead and not (kept and same(_joint(kept), lead)) and not (not kept and same({}, lead)):
+        lead = []
+    return kept, lead
+
+
 def derive_guard(inputs: list, probe: Callable[[list], str | None], base: str | None,
                  shapes_ok: Callable[[list], bool] | None = None) -> Guard:
     """The guard of one mode: which dims of ``inputs`` (meta tensors as traced) may change, found
@@ -188,8 +212,8 @@ def derive_guard(inputs: list, probe: Callable[[list], str | None], base: str | 
             if quick:  # each candidate on its own, then all of them again
                 free = [(cls, size) for cls, size in free if same({m: size for m in cls})]
                 lead = lead if lead and same({}, lead) else []
-                if len(free) + bool(lead) > 1 and not same({m: z for c, z in free for m in c}, lead):
-                    free, lead = [], []
+                if len(free) + bool(lead) > 1 and not same(_joint(free), lead):
+                    free, lead = _accumulate(inputs, free, lead, same)
             else:
                 free, lead = [], []
     for k, (cls, _size) in enumerate(free):
@@ -214,10 +238,15 @@ def confirm_guard(inputs: list, probe: Callable[[list], str | None], base: str |
                 sizes[(i, d)] = int(inputs[i].shape[d]) + 2
     if not sizes and not lead:
         return guard
-    try:
-        ok = probe(_with_sizes(inputs, sizes, lead, LEAD_PROBE if lead else None)) == base
-    except Exception:  # noqa: BLE001
-        ok = False
+    ok = False
+    for grow in (lambda n: n + 2, lambda n: 2 * n):  # 2x keeps ratios between sizes (GQA heads)
+        try:
+            changed = {m: grow(int(inputs[m[0]].shape[m[1]])) for m in sizes}
+            ok = probe(_with_sizes(inputs, changed, lead, LEAD_PROBE if lead else None)) == base
+        except Exception:  # noqa: BLE001
+            ok = False
+        if ok:
+            break
     if not ok:
         return None
     return Guard([dict(a, dims=list(a["dims"])) if "dims" in a else dict(a) for a in guard.args],

@@ -257,6 +257,10 @@ MUTANTS: list[Mutant] = [
            "o = torch.tensor(o, dtype=half).item()", "o = o",
            ("tests/test_codegen_families.py::test_step_ops_read_16_bit_values_as_eager_rounds_them",),
            "a bf16 comparison's scalar kept in fp32: x * 0.5 <= 0.1 flips at x = 0.2002"),
+    Mutant("guard-accumulate-none", "codegen/dropin.py",
+           "free, lead = _accumulate(inputs, free, lead, same)", "free, lead = [], []",
+           ("tests/test_dropin.py::test_sizes_valid_only_together_stay_free",),
+           "sizes valid only together fix every dim: attention only at its traced length"),
     # -- graph/checkpoints.py: the state survives a checkpoint round trip typed
     # (the types that only ever sit inside another record, TensorSpec, OutputError, TrialRecord
     # and Attempt, are rebuilt by their parent's validation: leaving them off changes nothing,

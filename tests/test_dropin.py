@@ -279,6 +279,29 @@ def test_exact_guard_without_probes():
     assert g.args == [{"dtype": torch.float32, "dims": [4, 1, 6]}, {"value": 0.5}] and g.lead == []
 
 
+def test_sizes_valid_only_together_stay_free():
+    """Grouped-query attention's shapes: each class may move alone (query heads 4 -> 6 against
+    key/value heads 2, 2 -> 4 against 4, the length, the head dim), but not all at once (6 query
+    heads over 4 key/value heads raises). The classes that hold together stay free (query heads
+    at twice their size), where dropping them all fixed attention to its traced length; a probe
+    that bakes a size in still fixes that size (mutant guard-accumulate-none)."""
+    q, k = torch.empty(1, 4, 32, 16, device="meta"), torch.empty(1, 2, 32, 16, device="meta")
+
+    def probe(xs, baked=None):
+        h, hk, n, d = xs[0].shape[1], xs[1].shape[1], xs[0].shape[2], xs[0].shape[3]
+        if h % hk or xs[1].shape[2] != n or xs[1].shape[3] != d:
+            raise RuntimeError("heads must divide")
+        return f"file {baked and n}"
+
+    g = D.derive_guard([q, k, k], probe, probe([q, k, k]), shapes_ok=lambda xs: True)
+    assert g.args[0]["dims"][0] == 1 and all(isinstance(w, str) for w in g.args[0]["dims"][1:])
+    assert g.args[0]["dims"][1] != g.args[1]["dims"][1]  # query and key/value heads: two classes
+    assert g.args[0]["dims"][2] == g.args[1]["dims"][2] == g.args[2]["dims"][2]  # one length
+    b = D.derive_guard([q, k, k], lambda xs: probe(xs, True), probe([q, k, k], True),
+                       shapes_ok=lambda xs: True)
+    assert b.args[0]["dims"][2] == 32 and isinstance(b.args[0]["dims"][1], str)  # the length baked in
+
+
 FROZEN_BN = problem("        self.bn = nn.BatchNorm1d(4)\n        self.bn.eval()  # frozen at construction\n",
                     "    def forward(self, x):\n        return torch.relu(self.bn(x)) * 2.0\n",
                     "[torch.randn(6, 4)]")
