@@ -1347,6 +1347,11 @@ class _Spares:
             self.spare = self._start()
         return c, started
 
+    def replace(self, c: CandidateProcess) -> CandidateProcess:
+        """A fresh process for a taken spare that turned out dead."""
+        c.close(everything=False)
+        return self._start()
+
     def close(self) -> None:
         if self.spare is not None:
             self.spare.close(everything=False)
@@ -1412,9 +1417,20 @@ def profile_server(req: dict, chan, stdin) -> None:
                                 torch.cuda.empty_cache()
                         deadline = time.time() + float(req.get("timeout_s", 900))
                         cand, prestarted = spares.take()
-                        cand.give(source, r["path"], init, seed, deadline)
-                        cand.enter({})
-                        msg = cand.expect("ready", "loading the candidate")
+                        try:
+                            cand.give(source, r["path"], init, seed, deadline)
+                            cand.enter({})
+                            msg = cand.expect("ready", "loading the candidate")
+                        except (BrokenPipeError, ConnectionResetError, EOFError, _Verdict) as e:
+                            if not prestarted or (isinstance(e, _Verdict) and cand.proc.is_alive()):
+                                raise
+                            # the spare died while it was taken (killed by the candidate timed
+                            # before it, the signal delivered late on a busy machine): once more
+                            # in a fresh process (a candidate that kills itself dies there too)
+                            cand, prestarted = spares.replace(cand), False
+                            cand.give(source, r["path"], init, seed, deadline)
+                            cand.enter({})
+                            msg = cand.expect("ready", "loading the candidate")
                         kmap = _key_map(timer.model, msg[1], {"flags": []})
                         _check_same_init(timer.model, msg[1], kmap)
                     cand.watch.deadline = time.time() + float(req.get("timeout_s", 900))
