@@ -251,3 +251,20 @@ def test_llm_kernel_files_are_drop_ins(name, small_dir):
         assert found and all(STATIC_GAPS[name] in f for f in found), found
         pytest.xfail(f"the static check rejects the emitted file: {found}")
     assert found == [], found
+
+
+@pytest.mark.parametrize("name, dim", [("13_causal_prefill_attention_manual.py", "dim32"),
+                                       ("12_gqa_decode_attention_manual.py", "dim64")])
+def test_attention_kernels_serve_other_lengths(name, dim, small_dir):
+    """A prefill of another length and a decode step over a cache of another length take the
+    attention kernel (the guard keeps grouped-query attention's sizes free together,
+    codegen.dropin._accumulate), and stay drop-ins there."""
+    from codegen.pipeline import compile_problem
+    from tests.dropin import check_dropin
+
+    path = small_dir / name
+    comp = compile_problem(load_problem(path))
+    report = check_dropin(path.read_text(), comp.emitted.source, calls=1, atol=2e-2, rtol=2e-2,
+                          variants=("own", dim, "batch"), modes=("train",))
+    assert report.fast("own") and report.fast(dim)
+    assert "batch" not in report.names() or report.fast("batch")  # 13's batch is 1: no such trial
