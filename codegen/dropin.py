@@ -162,7 +162,7 @@ def _accumulate(inputs: list, free: list[tuple[Dims, int]], lead: list[int],
             if same(_joint(kept + [(cls, z)])):
                 kept.append((cls, z))
                 break
-    if lead and not (kept and same(_joint(kept), lead)) and not (not kept and same({}, lead)):
+    if lead and not same(_joint(kept), lead):
         lead = []
     return kept, lead
 

@@ -86,6 +86,7 @@ class _Namer:
             if half is not None and isinstance(o, (int, float)) and not isinstance(o, bool):
                 o = torch.tensor(o, dtype=half).item()  # torch compares in the tensor's dtype
             return O.lit(o)
+        loaded = False  # an input read from memory: already of its dtype
         if o in self.g.aliases:
             e = self.g.aliases[o]
         elif o is self.g.red:
@@ -93,9 +94,8 @@ class _Namer:
         elif o in self.members:
             e = f"v_{o.name}"
         else:
-            e = f"x{self.slots[(role, o)]}"
-        if consumer.name in O.STEP_OPS and e != f"x{self.slots.get((role, o))}" \
-                and O.node_dtype(o) in _HALF:
+            e, loaded = f"x{self.slots[(role, o)]}", True
+        if consumer.name in O.STEP_OPS and not loaded and O.node_dtype(o) in _HALF:
             # a 16-bit value computed in fp32 here is rounded before a step function reads it:
             # eager compares (floors, ...) the rounded value, and a value one rounding apart
             # can land on the other side of the step (a top-p threshold on a bf16 cumsum)

@@ -286,7 +286,8 @@ def main(conn, creq: dict) -> None:
                 if do_flush and dev.type == "cuda" and flush is None:
                     flush = torch.empty(FLUSH_BYTES // 4, dtype=torch.int32, device=dev)
                 times, out = run_round(lambda: model(*held), dev, int(calls), flush if do_flush else None)
-                conn.send(("round", [sendable(o, _storages(held)) for o in flatten(out)], times))
+                recv = _storages(held)
+                conn.send(("round", [sendable(o, recv) for o in flatten(out)], times))
                 del out
                 conn.recv()  # the judge's ack: it has copied the outputs
                 continue
@@ -311,7 +312,8 @@ def main(conn, creq: dict) -> None:
                 conn.send(("raised", _describe_exc(e, traceback.format_exc(), creq.get("candidate") or "?")))
                 continue
             wall = time.perf_counter() - t0
-            safe = [sendable(o, _storages(held)) for o in flatten(out)]
+            recv = _storages(held)
+            safe = [sendable(o, recv) for o in flatten(out)]
             conn.send(("out", safe, wall, launches["n"] - before, state_of(model)))
         except BaseException as e:  # noqa: BLE001
             _send_failure(conn, e, creq, "forward" if kind != "load" else "load_state_dict", "runtime")

@@ -166,8 +166,8 @@ def resize(xs: list, more: list, size: int, new: int, only_batch: bool = False) 
                         y_ = y_.narrow(d2, 0, min(y_.shape[d2], x.shape[d2]))
                 x = torch.cat([x, y_.narrow(d, 0, min(y_.shape[d], new - size))], d)
         if not dims and new < size and _indexes_into(x, size):
-            x = x % new  # token ids into a vocabulary that shrank: still valid ids
-            dims = [None]
+            out.append(x % new)  # token ids into a vocabulary that shrank: still valid ids
+            continue
         out.append(x.contiguous().clone() if dims else x)
     return out
 

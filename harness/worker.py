@@ -1416,11 +1416,14 @@ def profile_server(req: dict, chan, stdin) -> None:
                             if dev.type == "cuda":
                                 torch.cuda.empty_cache()
                         deadline = time.time() + float(req.get("timeout_s", 900))
+                        def load(c):
+                            c.give(source, r["path"], init, seed, deadline)
+                            c.enter({})
+                            return c.expect("ready", "loading the candidate")
+
                         cand, prestarted = spares.take()
                         try:
-                            cand.give(source, r["path"], init, seed, deadline)
-                            cand.enter({})
-                            msg = cand.expect("ready", "loading the candidate")
+                            msg = load(cand)
                         except (BrokenPipeError, ConnectionResetError, EOFError, _Verdict) as e:
                             if not prestarted or (isinstance(e, _Verdict) and cand.proc.is_alive()):
                                 raise
@@ -1428,9 +1431,7 @@ def profile_server(req: dict, chan, stdin) -> None:
                             # before it, the signal delivered late on a busy machine): once more
                             # in a fresh process (a candidate that kills itself dies there too)
                             cand, prestarted = spares.replace(cand), False
-                            cand.give(source, r["path"], init, seed, deadline)
-                            cand.enter({})
-                            msg = cand.expect("ready", "loading the candidate")
+                            msg = load(cand)
                         kmap = _key_map(timer.model, msg[1], {"flags": []})
                         _check_same_init(timer.model, msg[1], kmap)
                     cand.watch.deadline = time.time() + float(req.get("timeout_s", 900))
