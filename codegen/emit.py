@@ -112,8 +112,8 @@ def _stmts(plan: FusionPlan, nodes: list[fx.Node], namer: _Namer, role: str) -> 
     out = []
     for m in nodes:
         op = plan.nops[m]
-        r = O.ROLLED.get(op.name, role)  # a rotation's operand: its rolled slot
-        args = [namer(o, r, op, i) for i, o in enumerate(op.operands)]
+        roles = O.load_roles(op, role)  # a rotation's operand: its rolled slot; a take's
+        args = [namer(o, r, op, i) for i, (o, r) in enumerate(zip(op.operands, roles))]
         expr = args[0] if op.name == "identity" else O.emit(op, args)
         out.append((f"v_{m.name}", expr))
     return out
@@ -133,7 +133,14 @@ def build_spec(plan: FusionPlan, g: Group):
         rolls = {i: int(O.node_shape(t)[-1]) for (role, t), i in slots.items() if role == "roll"}
         pairs = sorted(i for (role, _t), i in slots.items() if role == "pair")
         std = [j for j, m in enumerate(outs) if plan.nops[m].p.get("standard_layout")]
-        return PointwiseSpec(in_dtypes, stmts, outputs, compute, rolls, std, pairs), ins, outs
+        takes = {}  # source slot -> (index slot, dim)
+        for m in g.members:
+            op = plan.nops[m]
+            if op.name == "take":
+                src_role, idx_role = O.load_roles(op, "pro")
+                takes[slots[(src_role, op.operands[0])]] = (slots[(idx_role, op.operands[1])],
+                                                            int(op.p["dim"]), bool(op.p["wrap"]))
+        return PointwiseSpec(in_dtypes, stmts, outputs, compute, rolls, std, pairs, takes), ins, outs
     red_op = plan.nops[g.red]
     if g.kind == "chanstats":  # outputs in the wrapper's order: (mean, var[, count])
         outs = sorted(g.aliases, key=lambda a: a.args[1])

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import fx
 
-from codegen.ops import FLOAT_DTYPES, ROLLED, NOp, classify, node_dtype, node_shape
+from codegen.ops import (FLOAT_DTYPES, INDEX_DTYPES, ROLLED, NOp, classify, load_roles, node_dtype,
+                         node_shape)
 
 FUSABLE_DTYPES = FLOAT_DTYPES | {torch.bool}
 
@@ -309,10 +310,11 @@ def broadcast_epilogue(g: "Group") -> list[fx.Node]:
 
 
 def rolls_internal(members, nops) -> bool:
-    """Would a rotate-half read a value computed in the same kernel? It is a load of its operand
-    at another column, so the operand must come from memory (a kernel input)."""
+    """Would a rotate-half (or a take) read a value computed in the same kernel? It is a load of
+    its operand at another column (row), so its operands must come from memory (kernel inputs)."""
     inside = set(members)
-    return any(nops[m].name in ROLLED and nops[m].operands[0] in inside for m in members)
+    return any(nops[m].name in ROLLED and any(t in inside for t in nops[m].tensor_inputs)
+               for m in members)
 
 
 def is_break(n: fx.Node) -> bool:
@@ -569,7 +571,11 @@ def plan_fusion(gm: fx.GraphModule, disabled: set[str] | None = None) -> FusionP
                 continue
             op.kind, op.name = "pointwise", "identity"
         if op.kind == "pointwise":
-            if shape is None or not _all_float([n] + op.tensor_inputs):
+            if op.name == "take":  # a floating source read at integer indices
+                typed = _all_float([n, op.operands[0]]) and node_dtype(op.operands[1]) in INDEX_DTYPES
+            else:
+                typed = _all_float([n] + op.tensor_inputs)
+            if shape is None or not typed:
                 op.kind, op.why = "library", "dtype not handled by the pointwise template"
                 continue
             cands = [where[t] for t in op.tensor_inputs if t in where]
@@ -825,8 +831,9 @@ def tail_id(group_id: str) -> str:
 def group_slots(plan: FusionPlan, g: Group) -> tuple[list[fx.Node], dict[tuple[str, fx.Node], int]]:
     """External tensor inputs of a group and the slot of each (role, tensor): role "pro" (the
     full domain, before a reduction-like op, or in its broadcast epilogue), "epi" (after it, on
-    its result's domain) or "roll" (a rotate-half's operand, loaded at the rolled column). A
-    tensor read in two roles gets two slots."""
+    its result's domain), "roll" / "pair" (a rotation's operand, loaded at the rolled column),
+    "take:<index>" (a take's source, loaded at the rows that index names) or "index" (a take's
+    integer index, loaded as it is). A tensor read in two roles gets two slots."""
     inside = set(g.members) | set(g.aliases)
     pro_nodes = set(g.prologue()) | ({g.red} if g.red is not None else set())
     slots: dict[tuple[str, fx.Node], int] = {}
@@ -834,19 +841,19 @@ def group_slots(plan: FusionPlan, g: Group) -> tuple[list[fx.Node], dict[tuple[s
     bcast = set(broadcast_epilogue(g))  # full-domain members read the tile's loads
     for m in g.members:
         role = "epi" if g.red is not None and m not in pro_nodes and m not in bcast else "pro"
-        if plan.nops[m].name in ROLLED:
-            role = ROLLED[plan.nops[m].name]
-        for t in plan.nops[m].tensor_inputs:
-            if t in inside or (role, t) in slots:
+        op = plan.nops[m]
+        for t, r in zip(op.operands, load_roles(op, role)):
+            if not isinstance(t, fx.Node) or t in inside or (r, t) in slots:
                 continue
-            slots[(role, t)] = len(ins)
+            slots[(r, t)] = len(ins)
             ins.append(t)
     return ins, slots
 
 
 def slot_roles(slots: dict[tuple[str, fx.Node], int]) -> tuple[list[int], list[int]]:
     """The slots the prologue reads (full domain, rolled ones included) and the epilogue's."""
-    pro = sorted(i for (role, _t), i in slots.items() if role in ("pro", "roll", "pair"))
+    pro = sorted(i for (role, _t), i in slots.items()
+                 if role in ("pro", "roll", "pair", "index") or role.startswith("take:"))
     epi = sorted(i for (role, _t), i in slots.items() if role == "epi")
     return pro, epi
 

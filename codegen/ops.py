@@ -59,6 +59,9 @@ POINTWISE: dict[str, OpDef] = {
     "pow": _d("pow", "pointwise", ["input", "exponent"], ("input", "exponent")),
     "maximum": _d("maximum", "pointwise", ["input", "other"], ("input", "other")),
     "minimum": _d("minimum", "pointwise", ["input", "other"], ("input", "other")),
+    # torch.fmax / fmin: the number where one operand is NaN (maximum / minimum give NaN)
+    "fmax": _d("fmax", "pointwise", ["input", "other"], ("input", "other")),
+    "fmin": _d("fmin", "pointwise", ["input", "other"], ("input", "other")),
     "where": _d("where", "pointwise", ["condition", "input", "other"],
                 ("condition", "input", "other")),
     "clamp": _d("clamp", "pointwise", ["input", ("min", None), ("max", None)],
@@ -112,7 +115,7 @@ FUNCTIONS: dict[Any, str] = {
     torch.add: "add", torch.sub: "sub", torch.subtract: "sub", torch.rsub: "rsub",
     torch.mul: "mul", torch.multiply: "mul", torch.div: "div", torch.divide: "div",
     torch.true_divide: "div", torch.pow: "pow", torch.maximum: "maximum", torch.minimum: "minimum",
-    torch.fmax: "maximum", torch.fmin: "minimum", torch.where: "where",
+    torch.fmax: "fmax", torch.fmin: "fmin", torch.where: "where",
     torch.clamp: "clamp", torch.clip: "clamp", torch.clamp_min: "clamp_min",
     torch.clamp_max: "clamp_max", torch.gt: "gt", torch.ge: "ge", torch.lt: "lt", torch.le: "le",
     torch.eq: "eq", torch.ne: "ne", torch.greater: "gt", torch.less: "lt",
@@ -163,8 +166,23 @@ exclusive_cumsum = RT._egg_exclusive_cumsum
 exclusive_cumprod = RT._egg_exclusive_cumprod
 rotate_half = RT._egg_rotate_half
 rotate_pairs = RT._egg_rotate_pairs
-#: ops that are a load of their operand at another column (only a pointwise kernel input can be)
-ROLLED = {"rotate_half": "roll", "rotate_pairs": "pair"}
+take = RT._egg_take
+#: ops that are a load of their operand at another column (only a pointwise kernel input can be);
+#: a take loads its source at the row its index operand names (both kernel inputs: load_roles)
+ROLLED = {"rotate_half": "roll", "rotate_pairs": "pair", "take": "take"}
+#: integer dtypes a take's index may have (loaded as they are, never converted to floating)
+INDEX_DTYPES = (torch.int64, torch.int32)
+
+
+def load_roles(op: "NOp", role: str) -> list[str]:
+    """How a pointwise kernel loads each operand of ``op`` (the slot role of each): ``role`` for
+    an ordinary op; a rotation's operand at its rolled column; a take's source at the rows of
+    its index (one slot per index: ``take:<index name>``) and its index as integers."""
+    if op.name == "take":
+        return [f"take:{op.operands[1].name}", "index"]
+    if op.name in ROLLED:
+        return [ROLLED[op.name]] * len(op.operands)
+    return [role] * len(op.operands)
 linear_cross_entropy = RT._egg_linear_cross_entropy
 relu_attention = RT._egg_relu_attention
 masked_attention = RT._egg_masked_attention
@@ -183,7 +201,7 @@ FUNCTIONS.update({torch.cumsum: "cumsum", torch.cumprod: "cumprod", torch.flip: 
                   reverse_cumsum: "reverse_cumsum", reverse_cumprod: "reverse_cumprod",
                   exclusive_cumsum: "exclusive_cumsum", exclusive_cumprod: "exclusive_cumprod",
                   chanstats: "chanstats", rotate_half: "rotate_half",
-                  rotate_pairs: "rotate_pairs"})
+                  rotate_pairs: "rotate_pairs", take: "take"})
 
 POOLS: dict[str, OpDef] = {}
 for _nd in (1, 2, 3):
@@ -525,6 +543,15 @@ def _from_name(name: str, node: fx.Node, args: tuple, kwargs: dict, extra: dict 
         return NOp("pointwise", "fill", node, [b["input"]], {"value": value})
     if name == "flip":
         return NOp("view", "flip", node, list(args) + list(kwargs.values()))
+    if name == "take":  # rw-take: a gathered load (pointwise, its operands kernel inputs)
+        b = _bind(_d("take", "x", ["src", "idx", "dim", ("wrap", False)]), args, kwargs)
+        if not isinstance(b["src"], fx.Node) or not isinstance(b["idx"], fx.Node) \
+                or not isinstance(b["dim"], int) or isinstance(b["dim"], bool) or not isinstance(b.get("wrap", False), bool):
+            raise TypeError("take of a non-tensor or along a traced dim")
+        if node_dtype(b["idx"]) not in INDEX_DTYPES:
+            raise TypeError("take with an index that is not int32/int64")
+        return NOp("pointwise", "take", node, [b["src"], b["idx"]],
+                   {"dim": b["dim"], "wrap": b.get("wrap", False)})
     if name in ROLLED:
         shape = node_shape(args[0]) if isinstance(args[0], fx.Node) else None
         if shape is None or not shape or shape[-1] % 2:
@@ -745,9 +772,9 @@ def _pow(a: str, e: Any) -> str:
 def _clamp(a: str, lo: str | None, hi: str | None) -> str:
     out = a
     if lo is not None:
-        out = f"tl.maximum({out}, {lo})"
+        out = f"tl.maximum({out}, {lo}, propagate_nan=tl.PropagateNan.ALL)"
     if hi is not None:
-        out = f"tl.minimum({out}, {hi})"
+        out = f"tl.minimum({out}, {hi}, propagate_nan=tl.PropagateNan.ALL)"
     return out
 
 
@@ -765,8 +792,9 @@ def emit(op: NOp, a: list[str | None]) -> str:
         b = x if p.get("alpha", 1) == 1 else f"({x} * {lit(p['alpha'])})"
         return f"({a[1]} - {b})"
     simple = {
-        "mul": "({0} * {1})", "div": "({0} / {1})", "maximum": "tl.maximum({0}, {1})",
-        "minimum": "tl.minimum({0}, {1})", "gt": "({0} > {1})", "ge": "({0} >= {1})",
+        "mul": "({0} * {1})", "div": "({0} / {1})", "maximum": "tl.maximum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)",
+        "fmax": "tl.maximum({0}, {1})",
+        "minimum": "tl.minimum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)", "fmin": "tl.minimum({0}, {1})", "gt": "({0} > {1})", "ge": "({0} >= {1})",
         "lt": "({0} < {1})", "le": "({0} <= {1})", "eq": "({0} == {1})", "ne": "({0} != {1})",
     }
     if n in simple:
@@ -776,6 +804,8 @@ def emit(op: NOp, a: list[str | None]) -> str:
     if n == "rotate_half":  # x is the operand loaded at column (j + D/2) % D (pointwise template)
         d = int(p["size"])
         return f"tl.where((offs % {d}) < {d // 2}, -({x}), {x})"
+    if n == "take":  # x is the source loaded at the row its index names (pointwise template)
+        return x
     if n == "rotate_pairs":  # x is the operand loaded at column j ^ 1 (pointwise template)
         return f"tl.where((offs % 2) == 0, -({x}), {x})"
     if n == "fill":
@@ -797,13 +827,13 @@ def emit(op: NOp, a: list[str | None]) -> str:
         "log10": "(tl.log({0}) * 0.4342944819032518)", "log1p": "tl.log(1.0 + {0})",
         "sqrt": "tl.sqrt({0})", "rsqrt": "(1.0 / tl.sqrt({0}))", "sin": "tl.sin({0})",
         "cos": "tl.cos({0})", "tan": "(tl.sin({0}) / tl.cos({0}))", "sigmoid": "tl.sigmoid({0})",
-        "tanh": "_egg_tanh({0})", "relu": "tl.maximum({0}, 0.0)",
-        "relu6": "tl.minimum(tl.maximum({0}, 0.0), 6.0)", "silu": "({0} * tl.sigmoid({0}))",
+        "tanh": "_egg_tanh({0})", "relu": "tl.maximum({0}, 0.0, propagate_nan=tl.PropagateNan.ALL)",
+        "relu6": "tl.minimum(tl.maximum({0}, 0.0, propagate_nan=tl.PropagateNan.ALL), 6.0, propagate_nan=tl.PropagateNan.ALL)", "silu": "({0} * tl.sigmoid({0}))",
         "mish": "({0} * _egg_tanh(_egg_softplus({0}, 1.0, 20.0)))",
         "softsign": "({0} / (1.0 + tl.abs({0})))",
         "selu": f"({SELU_SCALE!r} * tl.where({{0}} > 0, {{0}}, {SELU_ALPHA!r} * (tl.exp({{0}}) - 1.0)))",
-        "hardsigmoid": "tl.minimum(tl.maximum({0} / 6.0 + 0.5, 0.0), 1.0)",
-        "hardswish": "({0} * tl.minimum(tl.maximum({0} + 3.0, 0.0), 6.0) / 6.0)",
+        "hardsigmoid": "tl.minimum(tl.maximum({0} / 6.0 + 0.5, 0.0, propagate_nan=tl.PropagateNan.ALL), 1.0, propagate_nan=tl.PropagateNan.ALL)",
+        "hardswish": "({0} * tl.minimum(tl.maximum({0} + 3.0, 0.0, propagate_nan=tl.PropagateNan.ALL), 6.0, propagate_nan=tl.PropagateNan.ALL) / 6.0)",
         "reciprocal": "(1.0 / {0})", "square": "({0} * {0})",
         "sign": "tl.where({0} > 0, 1.0, tl.where({0} < 0, -1.0, 0.0))",
         "floor": "tl.floor({0})", "ceil": "tl.ceil({0})", "erf": "tl.math.erf({0})",

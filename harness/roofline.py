@@ -12,7 +12,10 @@ and an op census of our own:
 - FLOPs of every other op are estimated by the rules below (docs/roofline.md) and charged to
   the fp32 CUDA-core rate. They are small next to the bytes such ops move: they rarely decide
   the floor.
-Compulsory bytes are the inputs, the parameters and buffers, and the outputs, each once.
+Compulsory bytes are the inputs, the parameters and buffers, and the outputs, each once; a
+tensor read only through indexed reads (an embedding table, a gather's or index_select's source,
+``x[ids]``, and their views) counts the bytes those reads return, when fewer than its own: a
+token embedding reads the rows its ids name, not the 128K-row table.
 
 The floor is ``max(sum_k flops_k / peak_k, bytes / bandwidth)``; the percent of roofline of a
 timing is ``100 * floor / time``.
@@ -69,6 +72,8 @@ SOFTMAX_OPS = {"_softmax": 8, "_log_softmax": 8, "_safe_softmax": 8, "softmax": 
 POOL_OPS = {"max_pool1d", "max_pool2d", "max_pool3d", "max_pool2d_with_indices",
             "max_pool3d_with_indices", "avg_pool1d", "avg_pool2d", "avg_pool3d",
             "max_pool1d_with_indices"}
+#: indexed reads: the first argument is the source, read only where the indices say
+GATHER_OPS = {"embedding", "gather", "index_select", "index"}
 ADAPTIVE_POOL_OPS = {"_adaptive_avg_pool2d", "_adaptive_avg_pool3d", "adaptive_max_pool2d",
                      "adaptive_max_pool3d", "adaptive_avg_pool1d", "adaptive_max_pool1d"}
 #: anything else that produces tensors (add, mul, relu, where, clamp, ...): 1 per output element
@@ -87,6 +92,10 @@ class Count:
     exact: bool = True  # False when the forward could not run on meta tensors
     note: str = ""
     ops: dict[str, float] = field(default_factory=dict)  # FLOPs per op name, for reports
+    #: per tensor id: bytes returned by indexed reads of it (GATHER_OPS), and the ids some other
+    #: op reads (whole): the byte count of a tensor read only by indexed reads is the former
+    gathered: dict[int, int] = field(default_factory=dict)
+    read_whole: set[int] = field(default_factory=set)
 
     def __iter__(self):  # backward compatible: flops, nbytes, dtype = count(...)
         return iter((self.flops, self.nbytes, self.dtype))
@@ -171,6 +180,20 @@ class _Census(TorchDispatchMode):
         super().__init__()
         self.fc, self.cnt = fc, cnt
         self.muted = False  # inside an op counted whole (attention): its decomposition is not
+        self.views: dict[int, tuple[int, torch.Tensor]] = {}  # view id -> (its base's id, view)
+
+    def _root(self, t) -> int:
+        return self.views[id(t)][0] if id(t) in self.views else id(t)
+
+    def reads(self, name: str, args: tuple, out) -> None:
+        """Book which tensors the op reads whole, or only at indices (GATHER_OPS)."""
+        ts = [a for a in args if isinstance(a, torch.Tensor)]
+        ts += [t for a in args if isinstance(a, (list, tuple)) for t in a if isinstance(t, torch.Tensor)]
+        if name in GATHER_OPS and ts and isinstance(out, torch.Tensor):
+            src = self._root(ts[0])
+            self.cnt.gathered[src] = self.cnt.gathered.get(src, 0) + _nbytes(out)
+            ts = ts[1:]
+        self.cnt.read_whole.update(self._root(t) for t in ts)
 
     def charge(self, key: str, flops: float, name: str) -> None:
         """Book FLOPs of op ``name`` at peak ``key`` (the totals, per peak and per op)."""
@@ -180,13 +203,19 @@ class _Census(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if self.muted:
-            return func(*args, **kwargs)
+            out = func(*args, **kwargs)
+            self.reads("", args, out)
+            return out
         before = self.fc.get_total_flops()
         out = func(*args, **kwargs)
         delta = float(self.fc.get_total_flops() - before)
         name = func.overloadpacket.__name__
         rets = func._schema.returns
         is_view = bool(rets) and rets[0].alias_info is not None and not rets[0].alias_info.is_write
+        if is_view and args and isinstance(args[0], torch.Tensor) and isinstance(out, torch.Tensor):
+            self.views[id(out)] = (self._root(args[0]), out)  # (kept alive: ids stay unique)
+        elif not is_view:
+            self.reads(name, args, out)
         if delta > 0:
             key = _peak_key(name, args)
             self.cnt.counted_flops += delta
@@ -294,7 +323,9 @@ def count(prob: LoadedProblem, gm=None) -> Count:
         if id(t) not in seen:
             seen.add(id(t))
             tensors.append(t)
-    cnt.nbytes = float(sum(_nbytes(t) for t in tensors))
+    cnt.nbytes = float(sum(
+        min(_nbytes(t), cnt.gathered[id(t)]) if id(t) in cnt.gathered and id(t) not in cnt.read_whole
+        else _nbytes(t) for t in tensors))
     dtypes = [t.dtype for t in tensors if t.dtype.is_floating_point]
     dt = max(set(dtypes), key=dtypes.count) if dtypes else torch.float32
     cnt.dtype = str(dt).replace("torch.", "")

@@ -222,3 +222,29 @@ def test_attention_counted_as_a_fused_kernel_in_its_own_dtype(write_problem):
     assert full.flops == 2 * 2 * 4 * 64 * 64 * (32 + 32)
     assert causal.flops == 2 * 2 * 4 * (64 * 65 // 2) * (32 + 32)
     assert set(full.flops_by_peak) == {"bf16"} and full.estimated_flops == 0
+
+
+def test_a_table_read_through_indices_counts_the_rows_read(write_problem):
+    """An embedding table (and a gather's source, x[ids]) read only at indices counts the bytes
+    the reads return, not the whole table; read whole anywhere else, it counts whole."""
+    src = """import torch, torch.nn as nn
+class Model(nn.Module):
+    def __init__(self, whole):
+        super().__init__()
+        self.emb = nn.Embedding(1000, 64)
+        self.whole = whole
+    def forward(self, ids, x):
+        out = self.emb(ids) + torch.gather(x, 1, ids[:, :2]).sum() + self.emb.weight.t()[0][ids].unsqueeze(-1)
+        return out + self.emb.weight.sum() if self.whole else out
+def get_inputs():
+    return [torch.randint(0, 1000, (4, 8)), torch.randn(4, 100)]
+def get_init_inputs():
+    return [WHOLE]
+"""
+    rows = 4 * 8 * 64 * 4 + 4 * 8 * 4  # the embedding's rows, then x[ids] of column 0 (a view)
+    ins = 4 * 8 * 8 + 4 * 2 * 4  # the ids; the gather's elements of x
+    out = 4 * 8 * 64 * 4
+    c = R.count(load_problem(write_problem(src.replace("WHOLE", "False"), "rows")))
+    assert c.nbytes == rows + ins + out
+    c = R.count(load_problem(write_problem(src.replace("WHOLE", "True"), "rows_whole")))
+    assert c.nbytes == 1000 * 64 * 4 + ins + out

@@ -20,6 +20,7 @@ same math one way for the planner. Both lists are read here, in this order, by `
 - ``einsums``: two-operand einsums that are matrix products as matmul; a product's rows
   reshaped as the reshape of its left operand
 - ``selects``: an index of a product's, an einsum's or a pointwise op's result taken first
+- ``indexing``: gather, embedding, index_select and ``x[ids]`` as one indexed read (take)
 - ``metadata``: dtype / device / shape queries, redundant upcasts, ``.values`` / ``.indices`` as [0] / [1];  ``modules``: modules to
   functionals;  ``deadcode``: dead code, value copies, the same pure op computed twice;  ``common``: the helpers they share
 """
@@ -33,6 +34,7 @@ from codegen.rewrites.attention import (addmm_as_product, attention_pattern, gqa
 from codegen.rewrites.conv import conv_bias_epilogue
 from codegen.rewrites.einsums import einsum_as_matmul, flattened_products, squeezes_undone
 from codegen.rewrites.deadcode import common_subexpressions, drop_dead_code, drop_value_copies
+from codegen.rewrites.indexing import take_pattern
 from codegen.rewrites.lmhead import linear_cross_entropy_pattern
 from codegen.rewrites.losses import cross_entropy_spellings, loss_decompose
 from codegen.rewrites.metadata import (device_queries_from_inputs, fold_dtype_queries, fold_type_info,
@@ -63,7 +65,7 @@ RULES = [("rw-attention", attention_pattern), ("rw-relu-attention", relu_attenti
          ("rw-nest-reduction", nest_uneven_reductions),
          ("rw-softmax-size1", softmax_size1), ("rw-merge-clamps", merge_clamps),
          ("rw-fold-scalar-chain", fold_scalar_chains), ("rw-select-first", select_first),
-         ("rw-dead-code", drop_dead_code)]
+         ("rw-take", take_pattern), ("rw-dead-code", drop_dead_code)]
 
 
 # rw-layer-norm before rw-rms-norm: the RMS norm of a centered value (w * (x - mu) *

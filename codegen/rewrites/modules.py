@@ -1,4 +1,4 @@
-"""Canonicalization (not algebra): normalization and linear modules become their functional form,
+"""Canonicalization (not algebra): normalization, linear and embedding modules become their functional form,
 with get_attr nodes for weight and bias, so the fusion planner sees one op with tensor operands."""
 from __future__ import annotations
 
@@ -37,6 +37,9 @@ def modules_to_functionals(gm: fx.GraphModule) -> bool:
             elif hasattr(nn, "RMSNorm") and isinstance(mod, nn.RMSNorm):
                 w, _ = wb()
                 new = graph.call_function(F.rms_norm, (n.args[0], tuple(mod.normalized_shape), w, mod.eps))
+            elif type(mod) is nn.Embedding and mod.max_norm is None:  # (max_norm renorms rows in place)
+                w, _ = wb()
+                new = graph.call_function(F.embedding, (n.args[0], w, mod.padding_idx))
             elif type(mod) is nn.Linear:
                 w, b = wb()
                 new = graph.call_function(F.linear, (n.args[0], w, b))

@@ -32,6 +32,10 @@ class PointwiseSpec:
     std_outputs: list[int] = field(default_factory=list)
     #: inputs loaded at the neighbouring column of their (even, odd) pair: interleaved RoPE
     pairs: list[int] = field(default_factory=list)
+    #: inputs read at the rows an integer input names (a take: gather, embedding): source slot
+    #: -> (index slot, dim as the op wrote it, whether a negative index counts from the end);
+    #: index slots are loaded as integers
+    takes: dict[int, tuple[int, int, bool]] = field(default_factory=dict)
 
 
 @dataclass

@@ -567,6 +567,36 @@ def _egg_rotate_pairs(x):
     return torch.stack((-x[..., 1::2], x[..., ::2]), dim=-1).flatten(-2)
 
 
+def _egg_take(src, idx, dim, wrap=False):
+    """src read along ``dim`` at the integer indices idx (rw-take: torch.gather, F.embedding,
+    index_select and ``x[ids]`` written one way): src and idx broadcast against each other
+    (right-aligned) except along dim, where the result has idx's size; out[c] = src[c with
+    c[dim] = idx[c]]. ``dim`` resolves against the larger rank; ``wrap``: a negative index
+    counts from the end (``x[ids]``; gather and embedding raise on it). Inside a pointwise kernel
+    it is one load of src at the row idx names (no gathered copy written and read back)."""
+    nd = max(src.dim(), idx.dim())
+    d = dim % nd
+    if wrap:
+        idx = torch.where(idx < 0, idx + src.shape[d - nd], idx)
+    s = [1] * (nd - src.dim()) + list(src.shape)
+    i = [1] * (nd - idx.dim()) + list(idx.shape)
+    out = list(_egg_broadcast_of([s[:d] + [1] + s[d + 1:], i[:d] + [1] + i[d + 1:]]))
+    out[d] = i[d]
+    full = src.reshape(s).expand(out[:d] + [s[d]] + out[d + 1:])
+    return torch.gather(full, d, idx.reshape(i).expand(out))
+
+
+def _egg_take_view(src, idx, dim):
+    """(src narrowed to index 0 along dim, its stride and size there): the pointwise kernel's
+    operand for a take (its other dims broadcast with the domain as usual; the kernel adds
+    index * stride, masked to 0 <= index < size, a negative index counted from the end)."""
+    nd = max(src.dim(), idx.dim())
+    d = dim % nd - nd
+    if -d > src.dim():
+        raise RuntimeError(f"EGG: take along dim {dim} of a {src.dim()}-d tensor")
+    return src.narrow(d, 0, 1), src.stride(d), src.size(d)
+
+
 def _egg_linear_cross_entropy(x, weight, target, bias=None, ignore_index=-100, reduction="mean",
                               softcap=None, softcap_16=False):
     """cross_entropy(linear(x, weight, bias).float(), target): the LM head and its loss, as eager

@@ -45,7 +45,11 @@ def render(spec: PointwiseSpec, cfg: dict, kname: str, gname: str) -> Rendered:
     outs = [f"O{j}" for j in range(len(spec.outputs))]
     strides = [f"S{i}_{d}" for i in range(n) for d in range(4)]
     flags = [f"F{i}: tl.constexpr" for i in range(n)]
-    sig = ", ".join(ins + outs + ["N", "D1", "D2", "D3"] + strides + flags
+    index = sorted({t[0] for t in spec.takes.values()})
+    # B{i}: operand i is constant along a row (innermost stride 0: a per-row scale, a token id)
+    by_row = [i for i in range(n) if i not in spec.rolls and i not in spec.pairs and i not in spec.takes]
+    gathered = [f"G{i}, GS{i}" for i in sorted(spec.takes)] + [f"B{i}: tl.constexpr" for i in by_row]
+    sig = ", ".join(ins + outs + ["N", "D1", "D2", "D3"] + strides + flags + gathered
                     + ["I64: tl.constexpr", "ROWS: tl.constexpr", "RB: tl.constexpr", "BLOCK: tl.constexpr"])
     body = [
         "pid = tl.program_id(0)",
@@ -61,7 +65,8 @@ def render(spec: PointwiseSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         "    nb = tl.cdiv(D3, BLOCK)",
         "    row = (pid // nb) * RB + tl.arange(0, RB)[:, None]",
         "    col = (pid % nb) * BLOCK + tl.arange(0, BLOCK)[None, :]",
-        "    mask = (col < D3) & (row < N // D3)",
+        "    rmask = row < N // D3",
+        "    mask = (col < D3) & rmask",
         "    offs = row * D3 + col",
         "    r2 = row % D2",
         "    r1 = (row // D2) % D1",
@@ -70,20 +75,30 @@ def render(spec: PointwiseSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         "    offs = pid * BLOCK + tl.arange(0, BLOCK)",
         "    mask = offs < N",
     ]
+    for j in index:  # a take's indices first, as integers (never converted)
+        _load(body, j, lambda idx, m, j=j: f"tl.load(P{j} + {idx}, mask={m}, other=0)")
     for i in range(n):
         if i in spec.rolls:  # rotate-half operand: the column rolled by D/2 within its row of D
             _rolled_load(body, i, spec.rolls[i], spec.in_dtypes[i], ct)
             continue
-        body += _index_lines(i, {"F": "offs", "R": "col", "S": "offs"}) + [
-            f"x{i} = {load_expr(f'P{i}', f'i{i}', 'mask', spec.in_dtypes[i], ct)}"]
+        if i in index:
+            continue
+        if i in spec.takes:  # gathered: the source's row the index names
+            _taken_load(body, i, spec.takes[i][0], spec.takes[i][2], spec.in_dtypes[i], ct)
+            continue
         if i in spec.pairs:  # interleaved rotation: the other column of each (even, odd) pair
-            body.append(f"x{i} = _egg_swap_pairs(x{i}, ROWS, RB, BLOCK)")
+            body += _index_lines(i, {"F": "offs", "R": "col", "S": "offs"}) + [
+                f"x{i} = {load_expr(f'P{i}', f'i{i}', 'mask', spec.in_dtypes[i], ct)}",
+                f"x{i} = _egg_swap_pairs(x{i}, ROWS, RB, BLOCK)"]
+            continue
+        _load(body, i, lambda idx, m, i=i: load_expr(f"P{i}", idx, m, spec.in_dtypes[i], ct))
     body += stmt_lines(spec.stmts)
     for j, (var, _dt) in enumerate(spec.outputs):
         body.append(f"tl.store(O{j} + offs, ({var}).to(O{j}.dtype.element_ty), mask=mask)")
     kernel = f"@triton.jit\ndef {kname}({sig}):\n{indent(body, 4)}\n"
     rolled = bool(spec.rolls or spec.pairs)
-    tiled = bool(spec.std_outputs) and len(spec.std_outputs) == len(spec.outputs) and not rolled
+    tiled = (bool(spec.std_outputs) and len(spec.std_outputs) == len(spec.outputs) and not rolled
+             and not spec.takes)
     if tiled:
         kernel += "\n\n" + _tiled_kernel(spec, kname)
 
@@ -97,17 +112,28 @@ def render(spec: PointwiseSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         + ["n", "dims[1]", "dims[2]", "dims[3]"]
         + [f"*sts[{i}]" for i in range(n)]
         + [f"F{i}=flat[{i}]" for i in range(n)]
+        + [f"G{i}=g{i}, GS{i}=gs{i}" for i in sorted(spec.takes)] + [f"B{i}=sts[{i}][3] == 0" for i in by_row]
         + ["I64=n + BLOCK >= 2**31", "ROWS=rows", "RB=RB", "BLOCK=B", f"num_warps={int(cfg['num_warps'])}"]
     )
     ret = ", ".join(f"o{j}" for j in range(len(spec.outputs)))
-    wbody = [
+    # a take's source narrowed to index 0 along its dim (broadcast with the domain there), with
+    # the stride and size the kernel reads the indexed row at
+    wbody = [f"a{i}, g{i}, gs{i} = _egg_take_view(a{i}, a{j}, {d})" for i, (j, d, _w) in sorted(spec.takes.items())]
+    wbody += [
         f"ts = ({args},)",
         "shape = _egg_broadcast_shape(ts)",
         "dev = ts[0].device",
         # rolled loads index the domain in its standard order (columns of the last dim)
         f"lay = _egg_pointwise_layout(shape, ts{', False' if rolled else ''})",
-        "if lay is None:  # strides that do not collapse to 4 dims (a permuted input): copies do",
-        "    ts = tuple(t.contiguous() for t in ts)",
+        # strides that do not collapse to 4 dims (a permuted input): copies do; then broadcast
+        # operands that keep dims apart (a 5-d domain) as full-size copies. A take's source
+        # stays the view it is (the kernel reads its other rows through it)
+        f"keep = {sorted(spec.takes)!r}",
+        "if lay is None:",
+        "    ts = tuple(t if k in keep else t.contiguous() for k, t in enumerate(ts))",
+        f"    lay = _egg_pointwise_layout(shape, ts{', False' if rolled else ''})",
+        "if lay is None:",
+        "    ts = tuple(t if k in keep else t.expand(shape).contiguous() for k, t in enumerate(ts))",
         f"    lay = _egg_pointwise_layout(shape, ts{', False' if rolled else ''})",
         "if lay is None:",
         "    raise RuntimeError(f'EGG: pointwise domain {tuple(shape)} needs more than 4 dimensions')",
@@ -155,6 +181,34 @@ def _index_lines(i: int, idx: dict[str, str]) -> list[str]:
     return [f"if F{i}:", f"    i{i} = {idx['F']}", "elif ROWS:",
             f"    i{i} = r0 * S{i}_0 + r1 * S{i}_1 + r2 * S{i}_2 + ({idx['R']}) * S{i}_3", "else:",
             f"    i{i} = _egg_index4({idx['S']}, D1, D2, D3, S{i}_0, S{i}_1, S{i}_2, S{i}_3)"]
+
+
+def _load(body: list[str], i: int, load) -> None:
+    """x{i} = load(offset, mask) of operand i. In rows mode an operand constant along the row
+    (B{i}: innermost stride 0: a per-row scale, a 0-d buffer, an embedding's token id) is loaded
+    once per row, as a (RB, 1) block the row broadcasts: one load where a block of loads at a
+    zero stride were as many scalar loads of one address (Triton cannot see the stride is 0),
+    and a take's source row it names is read as a contiguous (vectorized) run of columns."""
+    body += ["if ROWS and B%d:" % i,
+             f"    i{i} = r0 * S{i}_0 + r1 * S{i}_1 + r2 * S{i}_2",
+             f"    x{i} = {load(f'i{i}', 'rmask')}",
+             "else:"]
+    body += ["    " + ln for ln in _index_lines(i, {"F": "offs", "R": "col", "S": "offs"})]
+    body.append(f"    x{i} = {load(f'i{i}', 'mask')}")
+
+
+def _taken_load(body: list[str], i: int, j: int, wrap: bool, dtype: str, ct: str) -> None:
+    """Source i at the row index j names along its dim (stride G{i}, size GS{i}): the narrowed
+    source's offset at the domain's index plus index * stride; with ``wrap`` a negative index
+    counts from the end (as ``x[ids]`` does). An index outside [0, size) reads NaN, never a
+    number and never memory outside the source (eager raises there; a kernel cannot)."""
+    body += _index_lines(i, {"F": "offs", "R": "col", "S": "offs"})
+    body.append(f"t{i} = x{j}.to(tl.int64)")
+    if wrap:
+        body.append(f"t{i} = tl.where(t{i} < 0, t{i} + GS{i}, t{i})")
+    inb = f"mask & (t{i} >= 0) & (t{i} < GS{i})"
+    nan = 'float("nan")'
+    body.append(f"x{i} = {load_expr(f'P{i}', f'i{i} + t{i} * G{i}', inb, dtype, ct, other=nan)}")
 
 
 def _rolled_load(body: list[str], i: int, d: int, dtype: str, ct: str) -> None:

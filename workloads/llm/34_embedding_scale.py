@@ -6,9 +6,9 @@ import torch.nn as nn
 # --- shapes (workloads/small_shapes.py writes this file with tiny shapes)
 BATCH, SEQ, VOCAB, HIDDEN = 4, 2048, 128256, 4096
 # --- end shapes
-# roofline (harness.roofline; H200: 4.8 TB/s, 989 bf16 TFLOP/s): 1118 MB and 0.0336 GFLOP,
-#   floor 0.233 ms, memory-bound
-#   (the count is the whole table's bytes; the rows read and the output written are 134 MB: ~0.028 ms)
+# roofline (harness.roofline; H200: 4.8 TB/s, 989 bf16 TFLOP/s): 134 MB and 0.0336 GFLOP,
+#   floor 0.028 ms, memory-bound
+#   (the table's rows the ids name, not the whole table: harness.roofline counts indexed reads so)
 
 
 class Model(nn.Module):

@@ -1,0 +1,112 @@
+"""rw-take: gathers, embeddings, index_select and ``x[ids]`` as one indexed read that a pointwise
+kernel loads at the named row (the ops after it in the same pass), against torch in the
+interpreter, as a user calls the module (tests/dropin.check_dropin), and the forms left alone."""
+import pytest
+
+from codegen.pipeline import compile_problem
+from harness.problem import load_problem
+from tests.dropin import check_dropin
+from tests.helpers import generated_matches
+from tests.test_llm_kernels import BF, plan_of, problem
+
+CASES = {
+    # Gemma's input embedding: nn.Embedding times a bf16 normalizer buffer; rows of 160 columns
+    # take the rows walk (the token id loaded once per row)
+    "embedding": problem(
+        "ids", "        return self.emb(ids) * self.scale\n", "[torch.randint(0, 50, (2, 7))]",
+        members=f"        self.emb = nn.Embedding(50, 160, {BF})\n"
+                f"        self.register_buffer('scale', torch.tensor(12.6, {BF}))\n"),
+    # a repetition penalty's gathered scores transformed (the index varies along the row: rows of
+    # 130 columns, each element its own index)
+    "gather": problem(
+        "logits, ids", "        s = torch.gather(logits, 1, ids)\n"
+        "        return torch.where(s < 0, s * 1.3, s / 1.3)\n",
+        "[torch.randn(3, 200), torch.randint(0, 200, (3, 130))]"),
+    # a mixture-of-experts combine: the chosen experts' rows (an expanded index) weighted
+    "gather_expanded": problem(
+        "out, chosen, w", "        idx = chosen.unsqueeze(-1).expand(-1, -1, out.shape[-1])\n"
+        "        return out.gather(1, idx) * w.unsqueeze(-1)\n",
+        "[torch.randn(5, 4, 24), torch.randint(0, 4, (5, 2)), torch.rand(5, 2)]"),
+    "index_select": problem(
+        "x, idx", "        return torch.index_select(x, 1, idx) * 2.0 + 1.0\n",
+        "[torch.randn(3, 9, 6), torch.randint(0, 9, (5,))]"),
+    # a cos table read by int32 position ids, broadcast over heads (HF's older RoPE)
+    "table_rows": problem(
+        "x, pos", "        return x * self.cos[pos].unsqueeze(1)\n",
+        "[torch.randn(2, 3, 5, 8), torch.randint(0, 11, (2, 5), dtype=torch.int32)]",
+        members="        self.register_buffer('cos', torch.randn(11, 8))\n"),
+    # x[ids] counts a negative index from the end
+    "negative_ids": problem(
+        "x, ids", "        return torch.relu(x[ids])\n",
+        "[torch.randn(10, 6), torch.randint(-10, 10, (4, 3))]"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_indexed_reads_are_loads_in_one_kernel(name, write_problem, tmp_path):
+    """No gather stays torch: the indexed read and what follows it are one pointwise kernel;
+    the module serves other batches, eval mode and a reload as the reference does."""
+    path = write_problem(CASES[name], f"take_{name}")
+    comp = generated_matches(path, tmp_path, seeds=(0, 1), atol=1e-2, rtol=1e-2)
+    assert "rw-take" in comp.rewrites
+    assert [g.kind for g in comp.plan.groups] == ["pointwise"]
+    assert not [op for op in comp.plan.nops.values() if op.kind == "library"]
+    rep = check_dropin(path.read_text(), comp.emitted.source, calls=1, atol=1e-2, rtol=1e-2)
+    slow = {(t.mode, t.name) for t in rep.trials if not t.fast and not t.raised and t.name != "moved back"}
+    assert not slow, slow
+
+
+LEFT = {
+    "max_norm": ("an embedding with max_norm renormalises the weight's rows in place", problem(
+        "ids", "        return self.emb(ids) * 2.0\n", "[torch.randint(0, 20, (2, 7))]",
+        members="        self.emb = nn.Embedding(20, 8, max_norm=1.0)\n")),
+    "smaller_index": ("a gather whose index is smaller than its source off the gathered dim", problem(
+        "x, idx", "        return torch.gather(x, 1, idx) * 2.0\n",
+        "[torch.randn(4, 9), torch.randint(0, 9, (3, 5))]")),
+    "two_tensors": ("two index tensors pick elements, not rows", problem(
+        "x, i, j", "        return x[i, j] * 2.0\n",
+        "[torch.randn(4, 9), torch.randint(0, 4, (5,)), torch.randint(0, 9, (5,))]")),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LEFT))
+def test_indexed_reads_left_to_torch(name, write_problem):
+    why, src = LEFT[name]
+    _plan, applied = plan_of(write_problem, src, f"take_no_{name}")
+    assert "rw-take" not in applied, why
+
+
+def test_a_take_of_a_value_made_in_the_kernel_reads_it_from_memory(write_problem, tmp_path):
+    """The gathered source is computed by another kernel: a take loads rows of memory."""
+    src = problem("x, idx", "        return torch.gather(x * 2.0 + 1.0, 1, idx) - 3.0\n",
+                  "[torch.randn(4, 9), torch.randint(0, 9, (4, 9))]")
+    comp = generated_matches(write_problem(src, "take_mem"), tmp_path, seeds=(0, 1))
+    assert "rw-take" in comp.rewrites
+    assert [g.kind for g in comp.plan.groups] == ["pointwise", "pointwise"]
+
+
+def test_an_index_out_of_range_is_nan_never_a_number(write_problem, tmp_path):
+    """Eager raises on an index past the table (and, but for x[ids], on a negative one); the
+    kernel cannot raise: such an element is NaN (never another row, never memory outside the
+    table), and in range it matches. x[ids] counts a negative index from the end."""
+    import torch
+
+    from harness.problem import load_module
+
+    def fast(name):
+        path = write_problem(CASES[name], f"take_range_{name}")
+        comp = compile_problem(load_problem(path))
+        (tmp_path / f"{name}.py").write_text(comp.emitted.source)
+        torch.manual_seed(0)
+        return load_module(tmp_path / f"{name}.py", f"cand_{name}").ModelNew()
+
+    new = fast("embedding")
+    out = new._egg_fast(torch.tensor([[0, 49, 50, 1000, -1]]))
+    assert torch.isnan(out[0, 2:]).all()
+    assert torch.equal(out[0, :2], new.emb.weight[[0, 49]] * new.scale)
+    new = fast("negative_ids")
+    ids = torch.tensor([[-10, -1, 9], [10, -11, 0]])
+    x = torch.randn(10, 6)
+    out = new._egg_fast(x, ids)
+    assert torch.equal(out[0], torch.relu(x[[0, 9, 9]]))
+    assert torch.isnan(out[1, :2]).all() and torch.equal(out[1, 2], torch.relu(x[0]))
