@@ -51,6 +51,24 @@ def get_inputs():
 def get_init_inputs():
     return []
 ''',
+    "embedding_rows": HEAD + '''
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(50, 24))
+        self.register_buffer("table", torch.randn(40, 24))
+
+    def forward(self, ids, pos):
+        return F.embedding(ids, self.weight) * 4.9 + self.table.index_select(0, pos)
+
+
+def get_inputs():
+    return [torch.randint(0, 50, (3, 6)), torch.randint(0, 40, (6,))]
+
+
+def get_init_inputs():
+    return []
+''',
     "attention_fp32": HEAD + '''
 class Model(nn.Module):
     def forward(self, q, k, v):

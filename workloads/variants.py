@@ -362,6 +362,52 @@ class RotateHalfChunked(_Counting):
         return node
 
 
+class GatherAsTakeAlongDim(_Counting):
+    """torch.gather(x, d, i) / x.gather(d, i) -> torch.take_along_dim(x, i, dim=d) (the same
+    read where the index has the source's size off d, as every gather here does)."""
+
+    def visit_Call(self, node):
+        self.generic_visit(node)
+        if _dotted(node.func) == "torch.gather" and len(node.args) == 3 and not node.keywords:
+            x, d, i = node.args
+        elif _is_attr_call(node, "gather") and _dotted(node.func.value) != "torch" \
+                and len(node.args) == 2 and not node.keywords:
+            x, (d, i) = node.func.value, node.args
+        else:
+            return node
+        self.hits += 1
+        return _call("torch.take_along_dim", [x, i], [ast.keyword(arg="dim", value=d)])
+
+
+class EmbeddingAsIndex(_Counting):
+    """F.embedding(ids, w) -> w[ids] (no other arguments)."""
+
+    def visit_Call(self, node):
+        self.generic_visit(node)
+        if _dotted(node.func) not in ("F.embedding", "torch.nn.functional.embedding") \
+                or len(node.args) != 2 or node.keywords:
+            return node
+        self.hits += 1
+        return ast.Subscript(value=node.args[1], slice=node.args[0], ctx=ast.Load())
+
+
+class IndexSelectAsIndex(_Counting):
+    """x.index_select(0, i) / torch.index_select(x, 0, i) -> x[i]."""
+
+    def visit_Call(self, node):
+        self.generic_visit(node)
+        if _dotted(node.func) == "torch.index_select" and len(node.args) == 3:
+            x, d, i = node.args
+        elif _is_attr_call(node, "index_select") and _dotted(node.func.value) != "torch" and len(node.args) == 2:
+            x, (d, i) = node.func.value, node.args
+        else:
+            return node
+        if node.keywords or not (isinstance(d, ast.Constant) and d.value == 0):
+            return node
+        self.hits += 1
+        return ast.Subscript(value=x, slice=i, ctx=ast.Load())
+
+
 class CrossEntropyFlat(_Counting):
     """F.cross_entropy(x.float(), t) with x a name -> F.cross_entropy(x.view(-1,
     x.shape[-1]).float(), t.view(-1)) (as training code flattens [B, S, V])."""
@@ -604,6 +650,9 @@ RULES: list[Rule] = [
          helpers=("_v_softmax_values",)),
     Rule("layer_norm_shape_from_input", LayerNormFunctional.__doc__, LayerNormFunctional),
     Rule("upcast_each_use", UpcastEachUse.__doc__, UpcastEachUse),
+    Rule("gather_as_take_along_dim", GatherAsTakeAlongDim.__doc__, GatherAsTakeAlongDim),
+    Rule("embedding_as_index", EmbeddingAsIndex.__doc__, EmbeddingAsIndex),
+    Rule("index_select_as_index", IndexSelectAsIndex.__doc__, IndexSelectAsIndex),
 ]
 
 

@@ -127,9 +127,13 @@ def _log_softmax(n, gm: fx.GraphModule):
 
 
 def _gather(n):
-    """(source, dim, index) of x.gather(dim, index) / torch.gather(x, dim, index), else None."""
+    """(source, dim, index) of x.gather(dim, index) / torch.gather(x, dim, index), or of
+    torch.take_along_dim(x, index, dim) where the index has the source's shape off dim (then the
+    same read), else None."""
     import torch
 
+    if isinstance(n, fx.Node) and n.op == "call_function" and n.target is torch.take_along_dim:
+        return _take_along_dim(n)
     if not isinstance(n, fx.Node) or not ((n.op == "call_method" and n.target == "gather")
                                           or (n.op == "call_function" and n.target is torch.gather)):
         return None
@@ -146,6 +150,23 @@ def _gather(n):
     if not isinstance(b["input"], fx.Node) or not isinstance(b["index"], fx.Node) or not _int(b["dim"]):
         return None
     return b["input"], b["dim"], b["index"]
+
+
+def _take_along_dim(n: fx.Node):
+    names = ["input", "indices", "dim"]
+    b = dict(zip(names, n.args))
+    for k, v in n.kwargs.items():
+        if k not in names or k in b:
+            return None
+        b[k] = v
+    x, idx, dim = b.get("input"), b.get("indices"), b.get("dim")
+    if not isinstance(x, fx.Node) or not isinstance(idx, fx.Node) or not _int(dim):
+        return None
+    sx, si = node_shape(x), node_shape(idx)
+    if sx is None or si is None or len(sx) != len(si) or not -len(sx) <= dim < len(sx) \
+            or any(a != b for k, (a, b) in enumerate(zip(sx, si)) if k != dim % len(sx)):
+        return None
+    return x, dim, idx
 
 
 def _target_of(idx: fx.Node, zshape: tuple):
