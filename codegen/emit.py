@@ -133,14 +133,8 @@ def build_spec(plan: FusionPlan, g: Group):
         rolls = {i: int(O.node_shape(t)[-1]) for (role, t), i in slots.items() if role == "roll"}
         pairs = sorted(i for (role, _t), i in slots.items() if role == "pair")
         std = [j for j, m in enumerate(outs) if plan.nops[m].p.get("standard_layout")]
-        takes = {}  # source slot -> (index slot, dim)
-        for m in g.members:
-            op = plan.nops[m]
-            if op.name == "take":
-                src_role, idx_role = O.load_roles(op, "pro")
-                takes[slots[(src_role, op.operands[0])]] = (slots[(idx_role, op.operands[1])],
-                                                            int(op.p["dim"]), bool(op.p["wrap"]))
-        return PointwiseSpec(in_dtypes, stmts, outputs, compute, rolls, std, pairs, takes), ins, outs
+        return PointwiseSpec(in_dtypes, stmts, outputs, compute, rolls, std, pairs,
+                             _takes(plan, g, slots)), ins, outs
     red_op = plan.nops[g.red]
     if g.kind == "chanstats":  # outputs in the wrapper's order: (mean, var[, count])
         outs = sorted(g.aliases, key=lambda a: a.args[1])
@@ -225,8 +219,20 @@ def build_spec(plan: FusionPlan, g: Group):
         return spec, ins, outs
     name = {"max_dim": "argmax", "min_dim": "argmin"}.get(red_op.name, red_op.name)
     spec = ReductionSpec(name, in_dtypes, pro, epi, pro_stmts, red_in, epi_stmts, outputs,
-                         written_dims(red_op), g.keepdim, _inner(g), compute)
+                         written_dims(red_op), g.keepdim, _inner(g), compute, _takes(plan, g, slots))
     return spec, ins, outs
+
+
+def _takes(plan: FusionPlan, g: Group, slots: dict) -> dict[int, tuple[int, int, bool]]:
+    """The group's takes (rw-take): source slot -> (index slot, dim, negative indices wrap)."""
+    takes = {}
+    for m in g.members:
+        op = plan.nops[m]
+        if op.name == "take":
+            src_role, idx_role = O.load_roles(op, "pro")
+            takes[slots[(src_role, op.operands[0])]] = (slots[(idx_role, op.operands[1])],
+                                                        int(op.p["dim"]), bool(op.p["wrap"]))
+    return takes
 
 
 def _norm_spec(plan, g, red_op, ins, pro, epi, slots, outs, in_dtypes, compute):

@@ -450,8 +450,8 @@ def plan_fusion(gm: fx.GraphModule, disabled: set[str] | None = None) -> FusionP
         independent reductions to fill the GPU with one program each, each short enough for
         one pass over registers."""
         if (nops[g.red].name not in BROADCAST_OPS or not g.keepdim or g.aliases
-                or not users_ok(g, n, strict=True)):
-            return False
+                or not users_ok(g, n, strict=True) or any(nops[m].name in ROLLED for m in g.members)):
+            return False  # (the softmax template makes no take of its prologue)
         inside = set(g.members)
         if any(t not in inside for m in g.epilogue() for t in nops[m].tensor_inputs):
             return False
@@ -487,9 +487,11 @@ def plan_fusion(gm: fx.GraphModule, disabled: set[str] | None = None) -> FusionP
                 if m.users and all(u in moving or u is g.red for u in m.users):
                     moving.add(m)
             move = [m for m in pg.members if m in moving]
-        if (not move or any(nops[m].name in ROLLED for m in move)
+        if (not move or any(nops[m].name in ROLLED and not (nops[m].name == "take" and g.kind == "reduction")
+                            for m in move)
                 or not ok(Group(id="", kind="pointwise", members=move, domain=pg.domain))):
-            return  # (a rotate-half is a rolled load only the pointwise template makes)
+            return  # (a rotate-half is a rolled load only the pointwise template makes; a take
+            # the pointwise and reduction templates make)
         if len(move) == len(pg.members):
             groups.remove(pg)
         else:

@@ -42,6 +42,34 @@ CASES = {
 }
 
 
+REDUCED = {
+    # a mixture-of-experts combine: the chosen experts' rows weighted and summed over the top-k
+    # dim (not innermost: the columns walk), bf16 in, fp32 sum
+    "moe_combine": problem(
+        "out, chosen, w", "        idx = chosen.unsqueeze(-1).expand(-1, -1, out.shape[-1])\n"
+        "        picked = torch.gather(out, 1, idx)\n"
+        "        return (picked.float() * w.unsqueeze(-1)).sum(dim=1).to(out.dtype)\n",
+        f"[torch.randn(6, 4, 40, {BF}), torch.randint(0, 4, (6, 2)), torch.rand(6, 2)]"),
+    # the gathered scores summed along the row (innermost: the rows walk), a negative id wrapped
+    "row_sum": problem(
+        "x, ids", "        return torch.exp(x[ids]).sum(-1)\n",
+        "[torch.randn(30, 70), torch.randint(-30, 30, (5, 3))]"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REDUCED))
+def test_an_indexed_read_is_a_reduction_prologue(name, write_problem, tmp_path):
+    """A take feeding a sum is loaded in the reduction's own loop: one kernel, the gathered
+    copy never written."""
+    path = write_problem(REDUCED[name], f"take_red_{name}")
+    comp = generated_matches(path, tmp_path, seeds=(0, 1), atol=1e-2, rtol=1e-2)
+    assert "rw-take" in comp.rewrites
+    assert [g.kind for g in comp.plan.groups] == ["reduction"]
+    rep = check_dropin(path.read_text(), comp.emitted.source, calls=1, atol=1e-2, rtol=1e-2)
+    slow = {(t.mode, t.name) for t in rep.trials if not t.fast and not t.raised and t.name != "moved back"}
+    assert not slow, slow
+
+
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_indexed_reads_are_loads_in_one_kernel(name, write_problem, tmp_path):
     """No gather stays torch: the indexed read and what follows it are one pointwise kernel;
@@ -110,3 +138,13 @@ def test_an_index_out_of_range_is_nan_never_a_number(write_problem, tmp_path):
     out = new._egg_fast(x, ids)
     assert torch.equal(out[0], torch.relu(x[[0, 9, 9]]))
     assert torch.isnan(out[1, :2]).all() and torch.equal(out[1, 2], torch.relu(x[0]))
+
+
+def test_an_indexed_read_in_a_split_reduction(write_problem, tmp_path):
+    """The same prologue in the split kernels (chunks of the reduced dim over programs, then a
+    merge): a configuration that splits the 70-long rows into chunks of 16 must run them."""
+    path = write_problem(REDUCED["row_sum"], "take_split")
+    cfg = {"g0": {"SPLIT_CHUNK": 16, "SPLIT_ROWS": 100000, "BLOCK_R": 16}}
+    comp = generated_matches(path, tmp_path, seeds=(0,), atol=1e-2, rtol=1e-2, configs=cfg,
+                             launched=["_egg_k_g0_part"])
+    assert [g.kind for g in comp.plan.groups] == ["reduction"]

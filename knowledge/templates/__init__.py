@@ -61,6 +61,8 @@ class ReductionSpec:
     keepdim: bool
     inner: bool  # True: the reduced dims are innermost (rows variant); False: columns variant
     compute: str = "fp32"
+    #: prologue inputs read at the rows an integer input names (PointwiseSpec.takes)
+    takes: dict[int, tuple[int, int, bool]] = field(default_factory=dict)
 
 
 @dataclass
@@ -111,6 +113,32 @@ def load_expr(ptr: str, idx: str, mask: str, dtype: str, ctype: str, other: str 
     if dtype == "bool":
         return base
     return f"{base}.to({ctype})"
+
+
+def taken_lines(i: int, j: int, wrap: bool, idx: str, mask: str, dtype: str, ctype: str) -> list[str]:
+    """x{i} = the take's source i at the row its index x{j} (an integer tile) names: the offset
+    ``idx`` of the source narrowed to row 0 plus index * G{i} (its stride along the dim), with
+    ``wrap`` a negative index counted from the end; an index outside [0, GS{i}) reads NaN,
+    never a number and never memory outside the source (eager raises there; a kernel cannot)."""
+    lines = [f"t{i} = x{j}.to(tl.int64)"]
+    if wrap:
+        lines.append(f"t{i} = tl.where(t{i} < 0, t{i} + GS{i}, t{i})")
+    inb = f"{mask} & (t{i} >= 0) & (t{i} < GS{i})"
+    lines.append(f"x{i} = " + load_expr(f"P{i}", f"{idx} + t{i} * G{i}", inb, dtype, ctype, other='float("nan")'))
+    return lines
+
+
+def take_params(spec) -> list[str]:
+    """The kernel parameters of a spec's takes: each source's stride and size along its dim."""
+    return [f"{p}{i}" for i in sorted(getattr(spec, "takes", {})) for p in ("G", "GS")]
+
+
+def take_views(spec, args: str = "a") -> list[str]:
+    """Wrapper lines: each take's source narrowed to row 0 of its dim (_egg_take_view), and
+    ``tk``, the stride and size the kernel adds and checks the index with."""
+    takes = sorted(getattr(spec, "takes", {}).items())
+    lines = [f"{args}{i}, g{i}, gs{i} = _egg_take_view({args}{i}, {args}{j}, {d})" for i, (j, d, _w) in takes]
+    return lines + ["tk = [" + ", ".join(f"g{i}, gs{i}" for i, _t in takes) + "]"]
 
 
 #: one Welford step per lane: running mean wm, sum of squared deviations w2 and count wn of

@@ -23,7 +23,8 @@ of a walk plus a transposing copy of the result (principle mem-conv-channels-las
 from __future__ import annotations
 
 from knowledge.schema import TemplateInfo
-from knowledge.templates import PointwiseSpec, Rendered, compute_type, indent, load_expr, stmt_lines
+from knowledge.templates import (PointwiseSpec, Rendered, compute_type, indent, load_expr, stmt_lines,
+                                 taken_lines)
 
 INFO = TemplateInfo(
     name="pointwise",
@@ -203,12 +204,7 @@ def _taken_load(body: list[str], i: int, j: int, wrap: bool, dtype: str, ct: str
     counts from the end (as ``x[ids]`` does). An index outside [0, size) reads NaN, never a
     number and never memory outside the source (eager raises there; a kernel cannot)."""
     body += _index_lines(i, {"F": "offs", "R": "col", "S": "offs"})
-    body.append(f"t{i} = x{j}.to(tl.int64)")
-    if wrap:
-        body.append(f"t{i} = tl.where(t{i} < 0, t{i} + GS{i}, t{i})")
-    inb = f"mask & (t{i} >= 0) & (t{i} < GS{i})"
-    nan = 'float("nan")'
-    body.append(f"x{i} = {load_expr(f'P{i}', f'i{i} + t{i} * G{i}', inb, dtype, ct, other=nan)}")
+    body += taken_lines(i, j, wrap, f"i{i}", "mask", dtype, ct)
 
 
 def _rolled_load(body: list[str], i: int, d: int, dtype: str, ct: str) -> None:

@@ -8,7 +8,8 @@ reduced dim keeps a 2-d accumulator and reduces it once at the end.
 from __future__ import annotations
 
 from knowledge.schema import TemplateInfo
-from knowledge.templates import ReductionSpec, Rendered, compute_type, indent, load_expr, stmt_lines
+from knowledge.templates import (ReductionSpec, Rendered, compute_type, indent, load_expr, stmt_lines,
+                                 take_params, take_views, taken_lines)
 
 INFO = TemplateInfo(
     name="reduction",
@@ -27,11 +28,11 @@ IDENTITY = {"sum": "0.0", "mean": "0.0", "prod": "1.0", "amax": 'float("-inf")',
             "argmax": 'float("-inf")', "argmin": 'float("inf")', "logsumexp": 'float("-inf")'}
 
 
-def signature(kname: str, n_in: int, n_out: int, tail: list[str]) -> str:
+def signature(kname: str, n_in: int, n_out: int, tail: list[str], takes: list[str] = ()) -> str:
     ins = [f"P{i}" for i in range(n_in)]
     outs = [f"O{j}" for j in range(n_out)]
     strides = [f"S{i}_{d}" for i in range(n_in) for d in range(5)]
-    sig = ", ".join(ins + outs + ["NROWS", "OD1", "OD2", "R", "INNER"] + strides + tail)
+    sig = ", ".join(ins + outs + ["NROWS", "OD1", "OD2", "R", "INNER"] + strides + list(takes) + tail)
     return f"@triton.jit\ndef {kname}({sig}):\n"
 
 
@@ -63,15 +64,32 @@ def row_setup(n_in: int, rows_variant: bool) -> list[str]:
 
 def tile_loads(spec, inputs: list[int], rows_variant: bool, rr: str, mask: str) -> list[str]:
     """Loads of full-domain inputs for one tile of the reduced dim (index vector ``rr``)."""
-    ct = compute_type(spec)
     out = []
-    for i in inputs:
+    for i in load_order(spec, inputs):
         if rows_variant:
             idx = f"b{i}[:, None] + {rr}[None, :] * S{i}_3"
         else:
             idx = f"b{i} + {rr}[:, None] * S{i}_3 + ii[None, :] * S{i}_4"
-        out.append(f"x{i} = {load_expr(f'P{i}', idx, mask, spec.in_dtypes[i], ct)}")
+        out += pro_load(spec, i, idx, mask)
     return out
+
+
+def load_order(spec, inputs: list[int]) -> list[int]:
+    """Inputs in load order: a take's integer indices before the sources they index."""
+    index = {j for j, _d, _w in getattr(spec, "takes", {}).values()}
+    return [i for i in inputs if i in index] + [i for i in inputs if i not in index]
+
+
+def pro_load(spec, i: int, idx: str, mask: str) -> list[str]:
+    """Input i at offset ``idx``: converted to the compute type; a take's index as integers;
+    a take's source at the rows its index names (taken_lines)."""
+    takes = getattr(spec, "takes", {})
+    if any(j == i for j, _d, _w in takes.values()):
+        return [f"x{i} = tl.load(P{i} + {idx}, mask={mask}, other=0)"]
+    if i in takes:
+        j, _d, wrap = takes[i]
+        return taken_lines(i, j, wrap, idx, mask, spec.in_dtypes[i], compute_type(spec))
+    return [f"x{i} = {load_expr(f'P{i}', idx, mask, spec.in_dtypes[i], compute_type(spec))}"]
 
 
 def tile_mask(rows_variant: bool, rr: str) -> str:
@@ -103,19 +121,22 @@ def launch_tail(rows_variant: bool, cfg: dict) -> tuple[list[str], str, str]:
     return params, grid, kw
 
 
-def launch_line(kname: str, n_out: int, grid: str, kw: str, cfg: dict) -> str:
+def launch_line(kname: str, n_out: int, grid: str, kw: str, cfg: dict, takes: bool = False) -> str:
     outs = "".join(f", o{j}" for j in range(n_out))
+    tk = "*tk, " if takes else ""
     return (f"{kname}[{grid}](*ts{outs}, nrows, outer[1], outer[2], R, inner, "
-            f"*[s for st in sts for s in st], I64=nrows * R * inner >= 2**31, {kw}, "
+            f"*[s for st in sts for s in st], {tk}I64=nrows * R * inner >= 2**31, {kw}, "
             f"num_warps={int(cfg['num_warps'])}, num_stages={int(cfg['num_stages'])})")
 
 
 def wrapper_prelude(n_in: int, pro: list[int], epi: list[int], rdims: list[int] | None,
-                    keepdim: bool, inner: bool) -> list[str]:
+                    keepdim: bool, inner: bool, spec=None) -> list[str]:
     """Host code: domain shape, reduced dims of this call, reduced-domain inputs lifted to the
     full rank, layout. ``rdims``: the reduced dims as the reference wrote them (negative ones
-    count from the end, None: every dim), resolved against the call's rank."""
-    lines = [
+    count from the end, None: every dim), resolved against the call's rank. A spec's takes:
+    their sources narrowed (take_views), kept as views by the contiguous fallback."""
+    keep = sorted(getattr(spec, "takes", {}))
+    lines = (take_views(spec) if keep else []) + [
         f"KEEPDIM = {bool(keepdim)}",
         f"ts = [{', '.join(f'a{i}' for i in range(n_in))}]",
         f"shape = list(_egg_broadcast_shape([ts[i] for i in {pro}]))",
@@ -136,7 +157,7 @@ def wrapper_prelude(n_in: int, pro: list[int], epi: list[int], rdims: list[int] 
         "    ts[i] = t",
         "lay = _egg_reduction_layout(shape, rdims, ts)",
         "if lay is None:  # strides that do not collapse (a permuted input): contiguous copies do",
-        "    ts = [t.contiguous() for t in ts]",
+        f"    ts = [t if k in {keep} else t.contiguous() for k, t in enumerate(ts)]",
         "    lay = _egg_reduction_layout(shape, rdims, ts)",
         "if lay is None:",
         "    raise RuntimeError(f'EGG: reduction layout of {shape} over {rdims} not supported')",
@@ -180,9 +201,9 @@ def _split_kernels(spec: ReductionSpec, kname: str, cfg: dict, rows_v: bool) -> 
     part += [f"b{i} = _egg_index3(row, OD1, OD2, S{i}_0, S{i}_1, S{i}_2)" for i in range(n_in)]
     part += [f"acc2 = tl.full({tile}, {ident}, {ct})", "for off in range(0, CHUNK, BLOCK_R):"]
     loop = [f"rr = {rr}", f"m = {mask}"]
-    for i in spec.pro_inputs:
+    for i in load_order(spec, spec.pro_inputs):
         idx = f"b{i} + rr * S{i}_3" if rows_v else f"b{i} + rr[:, None] * S{i}_3 + ii[None, :] * S{i}_4"
-        loop.append(f"x{i} = {load_expr(f'P{i}', idx, 'm', spec.in_dtypes[i], ct)}")
+        loop += pro_load(spec, i, idx, "m")
     loop += stmt_lines(spec.pro_stmts)
     loop += [f"v = tl.where(m, {spec.red_var}, {ident})", f"acc2 = {upd}"]
     part += ["    " + ln for ln in loop]
@@ -192,7 +213,7 @@ def _split_kernels(spec: ReductionSpec, kname: str, cfg: dict, rows_v: bool) -> 
     else:
         part.append(f"tl.store(W + (row * SPLITS + sp) * INNER + ii, {red}(acc2, 0), mask=imask)")
         tail = "SPLITS, CHUNK, BLOCK_R: tl.constexpr, BLOCK_I: tl.constexpr"
-    k_part = (f"@triton.jit\ndef {kname}_part({', '.join(ins + ['W', 'NROWS', 'OD1', 'OD2', 'R', 'INNER'] + strides)}, "
+    k_part = (f"@triton.jit\ndef {kname}_part({', '.join(ins + ['W', 'NROWS', 'OD1', 'OD2', 'R', 'INNER'] + strides + take_params(spec))}, "
               f"{tail}):\n" + indent(part, 4) + "\n")
     outs = [f"O{j}" for j in range(len(spec.outputs))]
     fin = [ln.replace("if I64:", "if True:") for ln in row_setup(n_in, rows_v)]
@@ -214,7 +235,7 @@ def _split_kernels(spec: ReductionSpec, kname: str, cfg: dict, rows_v: bool) -> 
     oidx, omask = ("rows", "rmask") if rows_v else ("row * INNER + ii", "imask")
     for j, (var, _dt) in enumerate(spec.outputs):
         fin.append(f"tl.store(O{j} + {oidx}, ({var}).to(O{j}.dtype.element_ty), mask={omask})")
-    k_fin = (f"@triton.jit\ndef {kname}_fin({', '.join(ins + outs + ['W', 'NROWS', 'OD1', 'OD2', 'R', 'INNER'] + strides)}, "
+    k_fin = (f"@triton.jit\ndef {kname}_fin({', '.join(ins + outs + ['W', 'NROWS', 'OD1', 'OD2', 'R', 'INNER'] + strides + take_params(spec))}, "
              f"{fin_tail}):\n" + indent(fin, 4) + "\n")
     return k_part + "\n\n" + k_fin
 
@@ -226,7 +247,7 @@ def render(spec: ReductionSpec, cfg: dict, kname: str, gname: str) -> Rendered:
     ct = compute_type(spec)
     op = spec.op
     params, grid, kw = launch_tail(rows_v, cfg)
-    head = signature(kname, n_in, len(spec.outputs), params)
+    head = signature(kname, n_in, len(spec.outputs), params, take_params(spec))
     tile = "[BLOCK_O, BLOCK_R]" if rows_v else "[BLOCK_R, BLOCK_I]"
     ax = 1 if rows_v else 0
     ridx = "rr[None, :]" if rows_v else "rr[:, None]"
@@ -294,7 +315,7 @@ def render(spec: ReductionSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         kernel += "\n\n" + _split_kernels(spec, kname, cfg, rows_v)
 
     args = ", ".join(f"a{i}" for i in range(n_in))
-    w = wrapper_prelude(n_in, spec.pro_inputs, spec.epi_inputs, spec.rdims, spec.keepdim, rows_v)
+    w = wrapper_prelude(n_in, spec.pro_inputs, spec.epi_inputs, spec.rdims, spec.keepdim, rows_v, spec)
     w += [f"o{j} = torch.empty(oshape, device=dev, dtype=torch.{dt})"
           for j, (_v, dt) in enumerate(spec.outputs)]
     ret = ", ".join(f"o{j}" for j in range(len(spec.outputs)))
@@ -307,7 +328,7 @@ def render(spec: ReductionSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         # few programs over long reductions: split the reduced dim over SPLITS programs, then
         # merge (tile-split-rows); rows: few rows, cols: few (outer index x inner block) tiles
         outs = "".join(f", o{j}" for j in range(len(spec.outputs)))
-        flat = "*[s for st in sts for s in st]"
+        flat = "*[s for st in sts for s in st], *tk" if spec.takes else "*[s for st in sts for s in st]"
         tiles = "nrows" if rows_v else f"nrows * _egg_cdiv(inner, {int(cfg['BLOCK_I'])})"
         w += [
             f"splits = min(1024, _egg_cdiv(R, {int(cfg['SPLIT_CHUNK'])})) if {tiles} < {int(cfg['SPLIT_ROWS'])} else 1",
@@ -333,7 +354,7 @@ def render(spec: ReductionSpec, cfg: dict, kname: str, gname: str) -> Rendered:
             ]
         w.append(f"    return {ret}")
     w += [
-        launch_line(kname, len(spec.outputs), grid, kw, cfg),
+        launch_line(kname, len(spec.outputs), grid, kw, cfg, bool(spec.takes)),
         f"return {ret}",
     ]
     wrapper = f"def {gname}({args}):\n{indent(w, 4)}\n"
