@@ -601,6 +601,34 @@ def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
     return False
 
 
+#: the one-more-leading-dim trial with index inputs runs the reference on a CPU copy first when
+#: the model's parameters and buffers and the trial's inputs are at most this many bytes
+CPU_RANK_CHECK_BYTES = 2 << 30
+
+
+def _rank_opts_on_cpu(model, opts: list, mode: str) -> tuple[list, str]:
+    """The (inputs, description) options of a rank trial whose reference runs on a CPU copy of
+    the model without raising (integer inputs there index where they would on the GPU, where an
+    index out of range is a device-side assert that aborts the process), and why none is left."""
+    size = sum(t.numel() * t.element_size() for t in list(model.parameters()) + list(model.buffers()))
+    if size + max((sum(x.numel() * x.element_size() for x in xs if isinstance(x, torch.Tensor))
+                   for xs, _d in opts), default=0) > CPU_RANK_CHECK_BYTES:
+        return [], "too large to run the reference on the CPU first"
+    try:
+        cpu = copy.deepcopy(model).to("cpu").train(mode == "train")
+    except Exception as e:  # noqa: BLE001 - a model that cannot be copied: the trial is skipped
+        return [], f"the model could not be copied to the CPU ({type(e).__name__})"
+    ok = []
+    for xs, desc in opts:
+        try:
+            with torch.no_grad():
+                cpu(*[x.detach().cpu() if isinstance(x, torch.Tensor) else x for x in xs])
+            ok.append((xs, desc))
+        except Exception:  # noqa: BLE001 - raises on the CPU: would abort on the GPU
+            pass
+    return ok, "the reference raises at those shapes (run on the CPU)"
+
+
 def _fp64_model(model):
     try:
         return copy.deepcopy(model).double()
@@ -932,11 +960,13 @@ def _run_trials(req, result, model, cand, kmap, prob, dev, tol, deadline, prev: 
                 if dev.type == "cuda" and tr.variant == "rank" and any(TR.index_like(x) for x in base):
                     # ids or positions at one more leading dim may index another dim than they
                     # did (a gather along dim 1, now the batch's): out of range on a GPU, a
-                    # device-side assert aborts this process where the CPU raises
-                    result["trial_log"].append({**_log(tr, base, opts[0][1]), "note": "skipped: "
-                                                "integer index inputs; a new leading dim may send "
-                                                "them out of range, which aborts a GPU process"})
-                    continue
+                    # device-side assert aborts this process where the CPU raises. So the
+                    # reference runs on a CPU copy first; the trial keeps the inputs it takes
+                    opts, why = _rank_opts_on_cpu(model, opts, tr.mode)
+                    if not opts:
+                        result["trial_log"].append({**_log(tr, base, ""), "note": f"skipped: integer index "
+                                                    f"inputs at one more leading dim: {why}"})
+                        continue
                 for xs, desc in opts:
                     try:
                         ref, before = _reference(model, xs, tr.mode, tr.grad, prob, False, tol)

@@ -161,3 +161,24 @@ def test_the_reference_of_a_layout_trial_reads_aligned_rows():
         t = TR.relayout(torch.randn(4, 6).to(dt), "transposed", aligned=True)
         assert t.data_ptr() % 16 == 0 and t.stride() == (1, 4)
     assert TR.relayout(3, "padded", aligned=True) == 3
+
+
+def test_a_rank_trial_with_ids_keeps_the_inputs_the_reference_takes_on_the_cpu():
+    """On a GPU, the one-more-leading-dim trial with index inputs first runs the reference on a
+    CPU copy: the options where it raises (ids now indexing a shorter dim) are dropped, those
+    where it runs are kept; nothing left, the trial is skipped with the reason."""
+    import torch.nn as nn
+
+    from harness.worker import _rank_opts_on_cpu
+
+    class Gather(nn.Module):
+        def forward(self, x, ids):
+            return torch.gather(x, 1, ids)
+
+    x = torch.randn(2, 3, 10)
+    good = (torch.randint(0, 3, (2, 3, 10)), "ids in range")
+    bad = (torch.full((2, 3, 10), 7), "ids past dim 1")
+    ok, _why = _rank_opts_on_cpu(Gather(), [([x, bad[0]], bad[1]), ([x, good[0]], good[1])], "train")
+    assert [d for _xs, d in ok] == ["ids in range"]
+    ok, why = _rank_opts_on_cpu(Gather(), [([x, bad[0]], bad[1])], "eval")
+    assert ok == [] and "raises" in why
