@@ -472,3 +472,32 @@ def get_init_inputs():
     comp = generated_matches(write_problem(src, "row_const"), tmp_path, seeds=(0, 1))
     assert [g.kind for g in comp.plan.groups] == ["pointwise"]
     assert "if ROWS and B1:" in comp.emitted.source
+
+
+@pytest.mark.parametrize("dims", ["rows", "cols"])
+def test_max_min_and_arg_reductions_take_nan_as_torch_does(dims, write_problem, tmp_path):
+    """amax / amin / max(dim) give NaN where a NaN is reduced, argmax / argmin the first NaN's
+    index, over the innermost dim (rows walk) and another (columns walk), as torch does (Triton's
+    max / min give the other operand); max pooling too."""
+    from harness.problem import load_module
+
+    d = -1 if dims == "rows" else 1
+    src = f'''
+import torch, torch.nn as nn, torch.nn.functional as F
+class Model(nn.Module):
+    def forward(self, x):
+        return (x.amax({d}), x.amin({d}), torch.argmax(x, {d}), torch.argmin(x, {d}),
+                torch.max(x * 2.0, {d})[0], F.max_pool1d(x, 2))
+def get_inputs():
+    return [torch.randn(5, 6, 8)]
+def get_init_inputs():
+    return []
+'''
+    comp = generated_matches(write_problem(src, f"nan_red_{dims}"), tmp_path, seeds=(0,))
+    assert comp.plan.groups and all(g.kind in ("reduction", "pool") for g in comp.plan.groups)
+    (tmp_path / f"nan_red_{dims}.py").write_text(comp.emitted.source)
+    new = load_module(tmp_path / f"nan_red_{dims}.py", f"nan_red_{dims}").ModelNew()
+    x = torch.randn(5, 6, 8)
+    x[0, 1, 3] = x[1, 2, 5] = x[1, 2, 6] = x[2, 4, 0] = float("nan")
+    for got, want in zip(new._egg_fast(x), new._egg_reference(x)):
+        torch.testing.assert_close(got, want, equal_nan=True)

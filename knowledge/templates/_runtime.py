@@ -310,6 +310,18 @@ def _egg_mul(a, b):
     return a * b
 
 
+@triton.jit
+def _egg_max_nan(a, b):
+    """max as torch's reductions take it: NaN wins (tl.max gives the other operand)."""
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _egg_min_nan(a, b):
+    """min as torch's reductions take it: NaN wins."""
+    return tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
 def _egg_reverse_cumsum(x, dim):
     """cumsum from the end along dim (what x.flip(dim).cumsum(dim).flip(dim) computes)."""
     return x.flip(dim).cumsum(dim).flip(dim)

@@ -112,7 +112,9 @@ def render(spec: PoolSpec, cfg: dict, kname: str, gname: str) -> Rendered:
     loop.append(f"{ind}x{m} = {load_expr(f'P{m}', f'base + {addr}', 'ok', spec.in_dtypes[m], ct)}")
     loop += [ind + ln for ln in stmt_lines(spec.pro_stmts)]
     if spec.op == "max":
-        loop.append(f"{ind}acc = tl.maximum(acc, tl.where(ok, {spec.red_var}, {ident}))")
+        # NaN wins, as in torch's max pooling (tl.maximum would give the other operand)
+        loop.append(f"{ind}acc = tl.maximum(acc, tl.where(ok, {spec.red_var}, {ident}), "
+                    "propagate_nan=tl.PropagateNan.ALL)")
     else:
         loop.append(f"{ind}acc = acc + tl.where(ok, {spec.red_var}, 0.0)")
         loop.append(f"{ind}cnt = cnt + ok.to({ct})")

@@ -24,6 +24,17 @@ INFO = TemplateInfo(
     description="sum/mean/prod/amax/amin/argmax/argmin/logsumexp over adjacent dims, rows or cols mapping",
 )
 
+#: torch's max/min reductions propagate NaN; Triton's maximum/minimum and tl.max/tl.min do not
+NAN = "propagate_nan=tl.PropagateNan.ALL"
+#: a tile reduced along an axis, NaN propagated: tl.reduce with _egg_max_nan / _egg_min_nan
+REDUCE_NAN = {"tl.max": "_egg_max_nan", "tl.min": "_egg_min_nan"}
+
+
+def reduce_call(red: str, x: str, ax) -> str:
+    """``red(x, ax)`` (tl.sum / tl.max / tl.min), max and min propagating NaN as torch does."""
+    return f"tl.reduce({x}, {ax}, {REDUCE_NAN[red]})" if red in REDUCE_NAN else f"{red}({x}, {ax})"
+
+
 IDENTITY = {"sum": "0.0", "mean": "0.0", "prod": "1.0", "amax": 'float("-inf")', "amin": 'float("inf")',
             "argmax": 'float("-inf")', "argmin": 'float("inf")', "logsumexp": 'float("-inf")'}
 
@@ -172,7 +183,7 @@ def wrapper_prelude(n_in: int, pro: list[int], epi: list[int], rdims: list[int] 
 
 SPLIT_OPS = {"sum", "mean", "amax", "amin"}
 COMBINE = {"sum": ("tl.sum", "acc2 + v"), "mean": ("tl.sum", "acc2 + v"),
-           "amax": ("tl.max", "tl.maximum(acc2, v)"), "amin": ("tl.min", "tl.minimum(acc2, v)")}
+           "amax": ("tl.max", f"tl.maximum(acc2, v, {NAN})"), "amin": ("tl.min", f"tl.minimum(acc2, v, {NAN})")}
 
 
 def _split_kernels(spec: ReductionSpec, kname: str, cfg: dict, rows_v: bool) -> str:
@@ -208,10 +219,10 @@ def _split_kernels(spec: ReductionSpec, kname: str, cfg: dict, rows_v: bool) -> 
     loop += [f"v = tl.where(m, {spec.red_var}, {ident})", f"acc2 = {upd}"]
     part += ["    " + ln for ln in loop]
     if rows_v:
-        part.append(f"tl.store(W + pid, {red}(acc2, 0))")
+        part.append(f"tl.store(W + pid, {reduce_call(red, 'acc2', 0)})")
         tail = "SPLITS, CHUNK, BLOCK_R: tl.constexpr"
     else:
-        part.append(f"tl.store(W + (row * SPLITS + sp) * INNER + ii, {red}(acc2, 0), mask=imask)")
+        part.append(f"tl.store(W + (row * SPLITS + sp) * INNER + ii, {reduce_call(red, 'acc2', 0)}, mask=imask)")
         tail = "SPLITS, CHUNK, BLOCK_R: tl.constexpr, BLOCK_I: tl.constexpr"
     k_part = (f"@triton.jit\ndef {kname}_part({', '.join(ins + ['W', 'NROWS', 'OD1', 'OD2', 'R', 'INNER'] + strides + take_params(spec))}, "
               f"{tail}):\n" + indent(part, 4) + "\n")
@@ -221,12 +232,12 @@ def _split_kernels(spec: ReductionSpec, kname: str, cfg: dict, rows_v: bool) -> 
     if rows_v:
         fin.append(f"pv = tl.load(W + rows[:, None] * SPLITS + s[None, :], "
                    f"mask=rmask[:, None] & (s < SPLITS)[None, :], other={ident})")
-        fin.append(f"acc = {red}(pv, 1)")
+        fin.append(f"acc = {reduce_call(red, 'pv', 1)}")
         fin_tail = "SPLITS, SPLITS_P2: tl.constexpr, BLOCK_O: tl.constexpr"
     else:
         fin.append(f"pv = tl.load(W + (row * SPLITS + s[:, None]) * INNER + ii[None, :], "
                    f"mask=(s < SPLITS)[:, None] & imask[None, :], other={ident})")
-        fin.append(f"acc = {red}(pv, 0)")
+        fin.append(f"acc = {reduce_call(red, 'pv', 0)}")
         fin_tail = "SPLITS, SPLITS_P2: tl.constexpr, BLOCK_I: tl.constexpr"
     if spec.op == "mean":
         fin.append("acc = acc / R")
@@ -270,12 +281,13 @@ def render(spec: ReductionSpec, cfg: dict, kname: str, gname: str) -> Rendered:
     elif op == "prod":
         loop.append("acc2 = acc2 * v")
     elif op == "amax":
-        loop.append("acc2 = tl.maximum(acc2, v)")
+        loop.append(f"acc2 = tl.maximum(acc2, v, {NAN})")
     elif op == "amin":
-        loop.append("acc2 = tl.minimum(acc2, v)")
+        loop.append(f"acc2 = tl.minimum(acc2, v, {NAN})")
     elif op in ("argmax", "argmin"):
         cmp = ">" if op == "argmax" else "<"
-        loop += [f"upd = v {cmp} acc2", "acc2 = tl.where(upd, v, acc2)",
+        # torch takes NaN as the extreme: the first NaN of a lane wins, later values never do
+        loop += [f"upd = (v {cmp} acc2) | ((v != v) & (acc2 == acc2))", "acc2 = tl.where(upd, v, acc2)",
                  f"idx2 = tl.where(upd, {ridx}.to(tl.int32) + tl.zeros({tile}, tl.int32), idx2)"]
     elif op == "logsumexp":
         loop += ["mn = tl.maximum(acc2, v)",
@@ -291,14 +303,16 @@ def render(spec: ReductionSpec, cfg: dict, kname: str, gname: str) -> Rendered:
     elif op == "prod":
         body.append(f"acc = tl.reduce(acc2, {ax}, _egg_mul)")
     elif op == "amax":
-        body.append(f"acc = tl.max(acc2, {ax})")
+        body.append(f"acc = {reduce_call('tl.max', 'acc2', ax)}")
     elif op == "amin":
-        body.append(f"acc = tl.min(acc2, {ax})")
+        body.append(f"acc = {reduce_call('tl.min', 'acc2', ax)}")
     elif op in ("argmax", "argmin"):
         red = "tl.max" if op == "argmax" else "tl.min"
         ex = "acc[:, None]" if rows_v else "acc[None, :]"
-        body += [f"acc = {red}(acc2, {ax})",
-                 f"acc_idx = tl.min(tl.where(acc2 == {ex}, idx2, 2147483647), {ax})"]
+        # the lowest index holding the extreme; a NaN extreme is matched as NaN
+        body += [f"acc = {reduce_call(red, 'acc2', ax)}",
+                 f"acc_idx = tl.min(tl.where((acc2 == {ex}) | ((acc2 != acc2) & ({ex} != {ex})), idx2, "
+                 f"2147483647), {ax})"]
     elif op == "logsumexp":
         ex = "acc[:, None]" if rows_v else "acc[None, :]"
         body += [f"acc = tl.max(acc2, {ax})",

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from knowledge.schema import TemplateInfo
 from knowledge.templates import Rendered, SoftmaxSpec, indent, stmt_lines
-from knowledge.templates.reduction import (launch_line, launch_tail, row_setup, signature,
+from knowledge.templates.reduction import (launch_line, launch_tail, reduce_call, row_setup, signature,
                                            tile_loads, tile_mask, wrapper_prelude)
 from knowledge.templates import compute_type
 
@@ -46,8 +46,8 @@ NEG = 'float("-inf")'
 #: a reduction broadcast back over the reduced dims (principle alg-reduce-broadcast): its fill
 #: value, the reduction of a tile along an axis, and the running combine of two tiles
 BROADCAST = {"sum": ("0.0", "tl.sum", "{a} + {b}"), "mean": ("0.0", "tl.sum", "{a} + {b}"),
-             "amax": (NEG, "tl.max", "tl.maximum({a}, {b})"),
-             "amin": ('float("inf")', "tl.min", "tl.minimum({a}, {b})")}
+             "amax": (NEG, "tl.max", "tl.maximum({a}, {b}, propagate_nan=tl.PropagateNan.ALL)"),
+             "amin": ('float("inf")', "tl.min", "tl.minimum({a}, {b}, propagate_nan=tl.PropagateNan.ALL)")}
 
 
 def _normalize(op: str, z: str, mx: str, s: str) -> str:
@@ -136,7 +136,7 @@ def render(spec: SoftmaxSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         """The reduced value (size-1 reduced axis, broadcasting over the tile) and the
         statements on it."""
         red = BROADCAST[spec.op][1]
-        lines = [f"acc = {ex(f'{red}({acc}, {ax})')}"]
+        lines = [f"acc = {ex(reduce_call(red, acc, ax))}"]
         if spec.op == "mean":
             lines.append("acc = acc / R")
         return lines + stmt_lines(spec.red_stmts)
