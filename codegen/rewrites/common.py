@@ -46,6 +46,19 @@ def _upcast_source(gm: fx.GraphModule, s) -> fx.Node | None:
     return None
 
 
+def _bound(n: fx.Node, names: list[str]) -> dict | None:
+    """A call's arguments by parameter name (positional ones in ``names``' order, then keywords),
+    or None for an argument past ``names``, an unknown keyword or one given twice."""
+    if len(n.args) > len(names):
+        return None
+    b = dict(zip(names, n.args))
+    for k, v in n.kwargs.items():
+        if k not in names or k in b:
+            return None
+        b[k] = v
+    return b
+
+
 def _replace(n: fx.Node, new: fx.Node) -> None:
     n.replace_all_uses_with(new)
     n.graph.erase_node(n)

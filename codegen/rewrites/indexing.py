@@ -12,7 +12,7 @@ import operator
 from torch import fx
 
 from codegen.ops import INDEX_DTYPES, node_dtype, node_shape
-from codegen.rewrites.common import _annotate, _float, _live, _replace
+from codegen.rewrites.common import _annotate, _bound, _float, _live, _replace
 from codegen.rewrites.losses import _gather
 
 
@@ -23,13 +23,8 @@ def _embedding(n: fx.Node):
 
     if n.op != "call_function" or n.target is not F.embedding:
         return None
-    names = ["input", "weight", "padding_idx", "max_norm", "norm_type", "scale_grad_by_freq", "sparse"]
-    b = dict(zip(names, n.args))
-    for k, v in n.kwargs.items():
-        if k not in names or k in b:
-            return None
-        b[k] = v
-    if b.get("max_norm") is not None or "input" not in b or "weight" not in b:
+    b = _bound(n, ["input", "weight", "padding_idx", "max_norm", "norm_type", "scale_grad_by_freq", "sparse"])
+    if b is None or b.get("max_norm") is not None or "input" not in b or "weight" not in b:
         return None
     return b["weight"], b["input"]
 
@@ -43,12 +38,8 @@ def _index_select(n: fx.Node):
             or (n.op == "call_function" and n.target is torch.index_select)):
         return None
     names = ["input", "dim", "index"]
-    b = dict(zip(names, n.args))
-    for k, v in n.kwargs.items():
-        if k not in names or k in b:
-            return None
-        b[k] = v
-    if set(b) != set(names):
+    b = _bound(n, names)
+    if b is None or set(b) != set(names):
         return None
     return b["input"], b["dim"], b["index"]
 

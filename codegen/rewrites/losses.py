@@ -4,7 +4,7 @@ from __future__ import annotations
 from torch import fx
 
 from codegen.ops import classify, node_dtype, node_shape
-from codegen.rewrites.common import (_attr_node, _erase_unused_above, _float, _live, _replace,
+from codegen.rewrites.common import (_attr_node, _bound, _erase_unused_above, _float, _live, _replace,
                                      _sub_operands)
 
 
@@ -153,12 +153,9 @@ def _gather(n):
 
 
 def _take_along_dim(n: fx.Node):
-    names = ["input", "indices", "dim"]
-    b = dict(zip(names, n.args))
-    for k, v in n.kwargs.items():
-        if k not in names or k in b:
-            return None
-        b[k] = v
+    b = _bound(n, ["input", "indices", "dim"])
+    if b is None:
+        return None
     x, idx, dim = b.get("input"), b.get("indices"), b.get("dim")
     if not isinstance(x, fx.Node) or not isinstance(idx, fx.Node) or not _int(dim):
         return None
