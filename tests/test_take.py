@@ -148,3 +148,18 @@ def test_an_indexed_read_in_a_split_reduction(write_problem, tmp_path):
     comp = generated_matches(path, tmp_path, seeds=(0,), atol=1e-2, rtol=1e-2, configs=cfg,
                              launched=["_egg_k_g0_part"])
     assert [g.kind for g in comp.plan.groups] == ["reduction"]
+
+
+def test_a_source_past_32_bit_offsets_asks_for_64_bit_ones():
+    """A few rows gathered from a table of more than 2**31 elements: the output is small, the
+    offsets into the table are not (the launch's I64 flag comes from the source too)."""
+    import torch
+
+    from knowledge.templates._runtime import _egg_take_view
+
+    ids = torch.zeros(4, 1, dtype=torch.long, device="meta")
+    big = torch.empty(2**21, 2**10 + 1, device="meta", dtype=torch.bfloat16)
+    view, stride, size, far = _egg_take_view(big, ids, -2)
+    assert (tuple(view.shape), stride, size, far) == ((1, 2**10 + 1), 2**10 + 1, 2**21, True)
+    assert _egg_take_view(big[:, :5], ids, -2)[3] is True  # strided: the rows still reach far
+    assert _egg_take_view(torch.empty(1000, 64, device="meta"), ids, -2)[3] is False

@@ -134,11 +134,14 @@ def take_params(spec) -> list[str]:
 
 
 def take_views(spec, args: str = "a") -> list[str]:
-    """Wrapper lines: each take's source narrowed to row 0 of its dim (_egg_take_view), and
-    ``tk``, the stride and size the kernel adds and checks the index with."""
+    """Wrapper lines: each take's source narrowed to row 0 of its dim (_egg_take_view), ``tk``,
+    the stride and size the kernel adds and checks the index with, and ``tk64``: a source too
+    large for 32-bit offsets (the launch then asks for 64-bit ones)."""
     takes = sorted(getattr(spec, "takes", {}).items())
-    lines = [f"{args}{i}, g{i}, gs{i} = _egg_take_view({args}{i}, {args}{j}, {d})" for i, (j, d, _w) in takes]
-    return lines + ["tk = [" + ", ".join(f"g{i}, gs{i}" for i, _t in takes) + "]"]
+    lines = [f"{args}{i}, g{i}, gs{i}, tb{i} = _egg_take_view({args}{i}, {args}{j}, {d})"
+             for i, (j, d, _w) in takes]
+    return lines + ["tk = [" + ", ".join(f"g{i}, gs{i}" for i, _t in takes) + "]",
+                    "tk64 = " + " or ".join([f"tb{i}" for i, _t in takes] or ["False"])]
 
 
 #: one Welford step per lane: running mean wm, sum of squared deviations w2 and count wn of

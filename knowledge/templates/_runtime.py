@@ -599,14 +599,17 @@ def _egg_take(src, idx, dim, wrap=False):
 
 
 def _egg_take_view(src, idx, dim):
-    """(src narrowed to index 0 along dim, its stride and size there): the pointwise kernel's
-    operand for a take (its other dims broadcast with the domain as usual; the kernel adds
-    index * stride, masked to 0 <= index < size, a negative index counted from the end)."""
+    """(src narrowed to index 0 along dim, its stride and size there, whether offsets into src
+    pass 2**31): a kernel's operand for a take (its other dims broadcast with the domain as
+    usual; the kernel adds index * stride, masked to 0 <= index < size, a negative index counted
+    from the end). The last flag asks for 64-bit offsets however small the output is (a few
+    rows gathered from a table of more than 2**31 elements)."""
     nd = max(src.dim(), idx.dim())
     d = dim % nd - nd
     if -d > src.dim():
         raise RuntimeError(f"EGG: take along dim {dim} of a {src.dim()}-d tensor")
-    return src.narrow(d, 0, 1), src.stride(d), src.size(d)
+    far = src.storage_offset() + sum((s - 1) * abs(st) for s, st in zip(src.shape, src.stride()) if s)
+    return src.narrow(d, 0, 1), src.stride(d), src.size(d), far >= 2**31
 
 
 def _egg_linear_cross_entropy(x, weight, target, bias=None, ignore_index=-100, reduction="mean",

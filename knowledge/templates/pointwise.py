@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from knowledge.schema import TemplateInfo
 from knowledge.templates import (PointwiseSpec, Rendered, compute_type, indent, load_expr, stmt_lines,
-                                 taken_lines)
+                                 take_views, taken_lines)
 
 INFO = TemplateInfo(
     name="pointwise",
@@ -114,12 +114,12 @@ def render(spec: PointwiseSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         + [f"*sts[{i}]" for i in range(n)]
         + [f"F{i}=flat[{i}]" for i in range(n)]
         + [f"G{i}=g{i}, GS{i}=gs{i}" for i in sorted(spec.takes)] + [f"B{i}=sts[{i}][3] == 0" for i in by_row]
-        + ["I64=n + BLOCK >= 2**31", "ROWS=rows", "RB=RB", "BLOCK=B", f"num_warps={int(cfg['num_warps'])}"]
+        + ["I64=n + BLOCK >= 2**31" + (" or tk64" if spec.takes else ""), "ROWS=rows", "RB=RB", "BLOCK=B", f"num_warps={int(cfg['num_warps'])}"]
     )
     ret = ", ".join(f"o{j}" for j in range(len(spec.outputs)))
     # a take's source narrowed to index 0 along its dim (broadcast with the domain there), with
     # the stride and size the kernel reads the indexed row at
-    wbody = [f"a{i}, g{i}, gs{i} = _egg_take_view(a{i}, a{j}, {d})" for i, (j, d, _w) in sorted(spec.takes.items())]
+    wbody = take_views(spec) if spec.takes else []
     wbody += [
         f"ts = ({args},)",
         "shape = _egg_broadcast_shape(ts)",

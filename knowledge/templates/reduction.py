@@ -134,9 +134,9 @@ def launch_tail(rows_variant: bool, cfg: dict) -> tuple[list[str], str, str]:
 
 def launch_line(kname: str, n_out: int, grid: str, kw: str, cfg: dict, takes: bool = False) -> str:
     outs = "".join(f", o{j}" for j in range(n_out))
-    tk = "*tk, " if takes else ""
+    tk, tk64 = ("*tk, ", " or tk64") if takes else ("", "")
     return (f"{kname}[{grid}](*ts{outs}, nrows, outer[1], outer[2], R, inner, "
-            f"*[s for st in sts for s in st], {tk}I64=nrows * R * inner >= 2**31, {kw}, "
+            f"*[s for st in sts for s in st], {tk}I64=nrows * R * inner >= 2**31{tk64}, {kw}, "
             f"num_warps={int(cfg['num_warps'])}, num_stages={int(cfg['num_stages'])})")
 
 
