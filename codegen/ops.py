@@ -546,12 +546,11 @@ def _from_name(name: str, node: fx.Node, args: tuple, kwargs: dict, extra: dict 
     if name == "take":  # rw-take: a gathered load (pointwise, its operands kernel inputs)
         b = _bind(_d("take", "x", ["src", "idx", "dim", ("wrap", False)]), args, kwargs)
         if not isinstance(b["src"], fx.Node) or not isinstance(b["idx"], fx.Node) \
-                or not isinstance(b["dim"], int) or isinstance(b["dim"], bool) or not isinstance(b.get("wrap", False), bool):
+                or not isinstance(b["dim"], int) or isinstance(b["dim"], bool) or not isinstance(b["wrap"], bool):
             raise TypeError("take of a non-tensor or along a traced dim")
         if node_dtype(b["idx"]) not in INDEX_DTYPES:
             raise TypeError("take with an index that is not int32/int64")
-        return NOp("pointwise", "take", node, [b["src"], b["idx"]],
-                   {"dim": b["dim"], "wrap": b.get("wrap", False)})
+        return NOp("pointwise", "take", node, [b["src"], b["idx"]], {"dim": b["dim"], "wrap": b["wrap"]})
     if name in ROLLED:
         shape = node_shape(args[0]) if isinstance(args[0], fx.Node) else None
         if shape is None or not shape or shape[-1] % 2:

@@ -46,17 +46,16 @@ def _upcast_source(gm: fx.GraphModule, s) -> fx.Node | None:
     return None
 
 
-def _bound(n: fx.Node, names: list[str]) -> dict | None:
-    """A call's arguments by parameter name (positional ones in ``names``' order, then keywords),
-    or None for an argument past ``names``, an unknown keyword or one given twice."""
-    if len(n.args) > len(names):
+def _bound(n: fx.Node, params: list) -> dict | None:
+    """A call's arguments by parameter name, as the op table binds them (codegen.ops._bind:
+    ``params`` names, ``(name, default)`` for optional ones), or None where that binding
+    refuses them (too many, an unknown keyword, one given twice, a required one missing)."""
+    from codegen import ops as O
+
+    try:
+        return O._bind(O._d("call", "x", params), tuple(n.args), dict(n.kwargs))
+    except TypeError:
         return None
-    b = dict(zip(names, n.args))
-    for k, v in n.kwargs.items():
-        if k not in names or k in b:
-            return None
-        b[k] = v
-    return b
 
 
 def _replace(n: fx.Node, new: fx.Node) -> None:

@@ -23,8 +23,9 @@ def _embedding(n: fx.Node):
 
     if n.op != "call_function" or n.target is not F.embedding:
         return None
-    b = _bound(n, ["input", "weight", "padding_idx", "max_norm", "norm_type", "scale_grad_by_freq", "sparse"])
-    if b is None or b.get("max_norm") is not None or "input" not in b or "weight" not in b:
+    b = _bound(n, ["input", "weight", ("padding_idx", None), ("max_norm", None), ("norm_type", 2.0),
+                   ("scale_grad_by_freq", False), ("sparse", False)])
+    if b is None or b["max_norm"] is not None:
         return None
     return b["weight"], b["input"]
 
@@ -37,9 +38,8 @@ def _index_select(n: fx.Node):
     if not ((n.op == "call_method" and n.target == "index_select")
             or (n.op == "call_function" and n.target is torch.index_select)):
         return None
-    names = ["input", "dim", "index"]
-    b = _bound(n, names)
-    if b is None or set(b) != set(names):
+    b = _bound(n, ["input", "dim", "index"])
+    if b is None:
         return None
     return b["input"], b["dim"], b["index"]
 
@@ -57,7 +57,8 @@ def _indexed(n: fx.Node):
 
 def _take_form(n: fx.Node):
     """(src, idx, dim, trailing, wrap) for an indexed read: take(src, idx[(..., *[None] *
-    trailing)], dim, wrap) computes it (wrap: a negative index counts from the end, as x[ids]); None for anything else (a non-floating source, an index not int32/int64,
+    trailing)], dim, wrap) computes it (wrap: a negative index counts from the end, as x[ids]);
+    None for anything else (a non-floating source, an index not int32/int64,
     a gather whose index is smaller than its source off the gathered dim, a traced dim)."""
     form = None
     if (e := _embedding(n)) is not None:

@@ -153,10 +153,10 @@ def _gather(n):
 
 
 def _take_along_dim(n: fx.Node):
-    b = _bound(n, ["input", "indices", "dim"])
+    b = _bound(n, ["input", "indices", ("dim", None)])
     if b is None:
         return None
-    x, idx, dim = b.get("input"), b.get("indices"), b.get("dim")
+    x, idx, dim = b["input"], b["indices"], b["dim"]
     if not isinstance(x, fx.Node) or not isinstance(idx, fx.Node) or not _int(dim):
         return None
     sx, si = node_shape(x), node_shape(idx)
