@@ -155,6 +155,7 @@ for _nd in (1, 2, 3):
     FUNCTIONS[getattr(F, f"adaptive_avg_pool{_nd}d")] = f"adaptive_avg_pool{_nd}d"
 
 from knowledge.templates import _runtime as RT  # noqa: E402
+from knowledge.templates import nan_max, nan_min  # noqa: E402
 
 #: host helpers of the runtime prelude used as fx targets; every generated file defines them
 #: too, so the emitter writes their plain names (codegen.emit.RUNTIME_MODULES)
@@ -771,9 +772,9 @@ def _pow(a: str, e: Any) -> str:
 def _clamp(a: str, lo: str | None, hi: str | None) -> str:
     out = a
     if lo is not None:
-        out = f"tl.maximum({out}, {lo}, propagate_nan=tl.PropagateNan.ALL)"
+        out = nan_max(out, lo)
     if hi is not None:
-        out = f"tl.minimum({out}, {hi}, propagate_nan=tl.PropagateNan.ALL)"
+        out = nan_min(out, hi)
     return out
 
 
@@ -791,9 +792,9 @@ def emit(op: NOp, a: list[str | None]) -> str:
         b = x if p.get("alpha", 1) == 1 else f"({x} * {lit(p['alpha'])})"
         return f"({a[1]} - {b})"
     simple = {
-        "mul": "({0} * {1})", "div": "({0} / {1})", "maximum": "tl.maximum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)",
-        "fmax": "tl.maximum({0}, {1})",
-        "minimum": "tl.minimum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)", "fmin": "tl.minimum({0}, {1})", "gt": "({0} > {1})", "ge": "({0} >= {1})",
+        "mul": "({0} * {1})", "div": "({0} / {1})", "maximum": nan_max("{0}", "{1}"),
+        "minimum": nan_min("{0}", "{1}"), "fmax": "tl.maximum({0}, {1})", "fmin": "tl.minimum({0}, {1})",
+        "gt": "({0} > {1})", "ge": "({0} >= {1})",
         "lt": "({0} < {1})", "le": "({0} <= {1})", "eq": "({0} == {1})", "ne": "({0} != {1})",
     }
     if n in simple:
@@ -826,13 +827,13 @@ def emit(op: NOp, a: list[str | None]) -> str:
         "log10": "(tl.log({0}) * 0.4342944819032518)", "log1p": "tl.log(1.0 + {0})",
         "sqrt": "tl.sqrt({0})", "rsqrt": "(1.0 / tl.sqrt({0}))", "sin": "tl.sin({0})",
         "cos": "tl.cos({0})", "tan": "(tl.sin({0}) / tl.cos({0}))", "sigmoid": "tl.sigmoid({0})",
-        "tanh": "_egg_tanh({0})", "relu": "tl.maximum({0}, 0.0, propagate_nan=tl.PropagateNan.ALL)",
-        "relu6": "tl.minimum(tl.maximum({0}, 0.0, propagate_nan=tl.PropagateNan.ALL), 6.0, propagate_nan=tl.PropagateNan.ALL)", "silu": "({0} * tl.sigmoid({0}))",
+        "tanh": "_egg_tanh({0})", "relu": nan_max("{0}", "0.0"),
+        "relu6": nan_min(nan_max("{0}", "0.0"), "6.0"), "silu": "({0} * tl.sigmoid({0}))",
         "mish": "({0} * _egg_tanh(_egg_softplus({0}, 1.0, 20.0)))",
         "softsign": "({0} / (1.0 + tl.abs({0})))",
         "selu": f"({SELU_SCALE!r} * tl.where({{0}} > 0, {{0}}, {SELU_ALPHA!r} * (tl.exp({{0}}) - 1.0)))",
-        "hardsigmoid": "tl.minimum(tl.maximum({0} / 6.0 + 0.5, 0.0, propagate_nan=tl.PropagateNan.ALL), 1.0, propagate_nan=tl.PropagateNan.ALL)",
-        "hardswish": "({0} * tl.minimum(tl.maximum({0} + 3.0, 0.0, propagate_nan=tl.PropagateNan.ALL), 6.0, propagate_nan=tl.PropagateNan.ALL) / 6.0)",
+        "hardsigmoid": nan_min(nan_max("{0} / 6.0 + 0.5", "0.0"), "1.0"),
+        "hardswish": f"({{0}} * {nan_min(nan_max('{0} + 3.0', '0.0'), '6.0')} / 6.0)",
         "reciprocal": "(1.0 / {0})", "square": "({0} * {0})",
         "sign": "tl.where({0} > 0, 1.0, tl.where({0} < 0, -1.0, 0.0))",
         "floor": "tl.floor({0})", "ceil": "tl.ceil({0})", "erf": "tl.math.erf({0})",

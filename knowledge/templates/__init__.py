@@ -115,6 +115,22 @@ def load_expr(ptr: str, idx: str, mask: str, dtype: str, ctype: str, other: str 
     return f"{base}.to({ctype})"
 
 
+def nan_max(a: str, b: str) -> str:
+    """Triton's max of a and b as torch takes maximum, relu, clamp, amax and max pooling: NaN
+    wins (tl.maximum alone gives the other operand)."""
+    return f"tl.maximum({a}, {b}, propagate_nan=tl.PropagateNan.ALL)"
+
+
+def nan_min(a: str, b: str) -> str:
+    """Triton's min of a and b, NaN winning (nan_max)."""
+    return f"tl.minimum({a}, {b}, propagate_nan=tl.PropagateNan.ALL)"
+
+
+def index_slots(spec) -> list[int]:
+    """The input slots a spec's takes read their indices from (loaded as integers, first)."""
+    return sorted({j for j, _d, _w in getattr(spec, "takes", {}).values()})
+
+
 def taken_lines(i: int, j: int, wrap: bool, idx: str, mask: str, dtype: str, ctype: str) -> list[str]:
     """x{i} = the take's source i at the row its index x{j} (an integer tile) names: the offset
     ``idx`` of the source narrowed to row 0 plus index * G{i} (its stride along the dim), with
@@ -136,12 +152,14 @@ def take_params(spec) -> list[str]:
 def take_views(spec, args: str = "a") -> list[str]:
     """Wrapper lines: each take's source narrowed to row 0 of its dim (_egg_take_view), ``tk``,
     the stride and size the kernel adds and checks the index with, and ``tk64``: a source too
-    large for 32-bit offsets (the launch then asks for 64-bit ones)."""
+    large for 32-bit offsets (the launch then asks for 64-bit ones). Nothing without takes."""
     takes = sorted(getattr(spec, "takes", {}).items())
+    if not takes:
+        return []
     lines = [f"{args}{i}, g{i}, gs{i}, tb{i} = _egg_take_view({args}{i}, {args}{j}, {d})"
              for i, (j, d, _w) in takes]
     return lines + ["tk = [" + ", ".join(f"g{i}, gs{i}" for i, _t in takes) + "]",
-                    "tk64 = " + " or ".join([f"tb{i}" for i, _t in takes] or ["False"])]
+                    "tk64 = " + " or ".join(f"tb{i}" for i, _t in takes)]
 
 
 #: one Welford step per lane: running mean wm, sum of squared deviations w2 and count wn of

@@ -23,8 +23,8 @@ of a walk plus a transposing copy of the result (principle mem-conv-channels-las
 from __future__ import annotations
 
 from knowledge.schema import TemplateInfo
-from knowledge.templates import (PointwiseSpec, Rendered, compute_type, indent, load_expr, stmt_lines,
-                                 take_views, taken_lines)
+from knowledge.templates import (PointwiseSpec, Rendered, compute_type, index_slots, indent, load_expr,
+                                 stmt_lines, take_views, taken_lines)
 
 INFO = TemplateInfo(
     name="pointwise",
@@ -46,7 +46,7 @@ def render(spec: PointwiseSpec, cfg: dict, kname: str, gname: str) -> Rendered:
     outs = [f"O{j}" for j in range(len(spec.outputs))]
     strides = [f"S{i}_{d}" for i in range(n) for d in range(4)]
     flags = [f"F{i}: tl.constexpr" for i in range(n)]
-    index = sorted({t[0] for t in spec.takes.values()})
+    index = index_slots(spec)
     # B{i}: operand i is constant along a row (innermost stride 0: a per-row scale, a token id)
     by_row = [i for i in range(n) if i not in spec.rolls and i not in spec.pairs and i not in spec.takes]
     gathered = [f"G{i}, GS{i}" for i in sorted(spec.takes)] + [f"B{i}: tl.constexpr" for i in by_row]
@@ -119,7 +119,7 @@ def render(spec: PointwiseSpec, cfg: dict, kname: str, gname: str) -> Rendered:
     ret = ", ".join(f"o{j}" for j in range(len(spec.outputs)))
     # a take's source narrowed to index 0 along its dim (broadcast with the domain there), with
     # the stride and size the kernel reads the indexed row at
-    wbody = take_views(spec) if spec.takes else []
+    wbody = take_views(spec)
     wbody += [
         f"ts = ({args},)",
         "shape = _egg_broadcast_shape(ts)",

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from knowledge.schema import TemplateInfo
-from knowledge.templates import Rendered, compute_type, indent, load_expr, stmt_lines
+from knowledge.templates import Rendered, compute_type, indent, load_expr, nan_max, stmt_lines
 
 INFO = TemplateInfo(
     name="pool",
@@ -113,8 +113,7 @@ def render(spec: PoolSpec, cfg: dict, kname: str, gname: str) -> Rendered:
     loop += [ind + ln for ln in stmt_lines(spec.pro_stmts)]
     if spec.op == "max":
         # NaN wins, as in torch's max pooling (tl.maximum would give the other operand)
-        loop.append(f"{ind}acc = tl.maximum(acc, tl.where(ok, {spec.red_var}, {ident}), "
-                    "propagate_nan=tl.PropagateNan.ALL)")
+        loop.append(f"{ind}acc = {nan_max('acc', f'tl.where(ok, {spec.red_var}, {ident})')}")
     else:
         loop.append(f"{ind}acc = acc + tl.where(ok, {spec.red_var}, 0.0)")
         loop.append(f"{ind}cnt = cnt + ok.to({ct})")

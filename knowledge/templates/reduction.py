@@ -8,8 +8,8 @@ reduced dim keeps a 2-d accumulator and reduces it once at the end.
 from __future__ import annotations
 
 from knowledge.schema import TemplateInfo
-from knowledge.templates import (ReductionSpec, Rendered, compute_type, indent, load_expr, stmt_lines,
-                                 take_params, take_views, taken_lines)
+from knowledge.templates import (ReductionSpec, Rendered, compute_type, index_slots, indent, load_expr,
+                                 nan_max, nan_min, stmt_lines, take_params, take_views, taken_lines)
 
 INFO = TemplateInfo(
     name="reduction",
@@ -24,9 +24,8 @@ INFO = TemplateInfo(
     description="sum/mean/prod/amax/amin/argmax/argmin/logsumexp over adjacent dims, rows or cols mapping",
 )
 
-#: torch's max/min reductions propagate NaN; Triton's maximum/minimum and tl.max/tl.min do not
-NAN = "propagate_nan=tl.PropagateNan.ALL"
-#: a tile reduced along an axis, NaN propagated: tl.reduce with _egg_max_nan / _egg_min_nan
+#: a tile reduced along an axis as torch's max/min reductions take it, NaN propagated (tl.max and
+#: tl.min do not): tl.reduce with _egg_max_nan / _egg_min_nan
 REDUCE_NAN = {"tl.max": "_egg_max_nan", "tl.min": "_egg_min_nan"}
 
 
@@ -87,7 +86,7 @@ def tile_loads(spec, inputs: list[int], rows_variant: bool, rr: str, mask: str) 
 
 def load_order(spec, inputs: list[int]) -> list[int]:
     """Inputs in load order: a take's integer indices before the sources they index."""
-    index = {j for j, _d, _w in getattr(spec, "takes", {}).values()}
+    index = index_slots(spec)
     return [i for i in inputs if i in index] + [i for i in inputs if i not in index]
 
 
@@ -95,7 +94,7 @@ def pro_load(spec, i: int, idx: str, mask: str) -> list[str]:
     """Input i at offset ``idx``: converted to the compute type; a take's index as integers;
     a take's source at the rows its index names (taken_lines)."""
     takes = getattr(spec, "takes", {})
-    if any(j == i for j, _d, _w in takes.values()):
+    if i in index_slots(spec):
         return [f"x{i} = tl.load(P{i} + {idx}, mask={mask}, other=0)"]
     if i in takes:
         j, _d, wrap = takes[i]
@@ -147,7 +146,7 @@ def wrapper_prelude(n_in: int, pro: list[int], epi: list[int], rdims: list[int] 
     count from the end, None: every dim), resolved against the call's rank. A spec's takes:
     their sources narrowed (take_views), kept as views by the contiguous fallback."""
     keep = sorted(getattr(spec, "takes", {}))
-    lines = (take_views(spec) if keep else []) + [
+    lines = take_views(spec) + [
         f"KEEPDIM = {bool(keepdim)}",
         f"ts = [{', '.join(f'a{i}' for i in range(n_in))}]",
         f"shape = list(_egg_broadcast_shape([ts[i] for i in {pro}]))",
@@ -183,7 +182,7 @@ def wrapper_prelude(n_in: int, pro: list[int], epi: list[int], rdims: list[int] 
 
 SPLIT_OPS = {"sum", "mean", "amax", "amin"}
 COMBINE = {"sum": ("tl.sum", "acc2 + v"), "mean": ("tl.sum", "acc2 + v"),
-           "amax": ("tl.max", f"tl.maximum(acc2, v, {NAN})"), "amin": ("tl.min", f"tl.minimum(acc2, v, {NAN})")}
+           "amax": ("tl.max", nan_max("acc2", "v")), "amin": ("tl.min", nan_min("acc2", "v"))}
 
 
 def _split_kernels(spec: ReductionSpec, kname: str, cfg: dict, rows_v: bool) -> str:
@@ -281,9 +280,9 @@ def render(spec: ReductionSpec, cfg: dict, kname: str, gname: str) -> Rendered:
     elif op == "prod":
         loop.append("acc2 = acc2 * v")
     elif op == "amax":
-        loop.append(f"acc2 = tl.maximum(acc2, v, {NAN})")
+        loop.append(f"acc2 = {nan_max('acc2', 'v')}")
     elif op == "amin":
-        loop.append(f"acc2 = tl.minimum(acc2, v, {NAN})")
+        loop.append(f"acc2 = {nan_min('acc2', 'v')}")
     elif op in ("argmax", "argmin"):
         cmp = ">" if op == "argmax" else "<"
         # torch takes NaN as the extreme: the first NaN of a lane wins, later values never do

@@ -18,7 +18,7 @@ in the two-pass kernel, but every SM has work.
 from __future__ import annotations
 
 from knowledge.schema import TemplateInfo
-from knowledge.templates import Rendered, SoftmaxSpec, indent, stmt_lines
+from knowledge.templates import Rendered, SoftmaxSpec, indent, nan_max, nan_min, stmt_lines
 from knowledge.templates.reduction import (launch_line, launch_tail, reduce_call, row_setup, signature,
                                            tile_loads, tile_mask, wrapper_prelude)
 from knowledge.templates import compute_type
@@ -46,8 +46,8 @@ NEG = 'float("-inf")'
 #: a reduction broadcast back over the reduced dims (principle alg-reduce-broadcast): its fill
 #: value, the reduction of a tile along an axis, and the running combine of two tiles
 BROADCAST = {"sum": ("0.0", "tl.sum", "{a} + {b}"), "mean": ("0.0", "tl.sum", "{a} + {b}"),
-             "amax": (NEG, "tl.max", "tl.maximum({a}, {b}, propagate_nan=tl.PropagateNan.ALL)"),
-             "amin": ('float("inf")', "tl.min", "tl.minimum({a}, {b}, propagate_nan=tl.PropagateNan.ALL)")}
+             "amax": (NEG, "tl.max", nan_max("{a}", "{b}")),
+             "amin": ('float("inf")', "tl.min", nan_min("{a}", "{b}"))}
 
 
 def _normalize(op: str, z: str, mx: str, s: str) -> str:
