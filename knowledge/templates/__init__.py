@@ -4,6 +4,12 @@ A template turns a group spec (what to load, the Triton expressions to compute, 
 and a launch configuration into the source of one ``@triton.jit`` kernel plus its host wrapper.
 Generated sources are standalone: they rely only on torch, triton and the runtime prelude
 (``_runtime.py``), whose definitions a generated file calls are copied into it.
+
+Offsets: Triton passes int arguments and computes program ids in 32 bits, so a kernel whose
+offsets can pass 2**31 - 1 is launched with ``I64`` (64-bit index math, which costs registers,
+only then). What decides it is how far each operand reaches from its first element
+(``_egg_span``, ``_egg_far``), not how many elements the launch walks: a column slice of a tall
+matrix holds few elements far apart (2**20 rows of a 4096-wide one: 2**20 elements, 2**32 apart).
 """
 from __future__ import annotations
 

@@ -135,7 +135,8 @@ def _egg_pointwise_layout(shape, tensors, follow_memory=True):
     """Layout of a pointwise iteration domain walked in memory order (``_egg_memory_order``):
     4 collapsed dims, per-tensor strides, whether each tensor is walked exactly like the dense
     domain (then it is indexed by the flat offset), and the walk order (outputs are allocated in
-    it, so they are written at the flat offset). ``follow_memory=False``: the standard order.
+    it, so they are written at the flat offset), and whether an operand reaches offsets past 32
+    bits (_egg_far). ``follow_memory=False``: the standard order.
     None when more than 4 dims remain after merging (permuted inputs of many dims). Remembered
     per shapes and strides (_EGG_LAYOUTS): the callers only read it."""
     key = (tuple(shape), *[(t.shape, t.stride()) for t in tensors], follow_memory)
@@ -169,7 +170,30 @@ def _egg_layout_of(shape, tensors, follow_memory):
     dims, sts = res
     cs = _egg_contig_strides(dims)
     flat = [all(a == b or d == 1 for a, b, d in zip(s, cs, dims)) for s in sts]
-    return dims, sts, flat, order
+    return dims, sts, flat, order, _egg_far(dims, sts)
+
+
+#: element offsets from this far on need 64-bit index math (Triton passes int arguments and
+#: computes program ids and aranges in 32 bits)
+_EGG_FAR = 2**31 - 1
+
+
+def _egg_span(t):
+    """How far (in elements) a kernel indexing t reaches from its first element: one past its
+    largest element offset, 0 when empty. A column slice of a tall matrix spans far more than
+    its element count."""
+    if not isinstance(t, torch.Tensor) or t.numel() == 0:
+        return 0
+    return 1 + sum((s - 1) * abs(st) for s, st in zip(t.shape, t.stride()))
+
+
+def _egg_far(dims, sts):
+    """Whether an operand of a launch over ``dims`` with per-operand strides ``sts`` (collapsed
+    layouts: pointwise, reduction) reaches an element offset of 2**31 - 1 or more: its offsets
+    then need 64 bits however few elements the launch walks (a column of a tall matrix: 2**20
+    rows of a 4096-wide one are 2**20 elements 2**32 apart; 32-bit offsets wrapped and read
+    other memory)."""
+    return any(sum((d - 1) * abs(s) for d, s in zip(dims, st) if d) >= _EGG_FAR for st in sts)
 
 
 def _egg_ncs_layout(shape, tensors, order):
@@ -210,7 +234,7 @@ def _egg_reduction_layout(shape, rdims, tensors):
     if outer is None or red is None or inner is None:
         return None  # the caller retries on contiguous copies
     per = [o + r + i for o, r, i in zip(outer[1], red[1], inner[1])]
-    return outer[0], red[0][0], inner[0][0], per
+    return outer[0], red[0][0], inner[0][0], per, _egg_far(outer[0] + red[0] + inner[0], per)
 
 
 def _egg_pool_out(i, k, s, p, d, ceil):
@@ -608,8 +632,7 @@ def _egg_take_view(src, idx, dim):
     d = dim % nd - nd
     if -d > src.dim():
         raise RuntimeError(f"EGG: take along dim {dim} of a {src.dim()}-d tensor")
-    far = src.storage_offset() + sum((s - 1) * abs(st) for s, st in zip(src.shape, src.stride()) if s)
-    return src.narrow(d, 0, 1), src.stride(d), src.size(d), far >= 2**31
+    return src.narrow(d, 0, 1), src.stride(d), src.size(d), _egg_span(src) >= _EGG_FAR
 
 
 def _egg_linear_cross_entropy(x, weight, target, bias=None, ignore_index=-100, reduction="mean",

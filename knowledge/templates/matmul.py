@@ -212,7 +212,9 @@ def render(spec: MatmulSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         f"k_split = _egg_cdiv(steps, split) * {bk}",
         "split = _egg_cdiv(K, k_split) if K else 1",
         "part = torch.empty((split, BT, M, N), device=A.device, dtype=torch.float32) if split > 1 else o0",
-        "big = max(A3.numel(), B3.numel(), part.numel()) >= 2**31 - 1",
+        # offsets, not element counts: a column slice of a tall matrix spans far more than it holds
+        "big = max(_egg_span(A3), _egg_span(B3), part.numel()"
+        + "".join(f", _egg_span(e{i})" for i in epi) + ") >= _EGG_FAR",
         f"grid = (_egg_cdiv(M, {bm}) * _egg_cdiv(N, {bn}), BT * split)",
         f"{kname}[grid]({head}, part, K, sab, sam, sak, sbb, sbk, sbn, k_split, I64=big, "
         f"EVEN_K=K % {bk} == 0, DOT_F32=A.device.type == 'cpu' and A.dtype != torch.float32, "

@@ -114,7 +114,7 @@ def render(spec: PointwiseSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         + [f"*sts[{i}]" for i in range(n)]
         + [f"F{i}=flat[{i}]" for i in range(n)]
         + [f"G{i}=g{i}, GS{i}=gs{i}" for i in sorted(spec.takes)] + [f"B{i}=sts[{i}][3] == 0" for i in by_row]
-        + ["I64=n + BLOCK >= 2**31" + (" or tk64" if spec.takes else ""), "ROWS=rows", "RB=RB", "BLOCK=B", f"num_warps={int(cfg['num_warps'])}"]
+        + ["I64=n + BLOCK >= 2**31 or far" + (" or tk64" if spec.takes else ""), "ROWS=rows", "RB=RB", "BLOCK=B", f"num_warps={int(cfg['num_warps'])}"]
     )
     ret = ", ".join(f"o{j}" for j in range(len(spec.outputs)))
     # a take's source narrowed to index 0 along its dim (broadcast with the domain there), with
@@ -138,13 +138,13 @@ def render(spec: PointwiseSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         f"    lay = _egg_pointwise_layout(shape, ts{', False' if rolled else ''})",
         "if lay is None:",
         "    raise RuntimeError(f'EGG: pointwise domain {tuple(shape)} needs more than 4 dimensions')",
-        "dims, sts, flat, order = lay",
+        "dims, sts, flat, order, far = lay",
         f"BLOCK = {int(cfg['BLOCK'])}",
     ]
     if tiled:
         t_args = ", ".join(
             ["*ts"] + [f"o{j}" for j in range(len(spec.outputs))]
-            + ["C", "S", "nct", "*[s for st in st3 for s in st]", "I64=math.prod(shape) + BLOCK >= 2**31",
+            + ["C", "S", "nct", "*[s for st in st3 for s in st]", "I64=math.prod(shape) + BLOCK >= 2**31 or far",
                "BLOCK_C=BC", "BLOCK_S=BS", f"num_warps={int(cfg['num_warps'])}"])
         wbody += [
             "ncs = _egg_ncs_layout(shape, ts, order)",

@@ -171,14 +171,14 @@ def render(spec: PoolSpec, cfg: dict, kname: str, gname: str) -> Rendered:
            f"    for i in {list(spec.epi_inputs)}:",
            "        ts[i] = ts[i].contiguous()",
            f"    lay = _egg_pointwise_layout(oshape, [{epi_ts}], False)",
-           "dims, sts, flat, _ = lay"]
-          if spec.epi_inputs else ["dims, sts, flat = [1, 1, 1, 1], [], []"]),
+           "dims, sts, flat, _, far = lay"]
+          if spec.epi_inputs else ["dims, sts, flat, far = [1, 1, 1, 1], [], [], False"]),
         f"BLOCK = {int(cfg['BLOCK'])}",
         f"{kname}[(_egg_cdiv(n_out, BLOCK),)](*ts, "
         + "".join(f"o{j}, " for j in range(len(spec.outputs)))
         + "n_out, x.shape[1], I3[0], I3[1], I3[2], O3[0], O3[1], O3[2], dims[1], dims[2], dims[3], "
         + "*_egg_magic(O3[0]), *_egg_magic(O3[1]), *_egg_magic(O3[2]), "
-        + "*[s for st in sts for s in st], *flat, I64=max(x.numel(), n_out + BLOCK) >= 2**31, BLOCK=BLOCK, "
+        + "*[s for st in sts for s in st], *flat, I64=max(x.numel(), n_out + BLOCK) >= 2**31 or far, BLOCK=BLOCK, "
         + f"num_warps={int(cfg['num_warps'])})",
         f"return {ret}",
     ]

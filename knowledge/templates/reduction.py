@@ -135,7 +135,7 @@ def launch_line(kname: str, n_out: int, grid: str, kw: str, cfg: dict, takes: bo
     outs = "".join(f", o{j}" for j in range(n_out))
     tk, tk64 = ("*tk, ", " or tk64") if takes else ("", "")
     return (f"{kname}[{grid}](*ts{outs}, nrows, outer[1], outer[2], R, inner, "
-            f"*[s for st in sts for s in st], {tk}I64=nrows * R * inner >= 2**31{tk64}, {kw}, "
+            f"*[s for st in sts for s in st], {tk}I64=nrows * R * inner >= 2**31 or far{tk64}, {kw}, "
             f"num_warps={int(cfg['num_warps'])}, num_stages={int(cfg['num_stages'])})")
 
 
@@ -171,7 +171,7 @@ def wrapper_prelude(n_in: int, pro: list[int], epi: list[int], rdims: list[int] 
         "    lay = _egg_reduction_layout(shape, rdims, ts)",
         "if lay is None:",
         "    raise RuntimeError(f'EGG: reduction layout of {shape} over {rdims} not supported')",
-        "outer, R, inner, sts = lay",
+        "outer, R, inner, sts, far = lay",
         "nrows = outer[0] * outer[1] * outer[2]",
     ]
     if inner:

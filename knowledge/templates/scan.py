@@ -85,7 +85,7 @@ def render(spec: ScanSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         f"{kname}[(_egg_cdiv(nrows, {int(cfg['BLOCK_O'])}),)](*ts, "
         + "".join(f"o{j}, " for j in range(len(spec.outputs)))
         + "nrows, outer[1], outer[2], R, inner, *[s for st in sts for s in st], "
-        + f"I64=nrows * R >= 2**31, BLOCK_O={int(cfg['BLOCK_O'])}, BLOCK_R=BLOCK_R, "
+        + f"I64=nrows * R >= 2**31 or far, BLOCK_O={int(cfg['BLOCK_O'])}, BLOCK_R=BLOCK_R, "
         + f"num_warps={int(cfg['num_warps'])})",
         f"return {ret}",
     ]
