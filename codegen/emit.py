@@ -983,6 +983,14 @@ _BUILTIN_GLOBALS = {
 
 def _forward_source(graph: fx.Graph, stubs: dict) -> tuple[list[str], str]:
     """The generated forward and the module-level imports its globals need."""
+    # the forward calls runtime helpers by their plain names (below): a value named after one
+    # (``_egg_take = _egg_take(src, idx, 1)``, a node a rewrite made without a name, left to
+    # PyTorch when its kernel was backed out) would make the name local and the call raise
+    helpers = {n.target.__name__ for n in graph.nodes if n.op == "call_function"
+               and getattr(n.target, "__module__", None) in RUNTIME_MODULES}
+    for n in graph.nodes:
+        if n.op != "placeholder" and n.name in helpers:
+            n._rename(n.name.lstrip("_"))
     pc = graph.python_code(root_module="self")
     # fx re-registers the functions it autowrapped (math.sqrt, ...) with torch.fx.wrap, which
     # raises below module level: the generated forward calls them directly (imports below)

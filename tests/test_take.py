@@ -163,3 +163,19 @@ def test_a_source_past_32_bit_offsets_asks_for_64_bit_ones():
     assert (tuple(view.shape), stride, size, far) == ((1, 2**10 + 1), 2**10 + 1, 2**21, True)
     assert _egg_take_view(big[:, :5], ids, -2)[3] is True  # strided: the rows still reach far
     assert _egg_take_view(torch.empty(1000, 64, device="meta"), ids, -2)[3] is False
+
+
+def test_a_take_left_to_torch_when_its_kernel_is_backed_out(write_problem, tmp_path):
+    """A group backed out (a failing or slow kernel) leaves its take to PyTorch in the forward,
+    as a call of the runtime helper ``_egg_take``: the value it makes must not take the helper's
+    name (``_egg_take = _egg_take(...)`` made the name local to forward and every call raised;
+    found by level 3's Swin-V2, whose relative position bias is a table read by an index)."""
+    from harness.problem import load_problem as load
+
+    path = write_problem(CASES["gather"], "take_backed_out")
+    comp = compile_problem(load(path))
+    assert [g.kind for g in comp.plan.groups] == ["pointwise"]
+    out = compile_problem(load(path), disabled={comp.plan.groups[0].id})
+    assert out.emitted is not None and "_egg_take(" in out.emitted.source
+    assert not [ln for ln in out.emitted.source.splitlines() if ln.strip().startswith("_egg_take =")]
+    check_dropin(path.read_text(), out.emitted.source, calls=1, atol=1e-5, rtol=1e-5)
