@@ -19,7 +19,7 @@ from torch import fx
 
 from codegen import ops as O
 from codegen.constants import source_lines as fold_source_lines
-from codegen.fusion import (FusionPlan, Group, broadcast_epilogue, group_outputs, group_slots,
+from codegen.fusion import (FusionPlan, Group, broadcast_epilogue, group_outputs, group_slots, member_role,
                             slot_roles)
 from codegen.fusion import chanstats_aux_pattern, norm_pattern, pool_aux_pattern
 from codegen.layout import init_lines as layout_init_lines
@@ -77,6 +77,9 @@ class _Namer:
     def __init__(self, g: Group, slots: dict[tuple[str, fx.Node], int], red_var: str):
         self.g, self.slots, self.red_var = g, slots, red_var
         self.members = set(g.members)
+        #: the group's cats in order (the pointwise template's coordinate c{q} of each)
+        self.cats = {m: q for q, m in enumerate(m for m in g.members if m.op != "placeholder"
+                                                 and m in {c for c, _k in g.placed.values()})}
 
     def __call__(self, o, role: str, consumer: O.NOp, pos: int) -> str | None:
         if o is None:
@@ -112,9 +115,23 @@ def _stmts(plan: FusionPlan, nodes: list[fx.Node], namer: _Namer, role: str) -> 
     out = []
     for m in nodes:
         op = plan.nops[m]
-        roles = O.load_roles(op, role)  # a rotation's operand: its rolled slot; a take's
+        # a rotation's operand: its rolled slot; a take's: its source's and its index's; in a
+        # cat's piece: placed at the piece's columns
+        roles = O.load_roles(op, member_role(namer.g, m, role))
         args = [namer(o, r, op, i) for i, (o, r) in enumerate(zip(op.operands, roles))]
-        expr = args[0] if op.name == "identity" else O.emit(op, args)
+        if op.name == "identity":
+            expr = args[0]
+        elif op.name == "cat":  # the piece whose columns these are (the pointwise template's c{q})
+            q = namer.cats[m]
+            expr = args[-1]
+            for k in range(len(args) - 2, -1, -1):
+                expr = f"tl.where(c{q} < CO{q}_{k + 1}, {args[k]}, {expr})"
+        elif op.name == "rotate_half" and m in namer.g.placed:  # the sign by the piece's column
+            q = namer.cats[namer.g.placed[m][0]]
+            d = int(op.p["size"])
+            expr = f"tl.where((c{q} - CO{q}_{namer.g.placed[m][1]}) < {d // 2}, -({args[0]}), {args[0]})"
+        else:
+            expr = O.emit(op, args)
         out.append((f"v_{m.name}", expr))
     return out
 
@@ -130,11 +147,12 @@ def build_spec(plan: FusionPlan, g: Group):
         namer = _Namer(g, slots, "")
         stmts = _stmts(plan, g.members, namer, "pro")
         outputs = [(f"v_{m.name}", _dt(m)) for m in outs]
-        rolls = {i: int(O.node_shape(t)[-1]) for (role, t), i in slots.items() if role == "roll"}
+        rolls = {i: int(O.node_shape(t)[-1]) for (role, t), i in slots.items() if role.partition("|")[0] == "roll"}
         pairs = sorted(i for (role, _t), i in slots.items() if role == "pair")
         std = [j for j, m in enumerate(outs) if plan.nops[m].p.get("standard_layout")]
+        places, cats = _places(plan, slots, namer)
         return PointwiseSpec(in_dtypes, stmts, outputs, compute, rolls, std, pairs,
-                             _takes(plan, g, slots)), ins, outs
+                             _takes(plan, g, slots), places, cats), ins, outs
     red_op = plan.nops[g.red]
     if g.kind == "chanstats":  # outputs in the wrapper's order: (mean, var[, count])
         outs = sorted(g.aliases, key=lambda a: a.args[1])
@@ -221,6 +239,30 @@ def build_spec(plan: FusionPlan, g: Group):
     spec = ReductionSpec(name, in_dtypes, pro, epi, pro_stmts, red_in, epi_stmts, outputs,
                          written_dims(red_op), g.keepdim, _inner(g), compute, _takes(plan, g, slots))
     return spec, ins, outs
+
+
+def _places(plan: FusionPlan, slots: dict, namer: _Namer) -> tuple[dict[int, tuple[int, int]], list[list[int]]]:
+    """The group's cats (principle alg-cat-placed): the slots loaded at a piece's columns (slot
+    -> (cat q, piece k)): those of the piece's width; one of a piece's width broadcast along the
+    last dim (a per-row scale) is loaded as usual. And per cat a slot of each piece's width."""
+    by_name = {c.name: c for c in namer.cats}
+    places: dict[int, tuple[int, int]] = {}
+    for (role, t), i in slots.items():
+        _base, bar, ctx = role.partition("|")
+        if not bar:
+            continue
+        cat, k = by_name[ctx.rpartition(":")[0]], int(ctx.rpartition(":")[2])
+        width = O.node_shape(plan.nops[cat].operands[k])[-1]
+        if (O.node_shape(t) or (0,))[-1] == width:
+            places[i] = (namer.cats[cat], k)
+    cats = []
+    for cat, q in sorted(namer.cats.items(), key=lambda cq: cq[1]):
+        wit = [min((i for i, qk in places.items() if qk == (q, k)), default=None)
+               for k in range(len(plan.nops[cat].operands))]
+        if None in wit:
+            raise ValueError(f"cat {cat.name}: a piece with no input of its width")
+        cats.append(wit)
+    return places, cats
 
 
 def _takes(plan: FusionPlan, g: Group, slots: dict) -> dict[int, tuple[int, int, bool]]:

@@ -31,6 +31,9 @@ class Group:
     rdims: list[int] = field(default_factory=list)
     keepdim: bool = False
     disabled: bool = False
+    #: members that make a piece of a cat in this kernel (pointwise): member -> (the cat, the
+    #: piece's index); the kernel computes them at the cat's columns, their loads placed there
+    placed: dict[fx.Node, tuple[fx.Node, int]] = field(default_factory=dict)
 
     @property
     def template(self) -> str:
@@ -347,7 +350,7 @@ def _parameter_chains_into_norms(groups: list, where: dict, order: dict, nops: d
     as a scalar, the members of another shape are computed from those alone, the values it
     leaves to others have the norm's shape, and the norm kernel reads nothing it computes."""
     for p in list(groups):
-        if p.kind != "pointwise" or p.red is not None:
+        if p.kind != "pointwise" or p.red is not None or p.placed:
             continue
         members = set(p.members)
         ext = {t for m in p.members for t in nops[m].tensor_inputs if t not in members}
@@ -410,6 +413,7 @@ def _merge_pointwise(groups: list, where: dict, order: dict, nops: dict,
                 if not ok or rolls_internal(a.members + b.members, nops):
                     continue
                 b.members = sorted(a.members + b.members, key=lambda m: order[m])
+                b.placed.update(a.placed)
                 for m in a.members:
                     where[m] = b
                 groups.remove(a)
@@ -476,9 +480,9 @@ def plan_fusion(gm: fx.GraphModule, disabled: set[str] | None = None) -> FusionP
         ``outputs``: g's template also stores prologue values that are used after g (the norm
         template does), so the whole chain moves when its other users run after g."""
         pg = where.get(src)
-        if pg is None or pg.kind != "pointwise" or pg.domain != g.domain \
+        if pg is None or pg.kind != "pointwise" or pg.domain != g.domain or pg.placed \
                 or region.get(pg.members[0]) != region.get(g.red):
-            return
+            return  # (a cat's pieces are computed at its columns: only the pointwise template)
         if users_ok(pg, g.red, strict=True) or (outputs and users_ok(pg, g.red, strict=False)):
             move = list(pg.members)
         else:
@@ -500,6 +504,51 @@ def plan_fusion(gm: fx.GraphModule, disabled: set[str] | None = None) -> FusionP
         for m in move:
             where[m] = g
 
+    def cat_group(n: fx.Node, op: NOp, shape) -> Group | None:
+        """A cat along the last dim (principle alg-cat-placed) with the pointwise kernels that make
+        its pieces, in one kernel over the cat's result: each piece's ops computed at its columns,
+        their loads placed there, so no piece is written and read back to be copied. A piece's
+        kernel moves in when it makes that piece alone (every member feeds it, nothing else reads
+        a member, the cat is the piece's one reader) without a take or an interleaved rotation
+        (a rotate-half rolls within the piece's columns), and reads a tensor with the piece's
+        width (which gives the piece's columns at run time). None (torch.cat stays) when no
+        piece's kernel can move in: a cat of values read from memory is a copy either way."""
+        if shape is None or not _all_float([n] + op.tensor_inputs) or len(set(op.operands)) != len(op.operands):
+            return None
+        absorbed: dict[int, Group] = {}
+        for k, p in enumerate(op.operands):
+            width = (node_shape(p) or (0,))[-1]
+            if width < 2:
+                return None  # a piece of one column: a broadcast operand could not be told apart
+            pg = where.get(p)
+            if (pg is None or pg.kind != "pointwise" or pg.placed or tuple(pg.domain) != tuple(node_shape(p))
+                    or pg in absorbed.values() or region.get(pg.members[0]) != region.get(n)
+                    or set(p.users) != {n}):
+                continue
+            inside = set(pg.members)
+            feeds, todo = set(), [p]
+            while todo:
+                m = todo.pop()
+                if m in inside and m not in feeds:
+                    feeds.add(m)
+                    todo.extend(nops[m].tensor_inputs)
+            ext = [t for m in pg.members for t in nops[m].tensor_inputs if t not in inside]
+            if (feeds != inside or any(u not in inside for m in inside if m is not p for u in m.users)
+                    or any(nops[m].name in ("take", "rotate_pairs", "cat") for m in inside)
+                    or not any((node_shape(t) or (0,))[-1] == width for t in ext)):
+                continue
+            absorbed[k] = pg
+        if not absorbed:
+            return None
+        members = sorted([m for pg in absorbed.values() for m in pg.members] + [n], key=order.__getitem__)
+        g = new_group("pointwise", members=members, domain=tuple(shape))
+        for k, pg in absorbed.items():
+            groups.remove(pg)
+            g.placed.update({m: (n, k) for m in pg.members})
+        for m in members:
+            where[m] = g
+        return g
+
     def recompute_prologue(g: Group, src: fx.Node) -> None:
         """Give g (channel statistics) the pointwise chain that produces ``src`` as its
         prologue (principle alg-reduction-prologue): moved when only g reads it, else a copy
@@ -509,7 +558,7 @@ def plan_fusion(gm: fx.GraphModule, disabled: set[str] | None = None) -> FusionP
         MAX_RECOMPUTE_READS full-size tensors (reading them again costs no more than writing
         and re-reading the value) besides per-channel vectors and scalars."""
         pg = where.get(src)
-        if pg is None or pg.kind != "pointwise" or pg.domain != g.domain \
+        if pg is None or pg.kind != "pointwise" or pg.domain != g.domain or pg.placed \
                 or region.get(pg.members[0]) != region.get(g.red):
             return
         need, todo = [], [src]
@@ -572,6 +621,10 @@ def plan_fusion(gm: fx.GraphModule, disabled: set[str] | None = None) -> FusionP
             if g is None or shape is None:
                 continue
             op.kind, op.name = "pointwise", "identity"
+        if op.kind == "pointwise" and op.name == "cat":
+            if cat_group(n, op, shape) is None:
+                op.kind, op.why = "library", "a cat of values no pointwise kernel makes: torch.cat copies them"
+            continue
         if op.kind == "pointwise":
             if op.name == "take":  # a floating source read at integer indices
                 typed = _all_float([n, op.operands[0]]) and node_dtype(op.operands[1]) in INDEX_DTYPES
@@ -835,14 +888,15 @@ def group_slots(plan: FusionPlan, g: Group) -> tuple[list[fx.Node], dict[tuple[s
     full domain, before a reduction-like op, or in its broadcast epilogue), "epi" (after it, on
     its result's domain), "roll" / "pair" (a rotation's operand, loaded at the rolled column),
     "take:<index>" (a take's source, loaded at the rows that index names) or "index" (a take's
-    integer index, loaded as it is). A tensor read in two roles gets two slots."""
+    integer index, loaded as it is); any of those placed at a cat's piece (``<role>|<cat>:<k>``,
+    member_role). A tensor read in two roles gets two slots."""
     inside = set(g.members) | set(g.aliases)
     pro_nodes = set(g.prologue()) | ({g.red} if g.red is not None else set())
     slots: dict[tuple[str, fx.Node], int] = {}
     ins: list[fx.Node] = []
     bcast = set(broadcast_epilogue(g))  # full-domain members read the tile's loads
     for m in g.members:
-        role = "epi" if g.red is not None and m not in pro_nodes and m not in bcast else "pro"
+        role = member_role(g, m, "epi" if g.red is not None and m not in pro_nodes and m not in bcast else "pro")
         op = plan.nops[m]
         for t, r in zip(op.operands, load_roles(op, role)):
             if not isinstance(t, fx.Node) or t in inside or (r, t) in slots:
@@ -852,10 +906,20 @@ def group_slots(plan: FusionPlan, g: Group) -> tuple[list[fx.Node], dict[tuple[s
     return ins, slots
 
 
+def member_role(g: Group, m: fx.Node, role: str) -> str:
+    """The role a member's loads take: ``role``, placed at its cat's piece (``role|<cat>:<k>``)
+    when the member makes a piece of a cat in the same kernel."""
+    if m in g.placed:
+        cat, k = g.placed[m]
+        return f"{role}|{cat.name}:{k}"
+    return role
+
+
 def slot_roles(slots: dict[tuple[str, fx.Node], int]) -> tuple[list[int], list[int]]:
-    """The slots the prologue reads (full domain, rolled ones included) and the epilogue's."""
+    """The slots the prologue reads (full domain, rolled and placed ones included) and the
+    epilogue's."""
     pro = sorted(i for (role, _t), i in slots.items()
-                 if role in ("pro", "roll", "pair", "index") or role.startswith("take:"))
+                 if role in ("pro", "roll", "pair", "index") or role.startswith("take:") or "|" in role)
     epi = sorted(i for (role, _t), i in slots.items() if role == "epi")
     return pro, epi
 

@@ -123,6 +123,7 @@ FUNCTIONS: dict[Any, str] = {
     torch.argmax: "argmax", torch.argmin: "argmin", torch.logsumexp: "logsumexp",
     torch.max: "max", torch.min: "min", torch.softmax: "softmax", torch.log_softmax: "log_softmax",
     F.softmax: "softmax", F.log_softmax: "log_softmax", torch.special.softmax: "softmax",
+    torch.cat: "cat", torch.concat: "cat", torch.concatenate: "cat",
     F.relu: "relu", F.relu6: "relu6", F.leaky_relu: "leaky_relu", F.gelu: "gelu",
     F.silu: "silu", F.mish: "mish", F.softplus: "softplus", F.softsign: "softsign",
     F.elu: "elu", F.celu: "celu", F.selu: "selu", F.hardtanh: "hardtanh",
@@ -178,12 +179,35 @@ INDEX_DTYPES = (torch.int64, torch.int32)
 def load_roles(op: "NOp", role: str) -> list[str]:
     """How a pointwise kernel loads each operand of ``op`` (the slot role of each): ``role`` for
     an ordinary op; a rotation's operand at its rolled column; a take's source at the rows of
-    its index (one slot per index: ``take:<index name>``) and its index as integers."""
+    its index (one slot per index: ``take:<index name>``) and its index as integers; a cat's
+    k-th piece placed at its columns (``pro|<cat>:<k>``). Inside a cat's piece (``role`` of the
+    form ``<base>|<cat>:<k>``) each load is placed there too (a rotation's: ``roll|<cat>:<k>``)."""
+    base, bar, ctx = role.partition("|")
+    if op.name == "cat":
+        return [f"{base}|{op.node.name}:{k}" for k in range(len(op.operands))]
     if op.name == "take":
         return [f"take:{op.operands[1].name}", "index"]
     if op.name in ROLLED:
-        return [ROLLED[op.name]] * len(op.operands)
+        return [ROLLED[op.name] + bar + ctx] * len(op.operands)
     return [role] * len(op.operands)
+
+
+def _cat_op(node: fx.Node, args: tuple, kwargs: dict) -> "NOp":
+    """``torch.cat(pieces, dim)`` along the last dim of floating pieces of the result's dtype and
+    rank: a pointwise op over the result whose k-th piece is loaded at its columns (the pointwise
+    template; codegen.fusion puts the pointwise ops that make a piece in the same kernel, their
+    loads placed there too). Anything else stays torch.cat."""
+    b = _bind(_d("cat", "x", ["tensors", ("dim", 0), ("out", None)]), args, kwargs)
+    pieces, dim, out = b["tensors"], b["dim"], b["out"]
+    shape = node_shape(node)
+    if out is not None or not isinstance(pieces, (list, tuple)) or len(pieces) < 2 or shape is None \
+            or not shape or not isinstance(dim, int) or isinstance(dim, bool) or dim % len(shape) != len(shape) - 1:
+        raise TypeError("cat of other than two or more tensors along the last dim")
+    for t in pieces:
+        if not isinstance(t, fx.Node) or len(node_shape(t) or ()) != len(shape) \
+                or node_dtype(t) != node_dtype(node) or node_dtype(t) not in FLOAT_DTYPES:
+            raise TypeError("cat of pieces of another rank or dtype")
+    return NOp("pointwise", "cat", node, list(pieces), {"dim": -1})
 linear_cross_entropy = RT._egg_linear_cross_entropy
 relu_attention = RT._egg_relu_attention
 masked_attention = RT._egg_masked_attention
@@ -552,6 +576,8 @@ def _from_name(name: str, node: fx.Node, args: tuple, kwargs: dict, extra: dict 
         if node_dtype(b["idx"]) not in INDEX_DTYPES:
             raise TypeError("take with an index that is not int32/int64")
         return NOp("pointwise", "take", node, [b["src"], b["idx"]], {"dim": b["dim"], "wrap": b["wrap"]})
+    if name == "cat":  # pieces placed side by side along the last dim (pointwise template)
+        return _cat_op(node, args, kwargs)
     if name in ROLLED:
         shape = node_shape(args[0]) if isinstance(args[0], fx.Node) else None
         if shape is None or not shape or shape[-1] % 2:

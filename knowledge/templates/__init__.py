@@ -42,6 +42,12 @@ class PointwiseSpec:
     #: -> (index slot, dim as the op wrote it, whether a negative index counts from the end);
     #: index slots are loaded as integers
     takes: dict[int, tuple[int, int, bool]] = field(default_factory=dict)
+    #: inputs placed at a cat's piece (slot -> (cat q, piece k)): loaded at the piece's columns
+    #: of the result's last dim (column minus the piece's offset), nothing outside them
+    places: dict[int, tuple[int, int]] = field(default_factory=dict)
+    #: per cat q of the kernel: for each piece, an input slot of the piece's width (the
+    #: wrapper reads the pieces' widths, hence their offsets and the result's, from them)
+    cats: list[list[int]] = field(default_factory=list)
 
 
 @dataclass

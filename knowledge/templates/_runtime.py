@@ -635,6 +635,23 @@ def _egg_take_view(src, idx, dim):
     return src.narrow(d, 0, 1), src.stride(d), src.size(d), _egg_span(src) >= _EGG_FAR
 
 
+#: the coordinate operands of cats (_egg_coord_view), per (width, rank, device)
+_EGG_COORDS = {}
+
+
+def _egg_coord_view(total, nd, dev):
+    """A (1, ..., 1, total) operand with stride 1 along its last dim that a pointwise kernel never
+    reads: its offset there is the result's column, which a cat's kernel places its pieces by
+    (principle alg-cat-placed). Remembered per (total, rank, device)."""
+    key = (total, nd, dev)
+    t = _EGG_COORDS.get(key)
+    if t is None:
+        if len(_EGG_COORDS) > 256:
+            _EGG_COORDS.clear()
+        t = _EGG_COORDS[key] = torch.empty(total, dtype=torch.int8, device=dev).view((1,) * (nd - 1) + (total,))
+    return t
+
+
 def _egg_linear_cross_entropy(x, weight, target, bias=None, ignore_index=-100, reduction="mean",
                               softcap=None, softcap_16=False):
     """cross_entropy(linear(x, weight, bias).float(), target): the LM head and its loss, as eager

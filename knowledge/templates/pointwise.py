@@ -33,7 +33,8 @@ INFO = TemplateInfo(
     # (tuning table knowledge/tuning/pointwise.yaml lists the measured space).
     tunables={"BLOCK": [512, 1024, 2048, 4096, 8192], "num_warps": [2, 4, 8, 16]},
     defaults={"BLOCK": 1024, "num_warps": 4},
-    principle_ids=["alg-fuse-pointwise-chain", "alg-fp32-accumulate", "mem-block-count", "mem-vector-loads"],
+    principle_ids=["alg-fuse-pointwise-chain", "alg-fp32-accumulate", "mem-block-count", "mem-vector-loads",
+                   "alg-cat-placed"],
     description="elementwise chain; flat or strided-broadcast indexing per input",
 )
 
@@ -42,14 +43,20 @@ def render(spec: PointwiseSpec, cfg: dict, kname: str, gname: str) -> Rendered:
     cfg = {**INFO.defaults, **(cfg or {})}
     n = len(spec.in_dtypes)
     ct = compute_type(spec)
-    ins = [f"P{i}" for i in range(n)]
+    # a cat's coordinate (its column of the result's last dim) is the offset of an operand laid
+    # out (1, ..., 1, total) with stride 1: slot n + q, never loaded
+    na = n + len(spec.cats)
+    ins = [f"P{i}" for i in range(na)]
     outs = [f"O{j}" for j in range(len(spec.outputs))]
-    strides = [f"S{i}_{d}" for i in range(n) for d in range(4)]
-    flags = [f"F{i}: tl.constexpr" for i in range(n)]
+    strides = [f"S{i}_{d}" for i in range(na) for d in range(4)]
+    flags = [f"F{i}: tl.constexpr" for i in range(na)]
     index = index_slots(spec)
     # B{i}: operand i is constant along a row (innermost stride 0: a per-row scale, a token id)
-    by_row = [i for i in range(n) if i not in spec.rolls and i not in spec.pairs and i not in spec.takes]
-    gathered = [f"G{i}, GS{i}" for i in sorted(spec.takes)] + [f"B{i}: tl.constexpr" for i in by_row]
+    by_row = [i for i in range(n) if i not in spec.rolls and i not in spec.pairs and i not in spec.takes
+              and i not in spec.places]
+    strided = sorted(spec.takes) + sorted(spec.places)  # G{i}, GS{i}: stride and size along a dim
+    gathered = ([f"G{i}, GS{i}" for i in strided] + [f"B{i}: tl.constexpr" for i in by_row]
+                + [f"CO{q}_{k}" for q, wit in enumerate(spec.cats) for k in range(len(wit))])
     sig = ", ".join(ins + outs + ["N", "D1", "D2", "D3"] + strides + flags + gathered
                     + ["I64: tl.constexpr", "ROWS: tl.constexpr", "RB: tl.constexpr", "BLOCK: tl.constexpr"])
     body = [
@@ -76,9 +83,14 @@ def render(spec: PointwiseSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         "    offs = pid * BLOCK + tl.arange(0, BLOCK)",
         "    mask = offs < N",
     ]
+    for q in range(len(spec.cats)):  # each cat's column of the result's last dim
+        body += _index_lines(n + q, {"F": "offs", "R": "col", "S": "offs"}) + [f"c{q} = i{n + q}"]
     for j in index:  # a take's indices first, as integers (never converted)
         _load(body, j, lambda idx, m, j=j: f"tl.load(P{j} + {idx}, mask={m}, other=0)")
     for i in range(n):
+        if i in spec.places:  # a cat's piece: its columns of the result
+            _placed_load(body, i, spec.places[i], spec.rolls.get(i), spec.in_dtypes[i], ct)
+            continue
         if i in spec.rolls:  # rotate-half operand: the column rolled by D/2 within its row of D
             _rolled_load(body, i, spec.rolls[i], spec.in_dtypes[i], ct)
             continue
@@ -97,7 +109,8 @@ def render(spec: PointwiseSpec, cfg: dict, kname: str, gname: str) -> Rendered:
     for j, (var, _dt) in enumerate(spec.outputs):
         body.append(f"tl.store(O{j} + offs, ({var}).to(O{j}.dtype.element_ty), mask=mask)")
     kernel = f"@triton.jit\ndef {kname}({sig}):\n{indent(body, 4)}\n"
-    rolled = bool(spec.rolls or spec.pairs)
+    # rolled loads and a cat's columns index the domain in its standard order (rows of the last dim)
+    rolled = bool(spec.rolls or spec.pairs or spec.cats)
     tiled = (bool(spec.std_outputs) and len(spec.std_outputs) == len(spec.outputs) and not rolled
              and not spec.takes)
     if tiled:
@@ -111,17 +124,20 @@ def render(spec: PointwiseSpec, cfg: dict, kname: str, gname: str) -> Rendered:
     launch_args = ", ".join(
         ["*ts"] + [f"o{j}" for j in range(len(spec.outputs))]
         + ["n", "dims[1]", "dims[2]", "dims[3]"]
-        + [f"*sts[{i}]" for i in range(n)]
-        + [f"F{i}=flat[{i}]" for i in range(n)]
-        + [f"G{i}=g{i}, GS{i}=gs{i}" for i in sorted(spec.takes)] + [f"B{i}=sts[{i}][3] == 0" for i in by_row]
-        + ["I64=n + BLOCK >= 2**31 or far" + (" or tk64" if spec.takes else ""), "ROWS=rows", "RB=RB", "BLOCK=B", f"num_warps={int(cfg['num_warps'])}"]
+        + [f"*sts[{i}]" for i in range(na)]
+        + [f"F{i}=flat[{i}]" for i in range(na)]
+        + [f"G{i}=g{i}, GS{i}=gs{i}" for i in strided] + [f"B{i}=sts[{i}][3] == 0" for i in by_row]
+        + [f"CO{q}_{k}=co{q}[{k}]" for q, wit in enumerate(spec.cats) for k in range(len(wit))]
+        + ["I64=n + BLOCK >= 2**31 or far" + (" or tk64" if spec.takes or spec.places else ""),
+           "ROWS=rows", "RB=RB", "BLOCK=B", f"num_warps={int(cfg['num_warps'])}"]
     )
     ret = ", ".join(f"o{j}" for j in range(len(spec.outputs)))
     # a take's source narrowed to index 0 along its dim (broadcast with the domain there), with
     # the stride and size the kernel reads the indexed row at
-    wbody = take_views(spec)
+    wbody = take_views(spec) + _cat_views(spec)
+    coords = "".join(f", cv{q}" for q in range(len(spec.cats)))
     wbody += [
-        f"ts = ({args},)",
+        f"ts = ({args}{coords},)",
         "shape = _egg_broadcast_shape(ts)",
         "dev = ts[0].device",
         # rolled loads index the domain in its standard order (columns of the last dim)
@@ -129,7 +145,7 @@ def render(spec: PointwiseSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         # strides that do not collapse to 4 dims (a permuted input): copies do; then broadcast
         # operands that keep dims apart (a 5-d domain) as full-size copies. A take's source
         # stays the view it is (the kernel reads its other rows through it)
-        f"keep = {sorted(spec.takes)!r}",
+        f"keep = {sorted(spec.takes) + sorted(spec.places) + list(range(n, na))!r}",
         "if lay is None:",
         "    ts = tuple(t if k in keep else t.contiguous() for k, t in enumerate(ts))",
         f"    lay = _egg_pointwise_layout(shape, ts{', False' if rolled else ''})",
@@ -139,6 +155,8 @@ def render(spec: PointwiseSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         "if lay is None:",
         "    raise RuntimeError(f'EGG: pointwise domain {tuple(shape)} needs more than 4 dimensions')",
         "dims, sts, flat, order, far = lay",
+        *([f"if dims[3] > 1 and any(sts[i][3] for i in {sorted(spec.places)!r}):",
+           "    raise RuntimeError('EGG: a cat\\'s last dim is not the innermost walked')"] if spec.places else []),
         f"BLOCK = {int(cfg['BLOCK'])}",
     ]
     if tiled:
@@ -184,6 +202,12 @@ def _index_lines(i: int, idx: dict[str, str]) -> list[str]:
             f"    i{i} = _egg_index4({idx['S']}, D1, D2, D3, S{i}_0, S{i}_1, S{i}_2, S{i}_3)"]
 
 
+def _row_offset(i: int) -> str:
+    """Operand i's offset at the row of the rows walk (its columns' term left out: an operand
+    constant along the row)."""
+    return f"r0 * S{i}_0 + r1 * S{i}_1 + r2 * S{i}_2"
+
+
 def _load(body: list[str], i: int, load) -> None:
     """x{i} = load(offset, mask) of operand i. In rows mode an operand constant along the row
     (B{i}: innermost stride 0: a per-row scale, a 0-d buffer, an embedding's token id) is loaded
@@ -191,7 +215,7 @@ def _load(body: list[str], i: int, load) -> None:
     zero stride were as many scalar loads of one address (Triton cannot see the stride is 0),
     and a take's source row it names is read as a contiguous (vectorized) run of columns."""
     body += ["if ROWS and B%d:" % i,
-             f"    i{i} = r0 * S{i}_0 + r1 * S{i}_1 + r2 * S{i}_2",
+             f"    i{i} = {_row_offset(i)}",
              f"    x{i} = {load(f'i{i}', 'rmask')}",
              "else:"]
     body += ["    " + ln for ln in _index_lines(i, {"F": "offs", "R": "col", "S": "offs"})]
@@ -205,6 +229,52 @@ def _taken_load(body: list[str], i: int, j: int, wrap: bool, dtype: str, ct: str
     number and never memory outside the source (eager raises there; a kernel cannot)."""
     body += _index_lines(i, {"F": "offs", "R": "col", "S": "offs"})
     body += taken_lines(i, j, wrap, f"i{i}", "mask", dtype, ct)
+
+
+def _cat_views(spec: PointwiseSpec) -> list[str]:
+    """Wrapper lines of a spec's cats (principle alg-cat-placed): each piece's width read from an
+    input of that width, the pieces' offsets ``co{q}``, each placed input checked against its
+    piece's width and narrowed to column 0 of the last dim (the kernel adds column * stride,
+    masked to the piece), and ``cv{q}``, the operand whose offset is the cat's column. Nothing
+    without cats."""
+    if not spec.cats:
+        return []
+    n = len(spec.in_dtypes)
+    lines = ["nd = max(" + ", ".join(f"a{i}.dim()" for i in range(n)) + ")"]
+    for q, wit in enumerate(spec.cats):
+        lines += [f"wd{q} = [" + ", ".join(f"a{w}.shape[-1]" for w in wit) + "]",
+                  f"co{q} = [sum(wd{q}[:k]) for k in range({len(wit)})]",
+                  f"cv{q} = _egg_coord_view(sum(wd{q}), nd, a{wit[0]}.device)"]
+    for i, (q, k) in sorted(spec.places.items()):
+        lines += [f"if a{i}.shape[-1] != wd{q}[{k}]:",
+                  f"    raise RuntimeError(f'EGG: a piece of a cat is {{wd{q}[{k}]}} columns wide, an "
+                  f"input of it {{a{i}.shape[-1]}}')",
+                  f"a{i}, g{i}, gs{i}, tb{i} = _egg_take_view(a{i}, a{i}, -1)"]
+    placed = " or ".join(f"tb{i}" for i in sorted(spec.places))
+    return lines + [f"tk64 = tk64 or {placed}" if spec.takes else f"tk64 = {placed}"]
+
+
+def _placed_load(body: list[str], i: int, qk: tuple[int, int], roll: int | None, dtype: str, ct: str) -> None:
+    """Input i of piece k of cat q at the result's column c{q}: the piece's column t = c{q} minus
+    the piece's offset, added (times the input's stride there) to the input narrowed to column
+    0, masked to 0 <= t < its width; nothing is read outside the piece. The narrowed input is
+    constant along the row (the coordinate operand keeps the last dim apart, innermost): in the
+    rows walk its offset is the row's alone, so the columns stay contiguous (vector loads). A
+    rotate-half operand (``roll``: its width D) reads column (t + D/2) % D, two masked loads."""
+    q, k = qk
+    body += ["if ROWS:", f"    i{i} = {_row_offset(i)}", "else:",
+             f"    i{i} = _egg_index4(offs, D1, D2, D3, S{i}_0, S{i}_1, S{i}_2, S{i}_3)",
+             f"t{i} = c{q} - CO{q}_{k}"]
+    if roll is None:
+        body.append(f"x{i} = " + load_expr(f"P{i}", f"i{i} + t{i} * G{i}",
+                                           f"mask & (t{i} >= 0) & (t{i} < GS{i})", dtype, ct))
+        return
+    h = roll // 2
+    body += [f"lo{i} = t{i} < {h}  # the first half of the piece reads the second",
+             f"x{i}a = " + load_expr(f"P{i}", f"i{i} + (t{i} + {h}) * G{i}", f"mask & (t{i} >= 0) & lo{i}", dtype, ct),
+             f"x{i}b = " + load_expr(f"P{i}", f"i{i} + (t{i} - {h}) * G{i}",
+                                     f"mask & (t{i} >= {h}) & (t{i} < GS{i})", dtype, ct),
+             f"x{i} = tl.where(lo{i}, x{i}a, x{i}b)"]
 
 
 def _rolled_load(body: list[str], i: int, d: int, dtype: str, ct: str) -> None:
