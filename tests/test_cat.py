@@ -37,6 +37,11 @@ CASES = {
         "x, y, s", "        z = torch.cat((x * s, y, torch.exp(-y) + 1.0), dim=-1)\n"
         "        return torch.relu(z) * 2.0 - 1.0\n",
         "[torch.randn(3, 5, 7), torch.randn(3, 5, 9), torch.rand(3, 5, 1)]"),
+    # Swin-V2's qkv bias: 1-d pieces, the middle one zeros shaped like a parameter, then used
+    "bias_pieces": problem(
+        "x", "        b = torch.cat((self.q, torch.zeros_like(self.v), self.v))\n"
+        "        return x + b\n", "[torch.randn(3, 15)]",
+        members="        self.q = nn.Parameter(torch.randn(5))\n        self.v = nn.Parameter(torch.randn(5))\n"),
     # rows long enough for the rows walk (130 + 70 columns)
     "long_rows": problem(
         "x, y", "        return torch.cat((torch.sigmoid(x), y * 0.5), dim=-1)\n",
