@@ -78,8 +78,8 @@ class _Namer:
         self.g, self.slots, self.red_var = g, slots, red_var
         self.members = set(g.members)
         #: the group's cats in order (the pointwise template's coordinate c{q} of each)
-        self.cats = {m: q for q, m in enumerate(m for m in g.members if m.op != "placeholder"
-                                                 and m in {c for c, _k in g.placed.values()})}
+        cats = {c for c, _k in g.placed.values()}
+        self.cats = {m: q for q, m in enumerate(m for m in g.members if m in cats)}
 
     def __call__(self, o, role: str, consumer: O.NOp, pos: int) -> str | None:
         if o is None:
