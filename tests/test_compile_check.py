@@ -187,3 +187,40 @@ def test_rope_rotations_load_whole_vectors(write_problem, tmp_path, cache_dir):
     for k in res.kernels:
         forms = set(k.global_access)
         assert forms and all(".v4." in f for f in forms), k.global_access
+
+
+POOL = '''
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.mp = nn.MaxPool2d(2)
+
+    def forward(self, x):
+        return self.mp(torch.relu(x)) * 2.0
+
+
+def get_inputs():
+    return [torch.randn(2, 3, 7, 5)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
+def test_a_pool_whose_division_shift_is_1_compiles(write_problem, tmp_path, cache_dir):
+    """The pool template divides by an output size through its magic number (_egg_magic): a
+    shift of 1 (an output size of 3 here) is an int argument Triton passes as the constexpr 1,
+    which has no ``.to``: the kernel failed to compile on the GPU (found by scripts/gpu_dropin.py
+    on an H100) while Triton's interpreter, which specializes nothing, ran it."""
+    comp = pipeline.compile_problem(load_problem(write_problem(POOL, "pool_shift1")))
+    assert [g.kind for g in comp.plan.groups] == ["pool"]
+    assert "_egg_fdiv" in comp.emitted.source
+    cand = tmp_path / "pool.py"
+    cand.write_text(comp.emitted.source)
+    res = check_file(cand, cache_dir=cache_dir)
+    assert res.ok, res.reason

@@ -148,6 +148,22 @@ def _egg_pointwise_layout(shape, tensors, follow_memory=True):
     return got
 
 
+#: a pointwise wrapper's launch per (wrapper, its inputs' shapes and strides, the device): what
+#: the wrapper computes from them (the domain, the output's order, the grid, the coordinate
+#: operands, the kernel's int and constexpr arguments), so that a call like an earlier one
+#: allocates and launches (False: a call that copies its inputs, or takes the tiled walk, goes
+#: the whole way each time); bounded: cleared past 1024 entries
+_EGG_PLANS = {}
+
+
+def _egg_keep_plan(key, plan):
+    """Remember a wrapper's plan (_EGG_PLANS) under ``key``; none when ``key`` is None."""
+    if key is not None:
+        if len(_EGG_PLANS) > 1024:
+            _EGG_PLANS.clear()
+        _EGG_PLANS[key] = plan
+
+
 #: the innermost collapsed dim a pointwise kernel walks row by row (no division per element)
 #: must be at least this long: a block then holds >= 128 elements, half or more of them in use
 _EGG_ROWS_MIN = 128
@@ -259,8 +275,11 @@ def _egg_magic(d):
 @triton.jit
 def _egg_fdiv(n, d, m, s):
     """n // d for int32 0 <= n < 2**31, (m, s) = _egg_magic(d): a multiply-high and a shift
-    where a division by a runtime int costs about twenty instructions per element."""
-    q = (tl.umulhi(n.to(tl.uint32), m.to(tl.uint32)) >> s.to(tl.uint32)).to(tl.int32)
+    where a division by a runtime int costs about twenty instructions per element. m and s
+    are made tensors first: Triton passes an int argument equal to 1 (a shift of 1: d = 3)
+    as the constexpr 1, which has no ``.to``."""
+    z = tl.zeros_like(n)
+    q = (tl.umulhi(n.to(tl.uint32), (z + m).to(tl.uint32)) >> (z + s).to(tl.uint32)).to(tl.int32)
     return tl.where(d == 1, n, q)
 
 
@@ -943,6 +962,7 @@ class _egg_Launcher:
     def __init__(self, fn):
         self.fn = fn
         self.cache = {}
+        self.plans = {}  # planned launches (planned): key -> (compiled kernel, grid, the other args)
         params = getattr(fn, "params", None)
         ok = params is not None and all(hasattr(p, "has_default") and hasattr(p, "is_constexpr")
                                         for p in params)
@@ -967,6 +987,11 @@ class _egg_Launcher:
         return tuple(parts)
 
     def launch(self, grid, args, kwargs):
+        return self.compiled_launch(grid, args, kwargs)[1]
+
+    def compiled_launch(self, grid, args, kwargs):
+        """(the CompiledKernel launched, or None where Triton returned none; what the launch
+        returned)."""
         try:
             key = self.key(grid, args, kwargs) if self.params is not None and type(grid) is tuple else None
             hit = self.cache.get(key) if key is not None else None
@@ -974,7 +999,7 @@ class _egg_Launcher:
             key = hit = None
         if hit is not None:
             kernel, grid3, tail = hit  # kernel[grid3]: CompiledKernel's runner (counted by the verifier)
-            return kernel[grid3](*args, *[kwargs[x] if by_name else x for x, by_name in tail])
+            return kernel, kernel[grid3](*args, *[kwargs[x] if by_name else x for x, by_name in tail])
         kernel = self.fn[grid](*args, **kwargs)
         if key is not None and _egg_launchable(self.fn, kernel):
             tail = _egg_launch_tail(self.params[len(args):], kwargs)
@@ -982,7 +1007,41 @@ class _egg_Launcher:
                 if len(self.cache) >= _EGG_LAUNCH_KEEP:
                     self.cache.clear()
                 self.cache[key] = (kernel, tuple(grid) + (1,) * (3 - len(grid)), tail)
-        return kernel
+        return (kernel if _egg_launchable(self.fn, kernel) else None), kernel
+
+    def planned(self, plan, grid, tensors, ints, kwargs):
+        """``kernel[grid](*tensors, *ints, **kwargs)`` where ``plan`` (hashable: a wrapper's
+        _EGG_PLANS key) fixes grid, ints and kwargs (ints, bools, never a tensor or a float):
+        the key is the plan, the device and each tensor's dtype and alignment, a few values
+        where ``key`` takes every argument (~7 us of 26's host time a call on the CPU machine
+        for a 60-argument launch; ~1.5 here)."""
+        try:
+            key = (plan, torch.cuda.current_device(),
+                   *[(t.dtype, t.data_ptr() % 16 == 0) for t in tensors])
+            hit = self.plans.get(key)
+        except Exception:  # noqa: BLE001 - no CUDA (the compile check's recorder), an unhashable value
+            key = hit = None
+        if hit is not None:
+            kernel, grid3, rest = hit
+            return kernel[grid3](*tensors, *rest)
+        args = (*tensors, *ints)
+        kernel, ret = self.compiled_launch(grid, args, kwargs)
+        if key is not None and self.params is not None and type(grid) is tuple and kernel is not None:
+            tail = _egg_launch_tail(self.params[len(args):], kwargs)
+            if tail is not None:
+                if len(self.plans) >= _EGG_LAUNCH_KEEP:
+                    self.plans.clear()
+                rest = (*ints, *[kwargs[x] if by_name else x for x, by_name in tail])
+                self.plans[key] = (kernel, tuple(grid) + (1,) * (3 - len(grid)), rest)
+        return ret
+
+
+def _egg_launch_planned(kernel, plan, grid, tensors, ints, kwargs):
+    """A launch a wrapper's plan fixes (_EGG_PLANS): by the plan's key where the kernel is behind
+    an _egg_Launcher (a GPU), else as ``kernel[grid](...)`` (the interpreter)."""
+    if type(kernel) is _egg_Launcher:
+        return kernel.planned(plan, grid, tensors, ints, kwargs)
+    return kernel[grid](*tensors, *ints, **kwargs)
 
 
 class _EggNoKey(Exception):

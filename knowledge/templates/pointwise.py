@@ -121,21 +121,24 @@ def render(spec: PointwiseSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         f"o{j} = _egg_empty(shape, order, torch.{dt}, dev)"
         for j, (_v, dt) in enumerate(spec.outputs)
     ]
-    launch_args = ", ".join(
-        ["*ts"] + [f"o{j}" for j in range(len(spec.outputs))]
-        + ["n", "dims[1]", "dims[2]", "dims[3]"]
-        + [f"*sts[{i}]" for i in range(na)]
-        + [f"F{i}=flat[{i}]" for i in range(na)]
+    outs_t = "".join(f"o{j}, " for j in range(len(spec.outputs)))
+    # the launch's int arguments and keywords: functions of the inputs' shapes and strides only
+    # (the plan a call with the same ones launches again, _EGG_PLANS)
+    ints = ", ".join(["n", "dims[1]", "dims[2]", "dims[3]"] + [f"*sts[{i}]" for i in range(na)])
+    kws = ", ".join(
+        [f"F{i}=flat[{i}]" for i in range(na)]
         + [f"G{i}=g{i}, GS{i}=gs{i}" for i in strided] + [f"B{i}=sts[{i}][3] == 0" for i in by_row]
         + [f"CO{q}_{k}=co{q}[{k}]" for q, wit in enumerate(spec.cats) for k in range(len(wit))]
         + ["I64=n + BLOCK >= 2**31 or far" + (" or tk64" if spec.takes or spec.places else ""),
            "ROWS=rows", "RB=RB", "BLOCK=B", f"num_warps={int(cfg['num_warps'])}"]
     )
     ret = ", ".join(f"o{j}" for j in range(len(spec.outputs)))
+    std = [f"o{j} = _egg_standard_layout(o{j})" for j in spec.std_outputs]
     # a take's source narrowed to index 0 along its dim (broadcast with the domain there), with
     # the stride and size the kernel reads the indexed row at
     wbody = take_views(spec) + _cat_views(spec)
     coords = "".join(f", cv{q}" for q in range(len(spec.cats)))
+    cvs = "(" + "".join(f"cv{q}, " for q in range(len(spec.cats))) + ")"
     wbody += [
         f"ts = ({args}{coords},)",
         "shape = _egg_broadcast_shape(ts)",
@@ -144,9 +147,12 @@ def render(spec: PointwiseSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         f"lay = _egg_pointwise_layout(shape, ts{', False' if rolled else ''})",
         # strides that do not collapse to 4 dims (a permuted input): copies do; then broadcast
         # operands that keep dims apart (a 5-d domain) as full-size copies. A take's source
-        # stays the view it is (the kernel reads its other rows through it)
+        # stays the view it is (the kernel reads its other rows through it). A call that
+        # copies is never planned: its copies are made each time
         f"keep = {sorted(spec.takes) + sorted(spec.places) + list(range(n, na))!r}",
         "if lay is None:",
+        "    _egg_keep_plan(plan, False)",
+        "    plan = None",
         "    ts = tuple(t if k in keep else t.contiguous() for k, t in enumerate(ts))",
         f"    lay = _egg_pointwise_layout(shape, ts{', False' if rolled else ''})",
         "if lay is None:",
@@ -167,6 +173,7 @@ def render(spec: PointwiseSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         wbody += [
             "ncs = _egg_ncs_layout(shape, ts, order)",
             "if ncs is not None and math.prod(shape) > 0:",
+            "    _egg_keep_plan(plan, False)",
             "    N, C, S, st3 = ncs",
             *[f"    o{j} = torch.empty(shape, device=dev, dtype=torch.{dt})"
               for j, (_v, dt) in enumerate(spec.outputs)],
@@ -180,17 +187,37 @@ def render(spec: PointwiseSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         *out_allocs,
         f"n = o0.numel()",
         "if n == 0:",
+        f"    _egg_keep_plan(plan, (shape, order, dev, None, {cvs}, (), {{}}))",
         f"    return {ret}",
         # rows of the innermost collapsed dim when an operand needs a strided index and the rows
         # are long enough to fill a block (_egg_pointwise_rows); else the flat walk
         "rows, B = _egg_pointwise_rows(dims, flat, BLOCK)",
         "RB = max(1, BLOCK // B) if rows else 1  # rows a program takes: a block's worth",
         "grid = (_egg_cdiv(n // dims[3], RB) * _egg_cdiv(dims[3], B),) if rows else (_egg_cdiv(n, B),)",
-        f"{kname}[grid]({launch_args})",
+        f"ints = ({ints},)",
+        f"kw = dict({kws})",
+        f"_egg_keep_plan(plan, (shape, order, dev, grid, {cvs}, ints, kw))",
+        f"{kname}[grid](*ts, {outs_t}*ints, **kw)",
     ]
-    wbody += [f"o{j} = _egg_standard_layout(o{j})" for j in spec.std_outputs]
+    wbody += std
     wbody.append(f"return {ret}")
-    wrapper = f"def {gname}({args}):\n{indent(wbody, 4)}\n"
+    first = f"def {gname}_first(plan, {args}):\n{indent(wbody, 4)}\n"
+    # a call whose inputs' shapes, strides and device were seen before: the plan then (a
+    # coordinate operand's plan holds it as it is: one per total width, rank and device)
+    key = ", ".join([repr(gname)] + [f"a{i}.shape, a{i}.stride()" for i in range(n)] + ["a0.device"])
+    fast = [
+        f"plan = ({key})",
+        "got = _EGG_PLANS.get(plan)",
+        "if not got:  # not seen (None) or never planned (False)",
+        f"    return {gname}_first(plan if got is None else None, {args})",
+        f"shape, order, dev, grid, cvs, ints, kw = got",
+        *out_allocs,
+        "if grid is not None:",
+        f"    _egg_launch_planned({kname}, plan, grid, ({args}, *cvs, {outs_t}), ints, kw)",
+        *std,
+        f"return {ret}",
+    ]
+    wrapper = first + f"\n\ndef {gname}({args}):\n{indent(fast, 4)}\n"
     return Rendered(kernel, wrapper, kname, gname, cfg)
 
 
