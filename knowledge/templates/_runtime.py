@@ -1010,8 +1010,8 @@ class _egg_Launcher:
         return (kernel if _egg_launchable(self.fn, kernel) else None), kernel
 
     def planned(self, plan, grid, tensors, ints, kwargs):
-        """``kernel[grid](*tensors, *ints, **kwargs)`` where ``plan`` (hashable: a wrapper's
-        _EGG_PLANS key) fixes grid, ints and kwargs (ints, bools, never a tensor or a float):
+        """``kernel[grid](*tensors, *ints, **kwargs)`` where ``plan`` (hashable: a pointwise
+        wrapper's plan key) fixes grid, ints and kwargs (ints, bools, never a tensor or a float):
         the key is the plan, the device and each tensor's dtype and alignment, a few values
         where ``key`` takes every argument (~7 us of 26's host time a call on the CPU machine
         for a 60-argument launch; ~1.5 here)."""

@@ -28,6 +28,14 @@ to -inf, where a row of finfo.min is uniform in eager, not NaN); otherwise log2(
 the scale and the softmax uses exp2. A row with every score -inf gives 0 for
 scaled_dot_product_attention (its safe softmax) and NaN for a softmax written out.
 
+Key blocks a mask hides from every row of a tile are not read (principle mem-mask-skip-blocks):
+before its key loop a program reads the mask tiles from each end of its key range until one
+shows a key (a padded batch's cache past its sequence's length, a causal mask given as a
+tensor: the blocks above the diagonal), and walks only the blocks between. A block hidden
+whole changes neither the running maximum, the sum nor the accumulator (its P is 0), so the
+result is the same, except where K or V hold NaN or inf in hidden positions: eager multiplies
+them by 0 (NaN), the kernel never reads them.
+
 Grouped-query attention maps query head h to key/value head h // (H / H_kv). Products of 16-bit
 operands run on tensor cores with fp32 accumulation (P cast to the value dtype for P V, as
 FlashAttention does); fp32 operands use 3xTF32 dots as the matmul template does.
@@ -49,7 +57,7 @@ INFO = TemplateInfo(
     defaults={"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "DECODE_ROWS": 64,
               "SPLIT_PROGRAMS": 528},
     principle_ids=["alg-flash-attention", "alg-split-kv-decode", "alg-online-softmax",
-                   "alg-no-lower-precision"],
+                   "alg-no-lower-precision", "mem-mask-skip-blocks"],
     description="attention forward: flash (online softmax over key blocks, causal from indices) "
                 "or split-KV decode with GQA heads packed per key/value head",
 )
@@ -203,6 +211,50 @@ def _key_block(spec: AttentionSpec, masked: bool, bound: str, rows: str) -> list
 MASK_PARAMS = ["A", "sab", "sah", "sam", "san"]
 
 
+def _hidden(spec: AttentionSpec) -> tuple[str, str] | None:
+    """(the value a masked-out entry of the mask tensor reads as, the test of an entry that
+    shows its key) where a mask can hide a key: -inf added, False in a bool mask, True in a
+    mask whose fill is -inf; None otherwise (no mask, a finite fill: every key counts)."""
+    if spec.mask == "add":
+        return 'float("-inf")', 'sa != float("-inf")'  # NaN shows (eager's NaN is kept)
+    if spec.mask == "bool":
+        return "0", "sa != 0"
+    if spec.mask == "drop" and spec.fill == float("-inf"):
+        return "1", "sa == 0"
+    return None
+
+
+def _loops(spec: AttentionSpec, lo: str, hi: str) -> tuple[str, str]:
+    """The headers of the key loops over [lo, hi): whole blocks (up to ``full``) without a key
+    mask, then the rest with it; where a mask can hide keys, only the blocks between the first
+    and the last a tile's rows see (_scan_lines, which the caller's body gets first)."""
+    if _hidden(spec) is None:
+        return f"for n0 in range({lo}, full, BLOCK_N):", "for n0 in range(full, hi, BLOCK_N):"
+    return ("for n0 in range(vlo, tl.minimum(full, vhi), BLOCK_N):",
+            "for n0 in range(tl.maximum(full, vlo), vhi, BLOCK_N):")
+
+
+def _scan_lines(spec: AttentionSpec, lo: str, hi: str) -> list[str]:
+    """``vlo``, ``vhi``: the key range [lo, hi) without the blocks at either end that the mask
+    hides from every row of the tile (rows ``amr``, mask rows ``arow``); blocks start at lo
+    every BLOCK_N. Each end is read tile by tile until a tile shows a key (a tile outside
+    [lo, hi) shows none). Without a mask that can hide keys: the range itself."""
+    other, shows = _hidden(spec)
+
+    def tile(at: str) -> list[str]:
+        return ["sk = " + at + " + tl.arange(0, BLOCK_N)",
+                f"sa = tl.load(arow + sk[None, :] * san, mask=amr & (sk[None, :] >= {lo}) & (sk[None, :] < {hi}), "
+                f"other={other})",
+                f"nv = tl.sum(({shows}).to(tl.int32))"]
+
+    return [f"vlo = {lo} + tl.zeros([], tl.int32)", *tile("vlo"),
+            f"while (vlo < {hi}) & (nv == 0):", "    vlo += BLOCK_N", *["    " + ln for ln in tile("vlo")],
+            # the last block's start (a tile past the range shows nothing: the loop steps back)
+            f"vt = vlo + (({hi} - vlo - 1) // BLOCK_N) * BLOCK_N", *tile("vt"),
+            "while (vt >= vlo) & (nv == 0):", "    vt -= BLOCK_N", *["    " + ln for ln in tile("vt")],
+            f"vhi = tl.minimum({hi}, vt + BLOCK_N)"]
+
+
 def _normalize(spec: AttentionSpec, acc: str, l: str) -> str:
     """out = acc / l (ReLU attention: acc); a row with no key left (every score -inf, l = 0)
     gives 0 where spec.empty says so (scaled_dot_product_attention), else 0 / 0 = NaN as the
@@ -246,10 +298,13 @@ def _flash(spec: AttentionSpec, kname: str) -> str:
         "    hi = tl.minimum(N, (pid_m + 1) * BLOCK_M)",
         "else:",
         "    hi = N",
-        "for n0 in range(0, full, BLOCK_N):",
     ]
+    if _hidden(spec) is not None:
+        body += _scan_lines(spec, "0", "hi")
+    whole, edge = _loops(spec, "0", "hi")
+    body.append(whole)
     body += ["    " + ln for ln in _key_block(spec, False, "N", "rm")]
-    body.append("for n0 in range(full, hi, BLOCK_N):  # the diagonal and the edge: masked")
+    body.append(edge + "  # the diagonal and the edge: masked")
     body += ["    " + ln for ln in _key_block(spec, True, "N", "rm")]
     body += [
         _normalize(spec, "acc", "l_i[:, None]"),
@@ -300,10 +355,13 @@ def _split(spec: AttentionSpec, kname: str) -> str:
         "hi = tl.minimum(NE, lo + CHUNK)",
         # whole key blocks of the chunk need no key mask (causal decode rows: always masked)
         "full = lo if CAUSAL else lo + ((hi - lo) // BLOCK_N) * BLOCK_N",
-        "for n0 in range(lo, full, BLOCK_N):",
     ]
+    if _hidden(spec) is not None:
+        body += _scan_lines(spec, "lo", "hi")
+    whole, edge = _loops(spec, "lo", "hi")
+    body.append(whole)
     body += ["    " + ln for ln in _key_block(spec, False, "hi", "mq")]
-    body.append("for n0 in range(full, hi, BLOCK_N):  # the chunk's last, partial block: masked")
+    body.append(edge + "  # the chunk's last, partial block: masked")
     body += ["    " + ln for ln in _key_block(spec, True, "hi", "mq")]
     body += [
         "om = mr[:, None] & md[None, :]",
