@@ -155,6 +155,11 @@ def test_a_planned_launch_is_keyed_by_its_plan_and_the_tensors(change, monkeypat
     # another plan of the same arguments: the launcher's own key finds the kernel
     assert [e[0] for e in fn.log[2:]] == ["fast" if change == "plan" else "slow", "fast"]
     assert len(k.plans) == 2
+    # a float or tensor among the ints or keywords (passed by value at each launch) is no plan's
+    del fn.log[:]
+    for w in (0.5, 0.25):
+        k.planned(("g", 3), (4,), (y,), (64,), {"BLOCK": 16, "W": w})
+    assert [e[0] for e in fn.log] == ["slow", "fast"] and fn.log[1][2][4] == 0.25
     # the interpreter's kernels are no launchers: launched as kernel[grid](...)
     fn2 = _JIT()
     R._egg_launch_planned(fn2, ("g", 1), (4,), (x,), (64,), {"BLOCK": 16})

@@ -1026,7 +1026,8 @@ class _egg_Launcher:
             return kernel[grid3](*tensors, *rest)
         args = (*tensors, *ints)
         kernel, ret = self.compiled_launch(grid, args, kwargs)
-        if key is not None and self.params is not None and type(grid) is tuple and kernel is not None:
+        fixed = all(type(x) in (int, bool, str) or x is None for x in (*ints, *kwargs.values()))
+        if key is not None and self.params is not None and type(grid) is tuple and kernel is not None and fixed:
             tail = _egg_launch_tail(self.params[len(args):], kwargs)
             if tail is not None:
                 if len(self.plans) >= _EGG_LAUNCH_KEEP:
