@@ -279,6 +279,19 @@ def _all_float(nodes) -> bool:
     return all(node_dtype(n) in FUSABLE_DTYPES for n in nodes)
 
 
+#: integer tensors a pointwise kernel compares (loaded as they are, never converted): signed
+#: ones, which Triton promotes to the wider one as torch does (uint8 against a signed int would
+#: stay unsigned in Triton where torch widens it)
+COMPARED_INTS = {torch.int8, torch.int16, torch.int32, torch.int64}
+
+
+def _int_comparison(op, n: fx.Node) -> bool:
+    """A comparison of signed integer tensors (positions against lengths: a padding mask built
+    in forward), exact in the kernel: the operands stay integers and the result is bool."""
+    return (op.name in ("gt", "ge", "lt", "le", "eq", "ne") and node_dtype(n) == torch.bool
+            and bool(op.tensor_inputs) and all(node_dtype(t) in COMPARED_INTS for t in op.tensor_inputs))
+
+
 def norm_dims(dim, nd: int) -> list[int] | None:
     """A reduction's dim argument as sorted non-negative dims (None: all); None if not ints."""
     if dim is None or dim == () or dim == []:
@@ -629,7 +642,7 @@ def plan_fusion(gm: fx.GraphModule, disabled: set[str] | None = None) -> FusionP
             if op.name == "take":  # a floating source read at integer indices
                 typed = _all_float([n, op.operands[0]]) and node_dtype(op.operands[1]) in INDEX_DTYPES
             else:
-                typed = _all_float([n] + op.tensor_inputs)
+                typed = _all_float([n] + op.tensor_inputs) or _int_comparison(op, n)
             if shape is None or not typed:
                 op.kind, op.why = "library", "dtype not handled by the pointwise template"
                 continue

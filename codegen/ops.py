@@ -116,6 +116,7 @@ FUNCTIONS: dict[Any, str] = {
     torch.mul: "mul", torch.multiply: "mul", torch.div: "div", torch.divide: "div",
     torch.true_divide: "div", torch.pow: "pow", torch.maximum: "maximum", torch.minimum: "minimum",
     torch.fmax: "fmax", torch.fmin: "fmin", torch.where: "where",
+    operator.invert: "invert", torch.bitwise_not: "invert", torch.masked_fill: "masked_fill",
     torch.clamp: "clamp", torch.clip: "clamp", torch.clamp_min: "clamp_min",
     torch.clamp_max: "clamp_max", torch.gt: "gt", torch.ge: "ge", torch.lt: "lt", torch.le: "le",
     torch.eq: "eq", torch.ne: "ne", torch.greater: "gt", torch.less: "lt",
@@ -293,6 +294,7 @@ METHODS: dict[str, str] = {
     "add": "add", "sub": "sub", "mul": "mul", "div": "div", "true_divide": "div", "pow": "pow",
     "clamp": "clamp", "clip": "clamp", "clamp_min": "clamp_min", "clamp_max": "clamp_max",
     "maximum": "maximum", "minimum": "minimum", "where": "where_method", "gt": "gt", "ge": "ge",
+    "masked_fill": "masked_fill", "bitwise_not": "invert",
     "lt": "lt", "le": "le", "eq": "eq", "ne": "ne", "sum": "sum", "mean": "mean", "prod": "prod",
     "amax": "amax", "amin": "amin", "argmax": "argmax", "argmin": "argmin",
     "logsumexp": "logsumexp", "max": "max", "min": "min", "softmax": "softmax",
@@ -702,6 +704,21 @@ def _from_name(name: str, node: fx.Node, args: tuple, kwargs: dict, extra: dict 
             raise TypeError(f"{name}: normalized_shape is not a constant")
         p["normalized_shape"] = tuple(ns) if ns is not None else None
         return NOp("norm", op.name, node, [b["input"], b.get("weight"), b.get("bias")], p)
+    if name == "masked_fill":  # x.masked_fill(mask, value): where(mask, value, x), x's dtype
+        b = _bind(_d("m", "x", ["input", "mask", "value"]), args, kwargs)
+        if not isinstance(b["mask"], fx.Node) or node_dtype(b["mask"]) != torch.bool:
+            raise TypeError("masked_fill by a mask that is not a bool tensor")
+        v = b["value"]
+        if isinstance(v, fx.Node) and node_shape(v) not in ((), None):
+            raise TypeError("masked_fill with a value that is not 0-dimensional")
+        if isinstance(v, fx.Node) and node_dtype(v) != node_dtype(b["input"]):
+            raise TypeError("masked_fill with a value tensor of another dtype")  # cast to x's first
+        return NOp("pointwise", "where", node, [b["mask"], v, b["input"]])
+    if name == "invert":  # ~m of a bool tensor: logical not (of integers: bitwise, left to torch)
+        b = _bind(_d("i", "x", ["input"]), args, kwargs)
+        if not isinstance(b["input"], fx.Node) or node_dtype(b["input"]) != torch.bool:
+            raise TypeError("bitwise not of a tensor that is not bool")
+        return NOp("pointwise", "logical_not", node, [b["input"]])
     if name == "where_method":  # x.where(cond, other)
         b = _bind(_d("w", "x", ["input", "condition", "other"]), args, kwargs)
         return NOp("pointwise", "where", node, [b["condition"], b["input"], b["other"]])

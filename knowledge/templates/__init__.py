@@ -120,9 +120,10 @@ def compute_type(spec) -> str:
 
 
 def load_expr(ptr: str, idx: str, mask: str, dtype: str, ctype: str, other: str = "0") -> str:
-    """A masked load, upcast to the compute type (bool stays int1)."""
+    """A masked load, upcast to the compute type (bool stays int1, an integer stays as it is:
+    only comparisons read one, codegen.fusion._int_comparison)."""
     base = f"tl.load({ptr} + {idx}, mask={mask}, other={other})"
-    if dtype == "bool":
+    if dtype == "bool" or dtype.startswith("int"):
         return base
     return f"{base}.to({ctype})"
 
