@@ -91,6 +91,8 @@ def get_init_inputs():
 '''
 
 #: a padding mask (an input of 1 and 0) turned into a fill: masked_fill(mask == 0, -inf)
+# (the mask's comparison, mask == 0 of an int64 mask, is a pointwise kernel g0 before the
+# attention's g1)
 PAD_FILL = '''
 class Model(nn.Module):
     def forward(self, q, k, v, mask):
@@ -137,9 +139,9 @@ CASES = {
     "alibi_fp32": (ALIBI, FLASH, "_egg_k_g0", 1e-4, (True, "add", None)),
     "two_over_sqrt_d_fp32": (HALF_HEAD, FLASH, "_egg_k_g0", 1e-4, (False, "", None)),
     "padding_fill_prefill_fp32": (PAD_FILL.format(mshape="2, 1, 1, 40", cut="30:", q="2, 4, 24, 16",
-                                                  kv="2, 4, 40, 16"), FLASH, "_egg_k_g0", 1e-4, (False, "drop", None)),
+                                                  kv="2, 4, 40, 16"), FLASH, "_egg_k_g1", 1e-4, (False, "drop", None)),
     "padding_fill_decode_fp32": (PAD_FILL.format(mshape="2, 1, 1, 40", cut=":7", q="2, 2, 1, 16",
-                                                 kv="2, 2, 40, 16"), SPLIT, "_egg_k_g0_merge", 1e-4, (False, "drop", None)),
+                                                 kv="2, 2, 40, 16"), SPLIT, "_egg_k_g1_merge", 1e-4, (False, "drop", None)),
     "where_finite_causal_bf16": (WHERE_FINITE_CAUSAL, FLASH, "_egg_k_g0", 2e-2, (True, "drop", None)),
 }
 

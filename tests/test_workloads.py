@@ -216,10 +216,12 @@ KINDS = {
     # rw-linear-cross-entropy with Gemma-2's final logit soft cap: the cap in the loss's tiles
     "24_gemma_softcap_lm_head_loss.py": ["linear_ce"],
     # the sort and the scatter stay torch calls; softmax, then the cumsum with its threshold (the
-    # bf16 cumsum rounded and the threshold compared in bf16, as eager compares them)
-    "29_top_p_filter.py": ["softmax", "scan"],
-    # rw-attention with a window mask built from position indices: one flash kernel
-    "31_sliding_window_prefill_attention.py": ["attention"],
+    # bf16 cumsum rounded and the threshold compared in bf16, as eager compares them); the
+    # masked_fill of the removed logits after the scatter, a pointwise kernel
+    "29_top_p_filter.py": ["softmax", "scan", "pointwise"],
+    # rw-attention with a window mask built from position indices: the mask's integer
+    # comparisons a pointwise kernel, then one flash kernel (skipping the blocks it hides)
+    "31_sliding_window_prefill_attention.py": ["pointwise", "attention"],
 }
 #: files whose emitted source the verifier's static check rejects (a gap of the compiler, not of
 #: the file: `egg verify` calls the kernel a cheat and a run keeps the reference); xfail until
