@@ -238,7 +238,7 @@ def _scan_lines(spec: AttentionSpec, lo: str, hi: str) -> list[str]:
     """``vlo``, ``vhi``: the key range [lo, hi) without the blocks at either end that the mask
     hides from every row of the tile (rows ``amr``, mask rows ``arow``); blocks start at lo
     every BLOCK_N. Each end is read tile by tile until a tile shows a key (a tile outside
-    [lo, hi) shows none). Without a mask that can hide keys: the range itself."""
+    [lo, hi) shows none). Only for a mask that can hide keys (_hidden)."""
     other, shows = _hidden(spec)
 
     def tile(at: str) -> list[str]:

@@ -212,8 +212,9 @@ def render(spec: PointwiseSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         f"    return {gname}_first(plan if got is None else None, {args})",
         f"shape, order, dev, grid, cvs, ints, kw = got",
         *out_allocs,
-        "if grid is not None:",
-        f"    _egg_launch_planned({kname}, plan, grid, ({args}, *cvs, {outs_t}), ints, kw)",
+        "if grid is None:  # nothing to launch (an empty domain), as the first call returned",
+        f"    return {ret}",
+        f"_egg_launch_planned({kname}, plan, grid, ({args}, *cvs, {outs_t}), ints, kw)",
         *std,
         f"return {ret}",
     ]
