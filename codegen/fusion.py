@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import fx
 
-from codegen.ops import (FLOAT_DTYPES, INDEX_DTYPES, ROLLED, NOp, classify, load_roles, node_dtype,
+from codegen.ops import (COMPARISONS, FLOAT_DTYPES, INDEX_DTYPES, ROLLED, NOp, classify, load_roles, node_dtype,
                          node_shape)
 
 FUSABLE_DTYPES = FLOAT_DTYPES | {torch.bool}
@@ -288,7 +288,7 @@ COMPARED_INTS = {torch.int8, torch.int16, torch.int32, torch.int64}
 def _int_comparison(op, n: fx.Node) -> bool:
     """A comparison of signed integer tensors (positions against lengths: a padding mask built
     in forward), exact in the kernel: the operands stay integers and the result is bool."""
-    return (op.name in ("gt", "ge", "lt", "le", "eq", "ne") and node_dtype(n) == torch.bool
+    return (op.name in COMPARISONS and node_dtype(n) == torch.bool
             and bool(op.tensor_inputs) and all(node_dtype(t) in COMPARED_INTS for t in op.tensor_inputs))
 
 

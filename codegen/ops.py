@@ -906,7 +906,9 @@ def emit(op: NOp, a: list[str | None]) -> str:
     raise KeyError(f"no Triton expression for {n}")
 
 
-BOOL_RESULT = {"gt", "ge", "lt", "le", "eq", "ne", "logical_not"}
+#: the comparisons (bool results; codegen.fusion compares signed integers with them too)
+COMPARISONS = {"gt", "ge", "lt", "le", "eq", "ne"}
+BOOL_RESULT = COMPARISONS | {"logical_not"}
 #: ops whose result jumps where their operand crosses a point: a 16-bit operand computed in the
 #: group is rounded to its dtype before them, as eager's stored intermediate is (codegen.emit)
-STEP_OPS = {"gt", "ge", "lt", "le", "eq", "ne", "floor", "ceil", "sign"}
+STEP_OPS = COMPARISONS | {"floor", "ceil", "sign"}

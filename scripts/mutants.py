@@ -280,7 +280,7 @@ MUTANTS: list[Mutant] = [
            ("tests/test_compile_check.py::test_a_pool_whose_division_shift_is_1_compiles",),
            "a pool's division shift of 1 (Triton's constexpr 1) fails to compile for sm_90"),
     Mutant("mask-blocks-all-read", "knowledge/templates/attention.py",
-           "    if _hidden(spec) is None:\n        return f\"for n0", "    if True:\n        return f\"for n0",
+           "    if _hidden(spec) is None:\n        return [], f\"for n0", "    if True:\n        return [], f\"for n0",
            ("tests/test_mask_skip.py",),
            "every key block read: NaN in hidden blocks of K and V reaches the output"),
     Mutant("mask-scan-drops-last-block", "knowledge/templates/attention.py",

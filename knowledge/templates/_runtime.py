@@ -1001,13 +1001,14 @@ class _egg_Launcher:
             kernel, grid3, tail = hit  # kernel[grid3]: CompiledKernel's runner (counted by the verifier)
             return kernel, kernel[grid3](*args, *[kwargs[x] if by_name else x for x, by_name in tail])
         kernel = self.fn[grid](*args, **kwargs)
-        if key is not None and _egg_launchable(self.fn, kernel):
+        direct = _egg_launchable(self.fn, kernel)
+        if key is not None and direct:
             tail = _egg_launch_tail(self.params[len(args):], kwargs)
             if tail is not None:
                 if len(self.cache) >= _EGG_LAUNCH_KEEP:
                     self.cache.clear()
                 self.cache[key] = (kernel, tuple(grid) + (1,) * (3 - len(grid)), tail)
-        return (kernel if _egg_launchable(self.fn, kernel) else None), kernel
+        return (kernel if direct else None), kernel
 
     def planned(self, plan, grid, tensors, ints, kwargs):
         """``kernel[grid](*tensors, *ints, **kwargs)`` where ``plan`` (hashable: a pointwise

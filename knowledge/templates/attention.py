@@ -224,13 +224,13 @@ def _hidden(spec: AttentionSpec) -> tuple[str, str] | None:
     return None
 
 
-def _loops(spec: AttentionSpec, lo: str, hi: str) -> tuple[str, str]:
-    """The headers of the key loops over [lo, hi): whole blocks (up to ``full``) without a key
-    mask, then the rest with it; where a mask can hide keys, only the blocks between the first
-    and the last a tile's rows see (_scan_lines, which the caller's body gets first)."""
+def _loops(spec: AttentionSpec, lo: str, hi: str) -> tuple[list[str], str, str]:
+    """The lines before the key loops over [lo, hi) and the loops' headers: whole blocks (up to
+    ``full``) without a key mask, then the rest with it; where a mask can hide keys, the scan
+    first (_scan_lines) and only the blocks between the first and the last a tile's rows see."""
     if _hidden(spec) is None:
-        return f"for n0 in range({lo}, full, BLOCK_N):", "for n0 in range(full, hi, BLOCK_N):"
-    return ("for n0 in range(vlo, tl.minimum(full, vhi), BLOCK_N):",
+        return [], f"for n0 in range({lo}, full, BLOCK_N):", f"for n0 in range(full, {hi}, BLOCK_N):"
+    return (_scan_lines(spec, lo, hi), "for n0 in range(vlo, tl.minimum(full, vhi), BLOCK_N):",
             "for n0 in range(tl.maximum(full, vlo), vhi, BLOCK_N):")
 
 
@@ -299,10 +299,8 @@ def _flash(spec: AttentionSpec, kname: str) -> str:
         "else:",
         "    hi = N",
     ]
-    if _hidden(spec) is not None:
-        body += _scan_lines(spec, "0", "hi")
-    whole, edge = _loops(spec, "0", "hi")
-    body.append(whole)
+    scan, whole, edge = _loops(spec, "0", "hi")
+    body += [*scan, whole]
     body += ["    " + ln for ln in _key_block(spec, False, "N", "rm")]
     body.append(edge + "  # the diagonal and the edge: masked")
     body += ["    " + ln for ln in _key_block(spec, True, "N", "rm")]
@@ -356,10 +354,8 @@ def _split(spec: AttentionSpec, kname: str) -> str:
         # whole key blocks of the chunk need no key mask (causal decode rows: always masked)
         "full = lo if CAUSAL else lo + ((hi - lo) // BLOCK_N) * BLOCK_N",
     ]
-    if _hidden(spec) is not None:
-        body += _scan_lines(spec, "lo", "hi")
-    whole, edge = _loops(spec, "lo", "hi")
-    body.append(whole)
+    scan, whole, edge = _loops(spec, "lo", "hi")
+    body += [*scan, whole]
     body += ["    " + ln for ln in _key_block(spec, False, "hi", "mq")]
     body.append(edge + "  # the chunk's last, partial block: masked")
     body += ["    " + ln for ln in _key_block(spec, True, "hi", "mq")]
