@@ -9,6 +9,7 @@ import torch
 
 from codegen import pipeline
 from harness.problem import load_module, load_problem
+from tests.dropin import check_dropin
 from tests.test_llm_kernels import problem
 
 BN = 16  # BLOCK_N of every case: hidden blocks start at multiples of it
@@ -70,6 +71,10 @@ def test_hidden_key_blocks_are_never_read(name, write_problem, tmp_path):
         assert torch.isnan(ref(q, kn, vn, lengths)).any()  # eager reads them: 0 * NaN
         got = new(q, kn, vn, lengths)
         torch.testing.assert_close(got, ref(q, kz, vz, lengths), atol=1e-4, rtol=1e-4)
+    # as a user calls it: train() and eval(), scaled inputs, another batch, grad mode
+    src = (tmp_path / f"cand_{name}.py").read_text()
+    rep = check_dropin(CASES[name][0], src, calls=1, atol=1e-4, rtol=1e-4)
+    assert rep.fast("own", "train") and rep.fast("own", "eval")
 
 
 def test_leading_hidden_blocks_and_a_hole_keep_the_result(write_problem, tmp_path):
