@@ -199,7 +199,8 @@ def build_spec(plan: FusionPlan, g: Group):
             bias=slots[("pro", bias)] if isinstance(bias, fx.Node) else None, epi_inputs=epi,
             epi_stmts=_stmts(plan, g.epilogue(), namer, "epi"),
             outputs=[("acc" if m is g.red else f"v_{m.name}", _dt(m)) for m in outs],
-            compute=compute)
+            compute=compute, program=red_op.p.get("program"),
+            leaves=[slots[("pro", t)] for t in [b, *red_op.operands[3:]]] if red_op.p.get("program") else [])
         return spec, ins, outs
     if g.kind == "scan":
         namer = _Namer(g, slots, "sc")

@@ -164,6 +164,15 @@ def matmul_form(op: NOp) -> tuple[bool, bool] | str:
     sa, sb = node_shape(a), node_shape(b)
     if sa is None or sb is None or node_shape(op.node) is None:
         return "matrix product of unknown shapes"
+    if op.p.get("program"):  # rw-dequant-program: B computed in registers from stored tensors
+        out = op.p["program"][-1]
+        kn = (out[1][1], out[1][0]) if op.p["b_nk"] else tuple(out[1])
+        if len(sa) < 2 or node_dtype(a) not in (torch.float16, torch.bfloat16) or len(kn) != 2 \
+                or kn[0] != sa[-1] or out[2] != str(node_dtype(a)).replace("torch.", "") \
+                or (bias is not None and (node_dtype(bias) != node_dtype(a)
+                                          or tuple(node_shape(bias) or ()) != (kn[1],))):
+            return "a computed weight the template cannot read with this input"
+        return False, bool(op.p["b_nk"])
     # rw-dequant-linear's: an 8-bit integer weight the template converts to A's dtype in registers
     dq = op.p.get("dequant") and node_dtype(b) in (torch.int8, torch.uint8) \
         and node_dtype(a) in (torch.float16, torch.bfloat16)

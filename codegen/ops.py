@@ -213,10 +213,12 @@ linear_cross_entropy = RT._egg_linear_cross_entropy
 relu_attention = RT._egg_relu_attention
 masked_attention = RT._egg_masked_attention
 dequant_linear = RT._egg_dequant_linear
+program_linear = RT._egg_program_linear
 mask_fits = RT._egg_mask_fits
 complex_fits = RT._egg_complex_fits
 FUNCTIONS.update({linear_cross_entropy: "linear_ce", relu_attention: "relu_attention",
-                  masked_attention: "masked_attention", dequant_linear: "dequant_linear"})
+                  masked_attention: "masked_attention", dequant_linear: "dequant_linear",
+                  program_linear: "program_linear"})
 DEQUANT_LINEAR = _d("dequant_linear", "matmul", ["x", "w", ("bias", None)])
 RELU_ATTENTION = _d("relu_attention", "attention", ["q", "k", "v", "is_causal", "scale"])
 MASKED_ATTENTION = _d("masked_attention", "attention", ["q", "k", "v", "mask", "scale",
@@ -652,6 +654,14 @@ def _from_name(name: str, node: fx.Node, args: tuple, kwargs: dict, extra: dict 
         if not all(isinstance(b[k], fx.Node) for k in ("x", "w")) or not isinstance(b["bias"], (fx.Node, type(None))):
             raise TypeError("dequantizing linear of a non-tensor")
         return NOp("matmul", "linear", node, [b["x"], b["w"], b["bias"]], {"dequant": True})
+    if name == "program_linear":  # rw-dequant-program: the weight computed from stored tensors
+        x, bias, program, b_nk, *leaves = args
+        if kwargs or not isinstance(x, fx.Node) or not isinstance(bias, (fx.Node, type(None))) \
+                or not isinstance(program, tuple) or not isinstance(b_nk, bool) or not leaves \
+                or not all(isinstance(t, fx.Node) for t in leaves):
+            raise TypeError("program linear of non-tensors or a traced program")
+        return NOp("matmul", "linear" if b_nk else "matmul", node, [x, leaves[0], bias, *leaves[1:]],
+                   {"dequant": True, "program": program, "b_nk": b_nk})
     if name == "relu_attention":
         b = _bind(RELU_ATTENTION, args, kwargs)
         if not all(isinstance(b[k], fx.Node) for k in ("q", "k", "v")) \

@@ -58,11 +58,16 @@ VARIANTS = {
                 ("chunk 8192", {"linear_ce": {"CHUNK_N": 8192}})],
     "gemv": [("split 4", {"matmul": {"SPLIT_K": 4}}), ("no split", {"matmul": {"SPLIT_K": 1}}),
              ("128 columns", {"matmul": {"BLOCK_N": 128}})],
+    "qgemv": [("split 2", {"matmul": {"SPLIT_K": 2}}), ("split 4", {"matmul": {"SPLIT_K": 4}}),
+              ("split 8", {"matmul": {"SPLIT_K": 8}}),
+              ("64 columns split 4", {"matmul": {"BLOCK_N": 64, "SPLIT_K": 4}}),
+              ("k64 split 4", {"matmul": {"BLOCK_K": 64, "SPLIT_K": 4}}),
+              ("8 warps split 4", {"matmul": {"SPLIT_K": 4, "num_warps": 8}})],
     "norm": [("16 warps", {"norm": {"num_warps": 16}}), ("4 warps", {"norm": {"num_warps": 4}}),
              ("2 rows", {"norm": {"BLOCK_O": 2, "num_warps": 8}})],
 }
 KIND_OF = {"01": "norm", "02": "norm", "10": "norm", "11": "norm", "15": "norm",
-           "06": "decode", "12": "decode", "17": "decode", "19": "decode", "07": "prefill", "13": "prefill", "21": "prefill", "22": "gemv", "23": "decode",
+           "06": "decode", "12": "decode", "17": "decode", "19": "decode", "07": "prefill", "13": "prefill", "21": "prefill", "22": "gemv", "23": "decode", "37": "qgemv",
            "08": "lm_head", "16": "lm_head", "20": "lm_head", "24": "lm_head", "09": "gemv"}
 
 #: what was expected before any GPU run of these kernels (stage 1, heuristic configurations):
@@ -92,6 +97,9 @@ PREDICT = {
     "19": (0.080, 5.0, "the decode einsums as 12's split-KV kernel, its key blocks loaded unmasked "
                        "(EVEN_D): 12's 0.134 ms down to ~0.08"),
     "20": (3.35, 1.0, "the log-probs gather as -cross_entropy(reduction='none'): 08's linear_ce time"),
+    "37": (0.030, 3.5, "int4 nibbles unpacked and group-scaled in the product's registers (rw-dequant-"
+                       "program): the packed weight read once, 30 MB, but ~15 integer ops per weight "
+                       "element; compile 0.107 ms on the H100"),
     "22": (0.030, 2.0, "int8 tiles converted in registers (the weight read once, 58.7 MB: ~0.014 ms at "
                        "4.3 TB/s); eager converts the weight to bf16 first (~0.1 ms, estimated)"),
     "23": (0.018, 2.0, "the broadcast products as split-KV attention with one key/value head (enable_gqa): "

@@ -43,7 +43,7 @@ from codegen.rewrites.metadata import (device_queries_from_inputs, fold_dtype_qu
 from codegen.rewrites.modules import modules_to_functionals
 from codegen.rewrites.norms import (batchnorm_decompose, layer_norm_pattern, rms_norm_pattern, rsqrt_forms,
                                    vector_norms)
-from codegen.rewrites.quant import dequant_linear
+from codegen.rewrites.quant import dequant_linear, dequant_program
 from codegen.rewrites.reductions import (keepdim_reductions, linear_reduce, mean_from_sum,
                                          nest_uneven_reductions, reduction_dtypes, size1_reductions,
                                          softmax_pattern)
@@ -56,7 +56,7 @@ from codegen.rewrites.scans import exclusive_scans, flipped_scans
 RULES = [("rw-attention", attention_pattern), ("rw-relu-attention", relu_attention_pattern),
          ("rw-mha-no-weights", mha_weights_unused),
          ("rw-linear-cross-entropy", linear_cross_entropy_pattern),
-         ("rw-dequant-linear", dequant_linear),
+         ("rw-dequant-linear", dequant_linear), ("rw-dequant-program", dequant_program),
          ("rw-loss-decompose", loss_decompose), ("rw-rotate-half", rotate_half_pattern),
          ("rw-rotate-half", rotate_pairs_pattern),
          ("rw-conv-bias-epilogue", conv_bias_epilogue), ("rw-layer-norm", layer_norm_pattern),

@@ -88,3 +88,242 @@ def _row_scaled(gm: fx.GraphModule, w):
                 and node_dtype(b) == node_dtype(w) and node_dtype(a) == node_dtype(w):
             return a, b
     return w, None
+
+
+#: at most this many stored tensors and instructions in a computed weight's program
+MAX_LEAVES = 4
+MAX_INSTRUCTIONS = 64
+
+
+def dequant_program(gm: fx.GraphModule) -> bool:
+    """rw-dequant-program: a product of a 16-bit input and a weight computed in forward from
+    stored integer tensors (int4 nibbles unpacked with ``&`` and ``>>``, stacked or concatenated,
+    reshaped, converted, scaled per group of K: GPTQ/AWQ-style storage) is
+    ``_egg_program_linear(x, bias, program, b_nk, *stored)``: the matmul template computes each
+    weight tile in registers from the stored tensors (knowledge/templates/program.py), so a
+    call reads the packed bytes once instead of writing and reading a 16-bit copy of the
+    weight. The same values: every op computed in the dtype PyTorch computes it in.
+
+    Applies when the weight (F.linear's, or the B of ``x @ B``) is made only by elementwise
+    arithmetic and bitwise ops (with Python numbers), casts, reshapes and views, transposes,
+    expands, stack, cat and repeat_interleave over at most MAX_LEAVES tensors, at least one of
+    them integer, read by the product alone, and the stored tensors hold fewer bytes than the
+    16-bit weight. Anything else keeps PyTorch's ops."""
+    import torch
+
+    from codegen.ops import program_linear as helper
+
+    changed = False
+    for n, op in list(_ops(gm, "matmul", ("linear", "matmul", "mm"))):
+        x, w, bias = op.operands[:3]
+        b_nk = op.name == "linear"
+        sw = node_shape(w) if isinstance(w, fx.Node) else None
+        if node_dtype(x) not in (torch.float16, torch.bfloat16) or sw is None or len(sw) != 2 \
+                or node_dtype(w) != node_dtype(x) or (bias is not None and not b_nk) \
+                or not isinstance(bias, (fx.Node, type(None))) or set(w.users) != {n}:
+            continue
+        built = _program(gm, w)
+        if built is None:
+            continue
+        program, leaves = built
+        stored = sum(_nbytes(t) for t in leaves)
+        if not any(not node_dtype(t).is_floating_point for t in leaves) or stored >= sw[0] * sw[1] * 2:
+            continue
+        with gm.graph.inserting_before(n):
+            new = gm.graph.call_function(helper, (x, bias, program, b_nk, *leaves))
+        if not _annotate([new]) or node_dtype(new) != node_dtype(n) or node_shape(new) != node_shape(n):
+            gm.graph.erase_node(new)
+            continue
+        _replace(n, new)
+        _erase_unused_above([w], stop=None)
+        changed = True
+    return changed
+
+
+def _nbytes(t: fx.Node) -> int:
+    import torch
+
+    shape = node_shape(t) or ()
+    k = 1
+    for s in shape:
+        k *= s
+    return k * torch.empty((), dtype=node_dtype(t)).element_size()
+
+
+def _dtname(t: fx.Node) -> str | None:
+    from knowledge.templates.program import FLOAT_DTYPES, INT_DTYPES
+
+    dt = str(node_dtype(t)).replace("torch.", "")
+    return dt if dt in FLOAT_DTYPES + INT_DTYPES else None
+
+
+
+
+def _program(gm: fx.GraphModule, root: fx.Node) -> tuple[tuple, list[fx.Node]] | None:
+    """(program, stored tensors) computing root, or None. A value read outside the program is
+    taken as stored (it is computed anyway); every other value is read by the program alone."""
+    forced: set[fx.Node] = set()
+    for _round in range(MAX_INSTRUCTIONS):
+        b = _Builder(gm, forced)
+        try:
+            b.value(root)
+        except _NotProgram:
+            return None
+        inner = [m for m in b.index if m not in b.leaves and m is not root]
+        outside = [m for m in inner if any(u not in b.index for u in m.users)]
+        if not outside:
+            if len(b.leaves) > MAX_LEAVES or root in b.leaves:
+                return None
+            return tuple(b.instrs), list(b.leaves)
+        forced |= set(outside)
+    return None
+
+
+class _NotProgram(Exception):
+    pass
+
+
+_BIN_FUNCS = {operator.add: "add", operator.sub: "sub", operator.mul: "mul", operator.and_: "and",
+              operator.or_: "or", operator.xor: "xor", operator.lshift: "lshift",
+              operator.rshift: "rshift"}
+_BIN_METHODS = {"add": "add", "sub": "sub", "mul": "mul", "__and__": "and", "__or__": "or",
+                "__xor__": "xor", "__lshift__": "lshift", "__rshift__": "rshift",
+                "bitwise_and": "and", "bitwise_or": "or", "bitwise_xor": "xor",
+                "bitwise_left_shift": "lshift", "bitwise_right_shift": "rshift"}
+_RESHAPES = {"reshape", "view", "flatten", "unflatten", "unsqueeze", "squeeze", "view_as",
+             "reshape_as", "contiguous"}
+_PERMUTES = {"t", "transpose", "permute", "swapaxes", "swapdims"}
+
+
+class _Builder:
+    """The program's instructions, built depth first from the root (knowledge/templates/program.py)."""
+
+    def __init__(self, gm: fx.GraphModule, forced: set):
+        self.gm, self.forced = gm, forced
+        self.instrs: list[tuple] = []
+        self.index: dict[fx.Node, int] = {}
+        self.leaves: list[fx.Node] = []
+
+    def _emit(self, n: fx.Node, ins: tuple) -> int:
+        if len(self.instrs) >= MAX_INSTRUCTIONS:
+            raise _NotProgram
+        self.instrs.append(ins)
+        self.index[n] = len(self.instrs) - 1
+        return self.index[n]
+
+    def value(self, n) -> int:
+        if not isinstance(n, fx.Node):
+            raise _NotProgram
+        if n in self.index:
+            return self.index[n]
+        shape, dt = node_shape(n), _dtname(n)
+        if shape is None or dt is None or any(s < 1 for s in shape):
+            raise _NotProgram
+        shape = tuple(int(s) for s in shape)
+        made = None if n in self.forced else self._op(n, shape, dt)
+        if made is None:  # a stored tensor
+            self.leaves.append(n)
+            return self._emit(n, ("leaf", shape, dt, len(self.leaves) - 1))
+        return self._emit(n, made)
+
+    def _operand(self, a):
+        if isinstance(a, (int, float)) and not isinstance(a, bool):
+            return ("c", a)
+        return self.value(a)
+
+    def _op(self, n: fx.Node, shape: tuple, dt: str) -> tuple | None:
+        import torch
+
+        if n.op not in ("call_function", "call_method"):
+            return None
+        name = n.target if n.op == "call_method" else None
+        args, kw = n.args, n.kwargs
+        # binary arithmetic and bitwise ops with Python numbers
+        bop = _BIN_METHODS.get(name) if name else _BIN_FUNCS.get(n.target) or {
+            torch.add: "add", torch.sub: "sub", torch.mul: "mul", torch.bitwise_and: "and",
+            torch.bitwise_or: "or", torch.bitwise_xor: "xor",
+            torch.bitwise_left_shift: "lshift", torch.bitwise_right_shift: "rshift"}.get(n.target)
+        if bop is not None:
+            if kw or len(args) != 2 or not any(isinstance(a, fx.Node) for a in args):
+                return None
+            ops = [self._operand(a) for a in args]
+            return ("bin", shape, dt, bop, *ops)
+        op = classify(n, self.gm)
+        src = op.operands[0] if op.operands else None
+        if op.name == "cast" and isinstance(src, fx.Node):
+            return ("cast", shape, dt, self.value(src))
+        fname = name or getattr(n.target, "__name__", "")
+        if fname in _RESHAPES or _none_index(n):
+            src = args[0]
+            if not isinstance(src, fx.Node) or _numel(node_shape(src)) != _numel(shape):
+                return None
+            return ("reshape", shape, dt, self.value(src))
+        if fname in _PERMUTES or (n.target is getattr and len(args) == 2 and args[1] in ("T", "mT")):
+            src = args[0]
+            sh = node_shape(src) if isinstance(src, fx.Node) else None
+            perm = _permutation(fname if n.target is not getattr else args[1], args[1:], kw, sh)
+            if perm is None:
+                return None
+            return ("permute", shape, dt, self.value(src), perm)
+        if fname in ("expand", "expand_as", "broadcast_to"):
+            src = args[0]
+            if not isinstance(src, fx.Node) or len(node_shape(src) or ()) > len(shape):
+                return None
+            return ("expand", shape, dt, self.value(src))
+        if fname in ("stack", "cat", "concat", "concatenate") and n.op == "call_function":
+            ts = args[0] if args else kw.get("tensors")
+            dim = args[1] if len(args) > 1 else kw.get("dim", 0)
+            if not isinstance(ts, (list, tuple)) or not isinstance(dim, int) or isinstance(dim, bool) \
+                    or len(ts) < 1 or set(kw) - {"tensors", "dim"}:
+                return None
+            dim %= len(shape)
+            srcs = tuple(self.value(t) for t in ts)
+            return ("stack" if fname == "stack" else "cat", shape, dt, srcs, dim)
+        if fname == "repeat_interleave":
+            src = args[0]
+            reps = args[1] if len(args) > 1 else kw.get("repeats")
+            dim = args[2] if len(args) > 2 else kw.get("dim")
+            if not isinstance(src, fx.Node) or not isinstance(reps, int) or isinstance(reps, bool) \
+                    or not isinstance(dim, int) or isinstance(dim, bool) or set(kw) - {"repeats", "dim"}:
+                return None
+            return ("repeat", shape, dt, self.value(src), reps, dim % len(shape))
+        return None
+
+
+def _numel(shape) -> int:
+    k = 1
+    for s in shape or ():
+        k *= s
+    return k
+
+
+def _none_index(n: fx.Node) -> bool:
+    """``t[..., None]``, ``t[:, None]``: an index of None, Ellipsis and whole slices (a reshape)."""
+    if n.op != "call_function" or n.target is not operator.getitem or len(n.args) != 2:
+        return False
+    idx = n.args[1] if isinstance(n.args[1], tuple) else (n.args[1],)
+    whole = slice(None, None, None)
+    return isinstance(n.args[0], fx.Node) and all(i is None or i is Ellipsis or i == whole for i in idx)
+
+
+def _permutation(name: str, rest: tuple, kw: dict, shape) -> tuple | None:
+    """The dims' order after t / T / mT / transpose / swapaxes / permute of a tensor of shape."""
+    if shape is None:
+        return None
+    nd = len(shape)
+    perm = list(range(nd))
+    if name in ("t", "T") and nd == 2 and not rest[1:] and not kw:
+        return (1, 0)
+    if name == "mT" and nd >= 2:
+        perm[-2], perm[-1] = perm[-1], perm[-2]
+        return tuple(perm)
+    if name in ("transpose", "swapaxes", "swapdims") and len(rest) == 2 and not kw \
+            and all(isinstance(d, int) and not isinstance(d, bool) for d in rest):
+        a, b = (d % nd for d in rest)
+        perm[a], perm[b] = perm[b], perm[a]
+        return tuple(perm)
+    if name == "permute" and not kw:
+        dims = rest[0] if len(rest) == 1 and isinstance(rest[0], (list, tuple)) else rest
+        if sorted(d % nd for d in dims if isinstance(d, int)) == perm and len(dims) == nd:
+            return tuple(d % nd for d in dims)
+    return None

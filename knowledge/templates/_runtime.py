@@ -354,6 +354,18 @@ def _egg_mul(a, b):
 
 
 @triton.jit
+def _egg_bf16(x, BITS: tl.constexpr):
+    """fp32 x rounded to bfloat16, to nearest even as PyTorch rounds. ``BITS`` (Triton's
+    interpreter, which truncates instead) rounds the fp32 bits first, so that the conversion
+    after it is exact."""
+    if BITS:
+        b = x.to(tl.uint32, bitcast=True)
+        b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
+        x = b.to(tl.float32, bitcast=True)
+    return x.to(tl.bfloat16)
+
+
+@triton.jit
 def _egg_max_nan(a, b):
     """max as torch's reductions take it: NaN wins (tl.max gives the other operand)."""
     return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
@@ -521,6 +533,61 @@ def _egg_dequant_linear(x, w, bias=None):
     tensors, and the path of a candidate that keeps no kernel for it); the matmul template
     loads the integer tiles and converts them in registers."""
     return torch.nn.functional.linear(x, w.to(x.dtype), bias)
+
+
+def _egg_program(program, leaves):
+    """A product's B operand computed by its program (rw-dequant-program; the instructions of
+    knowledge/templates/program.py) from the stored tensors, in PyTorch's ops."""
+    import operator as _op
+    fns = {"add": _op.add, "sub": _op.sub, "mul": _op.mul, "and": _op.and_, "or": _op.or_,
+           "xor": _op.xor, "lshift": _op.lshift, "rshift": _op.rshift}
+    _egg_program_fits(program, leaves)
+    vals = []
+    for kind, shape, dt, *a in program:
+        if kind == "leaf":
+            v = leaves[a[0]]
+        elif kind == "bin":
+            x, y = (vals[t] if isinstance(t, int) else t[1] for t in a[1:])
+            v = fns[a[0]](x, y)
+        elif kind == "cast":
+            v = vals[a[0]].to(getattr(torch, dt))
+        elif kind == "reshape":
+            v = vals[a[0]].reshape(shape)
+        elif kind == "permute":
+            v = vals[a[0]].permute(a[1])
+        elif kind == "expand":
+            v = vals[a[0]].expand(shape)
+        elif kind == "stack":
+            v = torch.stack([vals[t] for t in a[0]], a[1])
+        elif kind == "cat":
+            v = torch.cat([vals[t] for t in a[0]], a[1])
+        else:  # repeat
+            v = vals[a[0]].repeat_interleave(a[1], a[2])
+        vals.append(v)
+    return vals[-1]
+
+
+def _egg_program_fits(program, leaves):
+    """Raise when a stored tensor is not of the shape and dtype the program was built for (its
+    kernel has the sizes written in)."""
+    for kind, shape, dt, *a in program:
+        if kind == "leaf":
+            v = leaves[a[0]]
+            if tuple(v.shape) != tuple(shape) or str(v.dtype) != "torch." + dt:
+                raise ValueError(f"a stored tensor of {tuple(v.shape)} {v.dtype}: the program "
+                                 f"reads {tuple(shape)} {dt}")
+
+
+def _egg_program_linear(x, bias, program, b_nk, *leaves):
+    """A product whose weight a program computes from stored tensors (rw-dequant-program:
+    int4 nibbles unpacked and scaled per group, say): ``F.linear(x, w, bias)`` (``b_nk``) or
+    ``x @ w``, w the program's value, in PyTorch's ops (shapes on meta tensors, and the path
+    of a candidate that keeps no kernel for it); the matmul template computes the weight's
+    tiles in registers from the stored tensors."""
+    w = _egg_program(program, leaves)
+    if b_nk:
+        return torch.nn.functional.linear(x, w, bias)
+    return torch.matmul(x, w)
 
 
 def _egg_mask_fits(mask, q, k):

@@ -16,10 +16,11 @@ bf16 operands use the tensor cores directly, as cuBLAS does.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from knowledge.schema import TemplateInfo
 from knowledge.templates import Rendered, Stmt, compute_type, indent, stmt_lines
+from knowledge.templates import program as P
 
 INFO = TemplateInfo(
     name="matmul",
@@ -54,6 +55,10 @@ class MatmulSpec:
     epi_stmts: list[Stmt]
     outputs: list[tuple[str, str]]
     compute: str = "fp32"
+    #: rw-dequant-program: B's instructions (knowledge/templates/program.py) and the slot of
+    #: each stored tensor it reads (``b`` is the first); B itself is never in memory
+    program: tuple | None = None
+    leaves: list[int] = field(default_factory=list)
 
 
 def dot_precision(dtype: str) -> str | None:
@@ -81,6 +86,49 @@ def _epilogue(spec: MatmulSpec, ct: str, rm: str, rn: str, bias_row: str) -> lis
     return lines
 
 
+def _loop(spec: MatmulSpec) -> list[str]:
+    """The K loop's head: A's and B's tiles loaded."""
+    return [f"b_ptrs = X{spec.b} + bid * sbb + (k_lo + rk[:, None]) * sbk + rbn[None, :] * sbn",
+            "for k0 in range(k_lo, k_hi, BLOCK_K):",
+            "    if EVEN_K:",
+            "        a = tl.load(a_ptrs)",
+            "        b = tl.load(b_ptrs)",
+            "    else:",
+            "        kr = k_hi - k0",
+            "        a = tl.load(a_ptrs, mask=rk[None, :] < kr, other=0.0)",
+            "        b = tl.load(b_ptrs, mask=rk[:, None] < kr, other=0.0)"]
+
+
+def _leaves(program) -> list[tuple]:
+    """The program's stored tensors, in its leaf order."""
+    return sorted((ins for ins in program or () if ins[0] == "leaf"), key=lambda ins: ins[3])
+
+
+def _program_loop(spec: MatmulSpec) -> list[str]:
+    """The K loop's head when B is computed (rw-dequant-program): A's tile loaded, B's tile
+    computed at the tile's (k, n) from the stored tensors (K's tail clamped, so every load stays
+    inside its tensor, and zeroed)."""
+    prog = spec.program
+    k_dim, n_dim = (prog[-1][1][1], prog[-1][1][0]) if spec.b_nk else tuple(prog[-1][1])
+    kv, nv = P.var("kk[:, None]", k_dim), P.var("rbn[None, :]", n_dim)
+    lines, name = P.lower(prog, [nv, kv] if spec.b_nk else [kv, nv],
+                          lambda j: f"X{spec.leaves[j]}", lambda j, d: f"L{j}_{d}", bits="DOT_F32")
+    return ["for k0 in range(k_lo, k_hi, BLOCK_K):",
+            "    kk = k0 + rk",
+            "    if EVEN_K:",
+            "        a = tl.load(a_ptrs)",
+            "    else:",
+            "        kr = k_hi - k0",
+            "        a = tl.load(a_ptrs, mask=rk[None, :] < kr, other=0.0)",
+            "        kk = tl.minimum(kk, K - 1)",
+            "    if I64:",
+            "        kk = kk.to(tl.int64)",
+            *["    " + ln for ln in lines],
+            f"    b = tl.broadcast_to({name}, (BLOCK_K, BLOCK_N))",
+            "    if not EVEN_K:",
+            "        b = tl.where(rk[:, None] < kr, b, 0.0)"]
+
+
 def render(spec: MatmulSpec, cfg: dict, kname: str, gname: str) -> Rendered:
     cfg = {**INFO.defaults, **(cfg or {})}
     n_in = len(spec.in_dtypes)
@@ -90,7 +138,9 @@ def render(spec: MatmulSpec, cfg: dict, kname: str, gname: str) -> Rendered:
     common += ["M", "N", "s_bias"]
     for i in epi:
         common += [f"E{i}_b", f"E{i}_m", f"E{i}_n"]
-    params = common + ["P", "K", "sab", "sam", "sak", "sbb", "sbk", "sbn", "K_SPLIT",
+    prog = spec.program
+    lstr = [f"L{j}_{d}" for j, ins in enumerate(_leaves(prog)) for d in range(len(ins[1]))]
+    params = common + ["P", "K", "sab", "sam", "sak", "sbb", "sbk", "sbn", *lstr, "K_SPLIT",
                        "I64: tl.constexpr", "EVEN_K: tl.constexpr", "DOT_F32: tl.constexpr",
                        "SPLIT_K: tl.constexpr",
                        "BLOCK_M: tl.constexpr", "BLOCK_N: tl.constexpr", "BLOCK_K: tl.constexpr",
@@ -123,24 +173,16 @@ def render(spec: MatmulSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         "k_lo = sk * K_SPLIT",
         "k_hi = tl.minimum(k_lo + K_SPLIT, K)",
         f"a_ptrs = X{spec.a} + bid * sab + ram[:, None] * sam + (k_lo + rk[None, :]) * sak",
-        f"b_ptrs = X{spec.b} + bid * sbb + (k_lo + rk[:, None]) * sbk + rbn[None, :] * sbn",
         "acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)",
-        "for k0 in range(k_lo, k_hi, BLOCK_K):",
-        "    if EVEN_K:",
-        "        a = tl.load(a_ptrs)",
-        "        b = tl.load(b_ptrs)",
-        "    else:",
-        "        kr = k_hi - k0",
-        "        a = tl.load(a_ptrs, mask=rk[None, :] < kr, other=0.0)",
-        "        b = tl.load(b_ptrs, mask=rk[:, None] < kr, other=0.0)",
+        *(_program_loop(spec) if prog else _loop(spec)),
         "    if DOT_F32:  # the interpreter emulates 16-bit dots wrongly: fp32 copies of the tiles",
         "        a = a.to(tl.float32)",
         "        b = b.to(tl.float32)",
         *(["    else:  # integer weight tiles (rw-dequant-linear) converted in registers",
-           "        b = b.to(a.dtype)"] if spec.in_dtypes[spec.b] != spec.in_dtypes[spec.a] else []),
+           "        b = b.to(a.dtype)"] if spec.in_dtypes[spec.b] != spec.in_dtypes[spec.a] and not prog else []),
         f"    acc = {dot}",
         "    a_ptrs += BLOCK_K * sak",
-        "    b_ptrs += BLOCK_K * sbk",
+        *([] if prog else ["    b_ptrs += BLOCK_K * sbk"]),
         "mask = (rm[:, None] < M) & (rn[None, :] < N)",
         "if SPLIT_K == 1:",
     ]
@@ -169,9 +211,20 @@ def render(spec: MatmulSpec, cfg: dict, kname: str, gname: str) -> Rendered:
     ret = ", ".join(f"o{j}" for j in range(len(spec.outputs)))
     # A3 is (BT, M, K) and B3 (BT, K, N) (views: a linear weight is read through its transpose)
     bias = f"a{spec.bias}" if spec.bias is not None else "None"
-    w = [f"A, B = a{spec.a}, a{spec.b}",
-         f"_egg_mm_check(A, B, {bias}, {bool(spec.b_nk)}, {bool(spec.batched)})", "K = A.shape[-1]"]
-    if spec.batched:
+    w = [f"A, B = a{spec.a}, a{spec.b}"]
+    if prog:  # B is computed: the stored tensors checked against the program, B3 the first
+        kdim = prog[-1][1][1] if spec.b_nk else prog[-1][1][0]
+        leaves = ", ".join(f"a{i}" for i in spec.leaves)
+        w += [f"_egg_program_fits(_EGG_PROGRAM_{gname}, ({leaves},))", "K = A.shape[-1]",
+              f"if K != {kdim}:",
+              f"    raise ValueError(f'an input of {{K}} features: the weight has {kdim}')",
+              f"N = {prog[-1][1][0] if spec.b_nk else prog[-1][1][1]}",
+              "A3 = A.reshape(-1, K).unsqueeze(0)", "B3 = B", "M = A3.shape[1]"]
+    else:
+        w += [f"_egg_mm_check(A, B, {bias}, {bool(spec.b_nk)}, {bool(spec.batched)})", "K = A.shape[-1]"]
+    if prog:
+        pass
+    elif spec.batched:
         w += ["M, N = A.shape[-2], B.shape[-1]",
               "A3, B3 = A.reshape(-1, M, K), B.reshape(-1, K, N)"]
     else:
@@ -188,7 +241,8 @@ def render(spec: MatmulSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         w += ["if K > 1:",
               "    A3 = _egg_k_major(A3)",
               "    B3 = _egg_k_major(B3.transpose(1, 2)).transpose(1, 2)"]
-    w += ["sab, sam, sak = A3.stride()", "sbb, sbk, sbn = B3.stride()"]
+    w += ["sab, sam, sak = A3.stride()",
+          "sbb, sbk, sbn = 0, 0, 0" if prog else "sbb, sbk, sbn = B3.stride()"]
     if not spec.batched:
         w += ["sab, sbb = 0, 0"]
     w += [f"o{j} = torch.empty(shape, device=A.device, dtype=torch.{dt})"
@@ -214,9 +268,11 @@ def render(spec: MatmulSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         "part = torch.empty((split, BT, M, N), device=A.device, dtype=torch.float32) if split > 1 else o0",
         # offsets, not element counts: a column slice of a tall matrix spans far more than it holds
         "big = max(_egg_span(A3), _egg_span(B3), part.numel()"
-        + "".join(f", _egg_span(e{i})" for i in epi) + ") >= _EGG_FAR",
+        + "".join(f", _egg_span(e{i})" for i in epi)
+        + "".join(f", _egg_span(a{i})" for i in spec.leaves[1:]) + ") >= _EGG_FAR",
         f"grid = (_egg_cdiv(M, {bm}) * _egg_cdiv(N, {bn}), BT * split)",
-        f"{kname}[grid]({head}, part, K, sab, sam, sak, sbb, sbk, sbn, k_split, I64=big, "
+        f"{kname}[grid]({head}, part, K, sab, sam, sak, sbb, sbk, sbn, "
+        + "".join(f"*a{i}.stride(), " for i in spec.leaves) + "k_split, I64=big, "
         f"EVEN_K=K % {bk} == 0, DOT_F32=A.device.type == 'cpu' and A.dtype != torch.float32, "
         f"SPLIT_K=split, BLOCK_M={bm}, BLOCK_N={bn}, BLOCK_K={bk}, "
         f"GROUP_M={int(cfg['GROUP_M'])}, num_warps={int(cfg['num_warps'])}, "
@@ -228,4 +284,6 @@ def render(spec: MatmulSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         f"return {ret}",
     ]
     wrapper = f"def {gname}({args}):\n{indent(w, 4)}\n"
+    if prog:
+        wrapper = f"_EGG_PROGRAM_{gname} = {prog!r}\n\n\n" + wrapper
     return Rendered(kernel, wrapper, kname, gname, cfg)

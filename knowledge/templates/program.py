@@ -1,0 +1,325 @@
+"""A weight computed in the product's registers (principle rw-dequant-program): the program of
+ops that makes a matrix product's B operand from stored tensors (int4 nibbles unpacked, stacked
+and interleaved, group scales broadcast), written as Triton lines that compute the B tile at
+the tile's (k, n) indices.
+
+A program (built by codegen.rewrites.quant from the traced graph; run in PyTorch by the
+runtime's ``_egg_program``) is a tuple of instructions, value i the result of instruction i,
+the last the operand. Each instruction is ``(kind, shape, dtype, *args)``:
+
+- ``("leaf", shape, dt, j)``: the j-th stored tensor;
+- ``("bin", shape, dt, op, a, b)``: ``a op b`` with op in BINARY, a and b a value's number or
+  ``("c", number)``, read broadcast to shape;
+- ``("cast", shape, dt, a)``;
+- ``("reshape", shape, dt, a)`` (view, unsqueeze, flatten, None-indexing: row-major order
+  kept); ``("permute", shape, dt, a, perm)``; ``("expand", shape, dt, a)``;
+- ``("stack", shape, dt, (a, ...), dim)``; ``("cat", shape, dt, (a, ...), dim)``;
+- ``("repeat", shape, dt, a, repeats, dim)`` (repeat_interleave).
+
+Lowering walks the program backwards from the operand's indices: every view becomes index
+arithmetic (a reshape's merged and split dims as // and %, simplified where the bounds allow:
+``(k // G) * G + k % G`` is k again), a stack or cat a select between its pieces (each piece
+read at a clamped index: no load leaves its tensor), and every value is computed in the dtype
+PyTorch computes it in: integer ops in the result's integer dtype, 16-bit float ops in fp32
+rounded to the result's dtype after each op, as eager rounds. The same load of a stored tensor
+is emitted once (a byte's two nibbles read one load)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: binary ops a program holds (Python's operators on tensors)
+BINARY = {"add": "+", "sub": "-", "mul": "*", "and": "&", "or": "|", "xor": "^",
+          "lshift": "<<", "rshift": ">>"}
+#: integer ops: defined on integer (and bool) values only
+BITWISE = {"and", "or", "xor", "lshift", "rshift"}
+FLOAT_DTYPES = ("float16", "bfloat16", "float32")
+INT_DTYPES = ("int8", "uint8", "int16", "int32", "int64")
+KINDS = ("leaf", "bin", "cast", "reshape", "permute", "expand", "stack", "cat", "repeat")
+
+
+# ---- index expressions: non-negative integers below a known bound --------------------------
+@dataclass(frozen=True)
+class Ix:
+    """An index expression: ``kind`` var / const / div / mod / add / mul / clamp; ``hi`` an
+    exclusive upper bound (every value is >= 0)."""
+    kind: str
+    args: tuple
+    hi: int
+
+    def render(self) -> str:
+        k, a = self.kind, self.args
+        if k == "var":
+            return a[0]
+        if k == "const":
+            return str(a[0])
+        if k == "div":
+            return f"({a[0].render()} // {a[1]})"
+        if k == "mod":
+            return f"({a[0].render()} % {a[1]})"
+        if k == "mul":
+            return f"({a[0].render()} * {a[1]})"
+        if k == "add":
+            return "(" + " + ".join(t.render() for t in a) + ")"
+        # clamp: min(max(e - off, 0), size - 1)
+        e, off, size = a
+        inner = f"{e.render()} - {off}" if off else e.render()
+        if off:
+            inner = f"tl.maximum({inner}, 0)"
+        return f"tl.minimum({inner}, {size - 1})"
+
+
+def var(name: str, hi: int) -> Ix:
+    return Ix("var", (name,), hi) if hi > 1 else const(0)
+
+
+def const(v: int) -> Ix:
+    return Ix("const", (int(v),), int(v) + 1)
+
+
+def mul(e: Ix, c: int) -> Ix:
+    if c == 0 or (e.kind == "const" and e.args[0] == 0):
+        return const(0)
+    if c == 1:
+        return e
+    if e.kind == "const":
+        return const(e.args[0] * c)
+    if e.kind == "mul":
+        return mul(e.args[0], e.args[1] * c)
+    return Ix("mul", (e, c), (e.hi - 1) * c + 1)
+
+
+def _multiple(t: Ix, c: int) -> bool:
+    return (t.kind == "mul" and t.args[1] % c == 0) or (t.kind == "const" and t.args[0] % c == 0)
+
+
+def _divided(t: Ix, c: int) -> Ix:
+    return mul(t.args[0], t.args[1] // c) if t.kind == "mul" else const(t.args[0] // c)
+
+
+def add(*terms: Ix) -> Ix:
+    flat: list[Ix] = []
+    for t in terms:
+        flat += list(t.args) if t.kind == "add" else [t]
+    c = sum(t.args[0] for t in flat if t.kind == "const")
+    flat = [t for t in flat if t.kind != "const"]
+    # (x // c) * c + x % c is x
+    changed = True
+    while changed:
+        changed = False
+        for i, t in enumerate(flat):
+            if t.kind == "mul" and t.args[0].kind == "div" and t.args[0].args[1] == t.args[1]:
+                x, dv = t.args[0].args
+                for j, u in enumerate(flat):
+                    if u.kind == "mod" and u.args == (x, dv):
+                        flat = [v for q, v in enumerate(flat) if q not in (i, j)] + [x]
+                        changed = True
+                        break
+            if changed:
+                break
+    if c:
+        flat.append(const(c))
+    if not flat:
+        return const(0)
+    if len(flat) == 1:
+        return flat[0]
+    return Ix("add", tuple(flat), sum(t.hi - 1 for t in flat) + 1)
+
+
+def div(e: Ix, c: int) -> Ix:
+    if c == 1:
+        return e
+    if e.kind == "const":
+        return const(e.args[0] // c)
+    if e.hi <= c:
+        return const(0)
+    if e.kind == "div":
+        return div(e.args[0], e.args[1] * c)
+    if e.kind == "mul" and e.args[1] % c == 0:
+        return mul(e.args[0], e.args[1] // c)
+    if e.kind == "add":
+        mult = [t for t in e.args if _multiple(t, c)]
+        rest = [t for t in e.args if not _multiple(t, c)]
+        if mult and sum(t.hi - 1 for t in rest) < c:  # the rest never carries into the quotient
+            return add(*[_divided(t, c) for t in mult])
+    return Ix("div", (e, c), (e.hi - 1) // c + 1)
+
+
+def mod(e: Ix, c: int) -> Ix:
+    if c == 1:
+        return const(0)
+    if e.kind == "const":
+        return const(e.args[0] % c)
+    if e.hi <= c:
+        return e
+    if _multiple(e, c):
+        return const(0)
+    if e.kind == "add":
+        rest = [t for t in e.args if not _multiple(t, c)]
+        if len(rest) < len(e.args):
+            return mod(add(*rest), c) if rest else const(0)
+    return Ix("mod", (e, c), c)
+
+
+def clamp(e: Ix, off: int, size: int) -> Ix:
+    """e - off held inside [0, size): a cat's piece read where another piece is selected."""
+    if off == 0 and e.hi <= size:
+        return e
+    return Ix("clamp", (e, off, size), size)
+
+
+def _strides(shape) -> list[int]:
+    out, s = [], 1
+    for d in reversed(shape):
+        out.append(s)
+        s *= d
+    return out[::-1]
+
+
+def reshape_index(idx: list[Ix], out_shape, in_shape) -> list[Ix]:
+    """The indices into a tensor of in_shape that its reshape to out_shape reads at idx: dims
+    grouped where their products meet, each group's flat index split by the input's sizes."""
+    out_shape, in_shape = list(out_shape), list(in_shape)
+    res: list[Ix] = []
+    i = j = 0
+    while i < len(out_shape) or j < len(in_shape):
+        oi, ij, po, pi = i, j, 1, 1
+        if i < len(out_shape):
+            po, i = out_shape[i], i + 1
+        if j < len(in_shape):
+            pi, j = in_shape[j], j + 1
+        while po != pi:
+            if po < pi:
+                po, i = po * out_shape[i], i + 1
+            else:
+                pi, j = pi * in_shape[j], j + 1
+        flat = add(*[mul(e, s) for e, s in zip(idx[oi:i], _strides(out_shape[oi:i]))])
+        for s, size in zip(_strides(in_shape[ij:j]), in_shape[ij:j]):
+            res.append(mod(div(flat, s), size))
+    return res
+
+
+# ---- lowering ------------------------------------------------------------------------------
+class Lowering:
+    """Triton lines computing a program's operand at given indices: ``lines`` and, per call of
+    ``value``, the name that holds it. Leaf j is read from pointer ``ptr(j)`` with strides
+    ``stride(j, d)``."""
+
+    def __init__(self, program: tuple, ptr, stride, prefix: str = "pg", bits: str = "False"):
+        self.program, self.ptr, self.stride, self.prefix, self.bits = program, ptr, stride, prefix, bits
+        self.lines: list[str] = []
+        self.memo: dict[tuple, str] = {}
+
+    def _name(self, key: tuple, expr: str) -> str:
+        if key in self.memo:
+            return self.memo[key]
+        name = f"{self.prefix}{len(self.memo)}"
+        self.lines.append(f"{name} = {expr}")
+        self.memo[key] = name
+        return name
+
+    def value(self, v: int, idx: list[Ix]) -> str:
+        kind, shape, dt, *a = self.program[v]
+        key = ("v", v, tuple(e.render() for e in idx))
+        if key in self.memo:
+            return self.memo[key]
+        if kind == "leaf":
+            j = a[0]
+            terms = [f"{e.render()} * {self.stride(j, d)}" for d, e in enumerate(idx)
+                     if not (e.kind == "const" and e.args[0] == 0)]
+            off = " + ".join(terms) or "0"
+            return self._name(key, f"tl.load({self.ptr(j)} + {off})")
+        if kind == "bin":
+            op, x, y = a
+            ops = [self._operand(t, shape, idx, dt) for t in (x, y)]
+            return self._name(key, _binary(op, ops[0], ops[1], dt, self.bits))
+        if kind == "cast":
+            src = self.value(a[0], idx)
+            if dt in ("float16", "bfloat16"):
+                # through fp32, as PyTorch converts an integer to a 16-bit float (and Triton's
+                # interpreter converts integers to 16-bit floats wrongly)
+                return self._name(key, _round(f"{src}.to(tl.float32)", dt, self.bits))
+            return self._name(key, f"{src}.to(tl.{dt})")
+        if kind == "reshape":
+            src = a[0]
+            return self.value(src, reshape_index(idx, shape, self.program[src][1]))
+        if kind == "permute":
+            src, perm = a
+            inner = [None] * len(perm)
+            for d, p in enumerate(perm):
+                inner[p] = idx[d]
+            return self.value(src, inner)
+        if kind == "expand":
+            return self.value(a[0], _broadcast(idx, self.program[a[0]][1], shape))
+        if kind == "repeat":
+            src, reps, dim = a
+            inner = list(idx)
+            inner[dim] = div(idx[dim], reps)
+            return self.value(src, inner)
+        if kind == "stack":
+            srcs, dim = a
+            sel, rest = idx[dim], idx[:dim] + idx[dim + 1:]
+            if sel.kind == "const":
+                return self.value(srcs[sel.args[0]], rest)
+            vals = [self.value(s, rest) for s in srcs]
+            expr = vals[-1]
+            for k in range(len(vals) - 2, -1, -1):
+                expr = f"tl.where({sel.render()} == {k}, {vals[k]}, {expr})"
+            return self._name(key, expr)
+        if kind == "cat":
+            srcs, dim = a
+            sizes = [self.program[s][1][dim] for s in srcs]
+            offs = [sum(sizes[:k]) for k in range(len(sizes))]
+            pos = idx[dim]
+            vals = []
+            for s, off, size in zip(srcs, offs, sizes):
+                inner = list(idx)
+                inner[dim] = clamp(pos, off, size)
+                vals.append(self.value(s, inner))
+            expr = vals[-1]
+            for k in range(len(vals) - 2, -1, -1):
+                expr = f"tl.where({pos.render()} < {offs[k] + sizes[k]}, {vals[k]}, {expr})"
+            return self._name(key, expr)
+        raise ValueError(f"program instruction {kind!r}")
+
+    def _operand(self, t, shape, idx: list[Ix], dt: str) -> str:
+        if isinstance(t, tuple):  # ("c", number): a Python scalar
+            return repr(t[1])
+        return self.value(t, _broadcast(idx, self.program[t][1], shape))
+
+
+def _broadcast(idx: list[Ix], in_shape, out_shape) -> list[Ix]:
+    """The indices of a tensor of in_shape read broadcast over out_shape at idx."""
+    lead = len(out_shape) - len(in_shape)
+    return [const(0) if s == 1 and out_shape[lead + d] != 1 else idx[lead + d]
+            for d, s in enumerate(in_shape)]
+
+
+def _binary(op: str, x: str, y: str, dt: str, bits: str) -> str:
+    """``x op y`` as PyTorch computes it into dt: integers in dt (wrapped as dt wraps), 16-bit
+    floats in fp32 then rounded to dt."""
+    sym = BINARY[op]
+    if dt in FLOAT_DTYPES:
+        return _round(f"({_as(x, 'float32')} {sym} {_as(y, 'float32')})", dt, bits)
+    return f"({_as(x, dt)} {sym} {_as(y, dt)}).to(tl.{dt})"
+
+
+def _round(x: str, dt: str, bits: str) -> str:
+    """fp32 x rounded to dt to nearest even (bfloat16 through _egg_bf16: ``bits`` names the
+    constexpr that is true in Triton's interpreter, whose conversion truncates)."""
+    return f"_egg_bf16({x}, {bits})" if dt == "bfloat16" else f"{x}.to(tl.{dt})"
+
+
+def _as(x: str, dt: str) -> str:
+    try:
+        float(x)
+        return x  # a scalar: Python's number, weakly typed as in PyTorch
+    except ValueError:
+        return f"{x}.to(tl.{dt})"
+
+
+def lower(program: tuple, idx: list[Ix], ptr, stride, prefix: str = "pg",
+          bits: str = "False") -> tuple[list[str], str]:
+    """(lines, name): Triton lines computing the program's last value at idx."""
+    low = Lowering(program, ptr, stride, prefix, bits)
+    name = low.value(len(program) - 1, idx)
+    return low.lines, name

@@ -1,0 +1,212 @@
+"""Weights computed in forward from packed integers (rw-dequant-program): int4 nibbles unpacked
+with ``&`` and ``>>``, interleaved by stack + reshape or put side by side by cat, converted,
+scaled per group of K (a view times scales[..., None], or scales.repeat_interleave), with or
+without zero points, read by ``F.linear``, ``x @ w.t()`` or ``x @ w``: one matmul kernel that
+computes each weight tile in registers from the stored bytes (no 16-bit copy of the weight is
+written). Each file is a drop-in (train and eval, other batches, one more leading dim) and
+passes the verifier's static check; weights the rule does not cover keep PyTorch's ops. The
+index arithmetic of knowledge/templates/program.py is checked against PyTorch's own reshape."""
+import itertools
+import random
+
+import pytest
+import torch
+
+from codegen.pipeline import analyze, compile_problem
+from harness.problem import load_problem
+from harness.verify import static_findings_src
+from knowledge.templates import program as P
+from tests.dropin import check_dropin, load_sources
+
+HEAD = "import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n"
+
+INT4 = '''
+class Model(nn.Module):
+    def __init__(self, in_features=64, out_features=48, group=16):
+        super().__init__()
+        self.group = group
+        self.register_buffer("qweight", torch.randint(0, 256, ({qshape}), dtype=torch.uint8))
+        self.register_buffer("scales", torch.rand({sshape}, dtype=torch.bfloat16) * 0.1)
+{extra}
+    def forward(self, x):
+{body}
+def get_inputs():
+    return [torch.randn(3, 64, dtype=torch.bfloat16)]
+def get_init_inputs():
+    return []
+'''
+
+_UNPACK = '''        n, half = self.qweight.shape
+        low = (self.qweight & 0xF).to(torch.int8) - 8
+        high = (self.qweight >> 4).to(torch.int8) - 8
+'''
+CASES = {
+    # workload 37's: nibbles interleaved along K, a view per group times the scales
+    "interleaved_view_scales": dict(qshape="out_features, in_features // 2", sshape="out_features, in_features // group", extra="", body=_UNPACK + '''        w = torch.stack((low, high), dim=-1).reshape(n, 2 * half).to(x.dtype)
+        w = (w.view(n, -1, self.group) * self.scales[..., None]).reshape(n, 2 * half)
+        return x @ w.t()
+'''),
+    # low nibbles in the first half of K, scales repeated per group, a bias
+    "halves_repeat_bias": dict(qshape="out_features, in_features // 2", sshape="out_features, in_features // group",
+                               extra="        self.bias = nn.Parameter(torch.randn(out_features, dtype=torch.bfloat16))",
+                               body=_UNPACK + '''        w = torch.cat([low, high], dim=1).to(torch.bfloat16)
+        w = w * self.scales.repeat_interleave(self.group, dim=1)
+        return F.linear(x, w, self.bias)
+'''),
+    # asymmetric uint4 with a zero point per group (AWQ-style), unsigned nibbles
+    "zero_points": dict(qshape="out_features, in_features // 2", sshape="out_features, in_features // group",
+                        extra="        self.register_buffer('zeros', torch.randint(0, 16, (out_features, in_features // group), dtype=torch.uint8))",
+                        body='''        q = torch.stack((self.qweight & 15, self.qweight >> 4), -1).flatten(1)
+        g = q.view(q.shape[0], -1, self.group).to(x.dtype) - self.zeros.unsqueeze(-1).to(x.dtype)
+        w = (g * self.scales.unsqueeze(-1)).flatten(1)
+        return F.linear(x, w)
+'''),
+    # the weight stored [K, N], packed along K (two rows of K a byte row), read as x @ w
+    "k_major": dict(qshape="in_features // 2, out_features", sshape="in_features // group, out_features", extra="",
+                    body='''        lo = (self.qweight & 15).to(torch.int8) - 8
+        hi = (self.qweight >> 4).to(torch.int8) - 8
+        w = torch.stack((lo, hi), dim=1).reshape(-1, self.qweight.shape[1]).to(x.dtype)
+        w = w * torch.repeat_interleave(self.scales, self.group, dim=0)
+        return x @ w
+'''),
+    # an int8 weight with group-wise scales (left to PyTorch by rw-dequant-linear)
+    "int8_group_scales": dict(qshape="out_features, in_features", sshape="out_features, in_features // group", extra="",
+                              body='''        w = self.qweight.to(torch.int16) - 128
+        w = (w.to(x.dtype).view(w.shape[0], -1, self.group) * self.scales[:, :, None]).flatten(1)
+        return torch.matmul(x, w.transpose(0, 1))
+'''),
+}
+
+
+def _src(case):
+    return HEAD + INT4.format(**CASES[case])
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_packed_weight_is_computed_in_the_products_registers(case, write_problem):
+    src = _src(case)
+    path = write_problem(src, case)
+    plan, applied, err = analyze(load_problem(path))
+    assert plan is not None, err
+    assert "rw-dequant-program" in applied
+    assert [g.kind for g in plan.groups] == ["matmul"]
+    comp = compile_problem(load_problem(path))
+    emitted = comp.emitted.source
+    assert static_findings_src(emitted, src) == []
+    pm, cm = load_sources(src, emitted)
+    box = []
+    kernel = cm._egg_k_g0
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*a, **k):
+                box.append([t.dtype for t in a if isinstance(t, torch.Tensor)])
+                return kernel[grid](*a, **k)
+            return launch
+
+    cm._egg_k_g0 = Spy()
+    torch.manual_seed(0)
+    ref_m = pm.Model()
+    new_m = cm.ModelNew()
+    new_m.load_state_dict(ref_m.state_dict())
+    x = pm.get_inputs()[0]
+    with torch.no_grad():
+        torch.testing.assert_close(new_m(x), ref_m(x), atol=2e-2, rtol=2e-2)
+    assert box and torch.uint8 in box[0]  # the kernel read the packed bytes
+    cm._egg_k_g0 = kernel
+    report = check_dropin(src, emitted, calls=1, atol=2e-2, rtol=2e-2)
+    assert report.fast("own") and report.fast("own", "eval")
+
+
+def test_the_kernel_reads_no_16_bit_weight(write_problem):
+    """The launch's tensors: the input, the packed bytes, the scales, the output; nothing of
+    the weight's size in 16 bits."""
+    src = _src("interleaved_view_scales")
+    comp = compile_problem(load_problem(write_problem(src, "w16")))
+    pm, cm = load_sources(src, comp.emitted.source)
+    sizes = []
+    kernel = cm._egg_k_g0
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*a, **k):
+                sizes.extend((t.dtype, t.numel()) for t in a if isinstance(t, torch.Tensor))
+                return kernel[grid](*a, **k)
+            return launch
+
+    cm._egg_k_g0 = Spy()
+    with torch.no_grad():
+        cm.ModelNew()(pm.get_inputs()[0])
+    assert (torch.uint8, 48 * 32) in sizes
+    assert not [s for s in sizes if s[0] == torch.bfloat16 and s[1] >= 48 * 64]
+
+
+NEAR = {
+    "a float weight scaled (no integer stored)": "w = self.scales.repeat_interleave(self.group, dim=1) * 2\n        return F.linear(x, w)",
+    "the unpacked weight returned too": _UNPACK.strip() + "\n        w = torch.cat([low, high], dim=1).to(x.dtype)\n        return F.linear(x, w), w",
+    "an fp32 product": _UNPACK.strip() + "\n        w = torch.cat([low, high], dim=1).float()\n        return F.linear(x.float(), w)",
+    "a weight sliced (not a view the program holds)": _UNPACK.strip() + "\n        w = torch.cat([low, high], dim=1).to(x.dtype)\n        return F.linear(x[:, :32], w[:, :32])",
+}
+
+
+@pytest.mark.parametrize("why", sorted(NEAR))
+def test_weights_the_rule_does_not_cover_keep_pytorchs_ops(why, write_problem):
+    src = HEAD + INT4.format(qshape="out_features, in_features // 2", sshape="out_features, in_features // group",
+                             extra="", body="        " + NEAR[why] + "\n")
+    plan, applied, err = analyze(load_problem(write_problem(src, "near")))
+    assert plan is not None, err
+    assert "rw-dequant-program" not in applied, why
+
+
+def _shapes(numel, rng):
+    """A random shape of numel elements (size-1 dims included now and then)."""
+    dims, left = [], numel
+    for p in (2, 3, 5):
+        while left % p == 0 and rng.random() < 0.7:
+            dims.append(p)
+            left //= p
+    dims.append(left)
+    rng.shuffle(dims)
+    merged = []
+    for d in dims:
+        if merged and rng.random() < 0.4:
+            merged[-1] *= d
+        else:
+            merged.append(d)
+    if rng.random() < 0.3:
+        merged.insert(rng.randrange(len(merged) + 1), 1)
+    return merged
+
+
+def _eval(e: P.Ix, env: dict) -> int:
+    code = e.render().replace("tl.minimum", "min").replace("tl.maximum", "max")
+    return eval(code, {}, env)  # noqa: S307 - our own index expressions
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_reshape_indices_read_what_pytorchs_reshape_reads(seed):
+    rng = random.Random(seed)
+    numel = rng.choice([12, 24, 30, 36, 60, 64, 72, 90, 120])
+    src_shape, out_shape = _shapes(numel, rng), _shapes(numel, rng)
+    base = torch.arange(numel).reshape(src_shape)
+    want = base.reshape(out_shape)
+    names = [f"i{d}" for d in range(len(out_shape))]
+    idx = [P.var(nm, s) for nm, s in zip(names, out_shape)]
+    got = P.reshape_index(idx, out_shape, src_shape)
+    assert len(got) == len(src_shape)
+    for pos in itertools.product(*(range(s) for s in out_shape)):
+        env = dict(zip(names, pos))
+        at = tuple(_eval(e, env) for e in got)
+        assert base[at] == want[pos], (src_shape, out_shape, pos, [e.render() for e in got])
+
+
+def test_a_view_and_its_inverse_index_the_element_itself():
+    """(k // G) * G + k % G simplifies to k: the group view and the flatten after it cost no
+    index arithmetic."""
+    k = P.var("k", 4096)
+    g, r = P.reshape_index([k], [4096], [32, 128])
+    assert (g.render(), r.render()) == ("(k // 128)", "(k % 128)")
+    (back,) = P.reshape_index([g, r], [32, 128], [4096])
+    assert back.render() == "k"
+    j, s = P.reshape_index([back], [4096], [2048, 2])
+    assert (j.render(), s.render()) == ("(k // 2)", "(k % 2)")
