@@ -210,3 +210,25 @@ def test_a_view_and_its_inverse_index_the_element_itself():
     assert back.render() == "k"
     j, s = P.reshape_index([back], [4096], [2048, 2])
     assert (j.render(), s.render()) == ("(k // 2)", "(k % 2)")
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_no_load_leaves_its_tensor(case, write_problem):
+    """Every load of the lowered program, at every (k, n) of the weight, indexes inside its
+    stored tensor: a cat's pieces are read at clamped indices where another piece is selected
+    (the interpreter would not fault on a stray address; a GPU would)."""
+    plan, _applied, err = analyze(load_problem(write_problem(_src(case), case)))
+    assert plan is not None, err
+    op = plan.nops[plan.groups[0].red]
+    prog, b_nk = op.p["program"], op.p["b_nk"]
+    shape = prog[-1][1]
+    names = ["n", "k"] if b_nk else ["k", "n"]
+    low = P.Lowering(prog, lambda j: f"X{j}", lambda j, d: f"S{j}_{d}")
+    low.value(len(prog) - 1, [P.var(nm, s) for nm, s in zip(names, shape)])
+    leaves = {ins[3]: ins[1] for ins in prog if ins[0] == "leaf"}
+    assert low.loads
+    for j, idx in low.loads:
+        for pos in itertools.product(*(range(s) for s in shape)):
+            env = dict(zip(names, pos))
+            at = [_eval(e, env) for e in idx]
+            assert all(0 <= a < s for a, s in zip(at, leaves[j])), (case, j, at, leaves[j])

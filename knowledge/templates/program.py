@@ -208,6 +208,7 @@ class Lowering:
         self.program, self.ptr, self.stride, self.prefix, self.bits = program, ptr, stride, prefix, bits
         self.lines: list[str] = []
         self.memo: dict[tuple, str] = {}
+        self.loads: list[tuple[int, list[Ix]]] = []  # (leaf, its indices) of every load
 
     def _name(self, key: tuple, expr: str) -> str:
         if key in self.memo:
@@ -227,6 +228,7 @@ class Lowering:
             terms = [f"{e.render()} * {self.stride(j, d)}" for d, e in enumerate(idx)
                      if not (e.kind == "const" and e.args[0] == 0)]
             off = " + ".join(terms) or "0"
+            self.loads.append((j, list(idx)))
             return self._name(key, f"tl.load({self.ptr(j)} + {off})")
         if kind == "bin":
             op, x, y = a
