@@ -79,10 +79,12 @@ CASES = {
 
 
 def _src(case):
+    if case.endswith("@96"):  # 96 inputs: the product's K loop ends with a partial step
+        return _src(case[:-3]).replace("in_features=64", "in_features=96").replace("(3, 64,", "(3, 96,")
     return HEAD + INT4.format(**CASES[case])
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("case", sorted(CASES) + ["interleaved_view_scales@96", "halves_repeat_bias@96"])
 def test_a_packed_weight_is_computed_in_the_products_registers(case, write_problem):
     src = _src(case)
     path = write_problem(src, case)
@@ -212,7 +214,7 @@ def test_a_view_and_its_inverse_index_the_element_itself():
     assert (j.render(), s.render()) == ("(k // 2)", "(k % 2)")
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("case", sorted(CASES) + ["halves_repeat_bias@96"])
 def test_no_load_leaves_its_tensor(case, write_problem):
     """Every load of the lowered program, at every (k, n) of the weight, indexes inside its
     stored tensor: a cat's pieces are read at clamped indices where another piece is selected

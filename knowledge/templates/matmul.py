@@ -104,28 +104,35 @@ def _leaves(program) -> list[tuple]:
     return sorted((ins for ins in program or () if ins[0] == "leaf"), key=lambda ins: ins[3])
 
 
-def _program_loop(spec: MatmulSpec) -> list[str]:
+def _program_loop(spec: MatmulSpec, bk: int) -> list[str]:
     """The K loop's head when B is computed (rw-dequant-program): A's tile loaded, B's tile
-    computed at the tile's (k, n) from the stored tensors (K's tail clamped, so every load stays
-    inside its tensor, and zeroed)."""
+    computed at the tile's (k, n) from the stored tensors. Whole steps (EVEN_K) write k as
+    kb * BLOCK_K + rk, so what is constant over a step (a group's scale where BLOCK_K divides
+    the group) is computed once per column, not per element; a partial step clamps k (every
+    load stays inside its tensor) and zeroes the rows past K."""
     prog = spec.program
     k_dim, n_dim = (prog[-1][1][1], prog[-1][1][0]) if spec.b_nk else tuple(prog[-1][1])
-    kv, nv = P.var("kk[:, None]", k_dim), P.var("rbn[None, :]", n_dim)
-    lines, name = P.lower(prog, [nv, kv] if spec.b_nk else [kv, nv],
-                          lambda j: f"X{spec.leaves[j]}", lambda j, d: f"L{j}_{d}", bits="DOT_F32")
+    nv = P.var("rbn[None, :]", n_dim)
+
+    def tile(kv, prefix):
+        lines, name = P.lower(prog, [nv, kv] if spec.b_nk else [kv, nv],
+                              lambda j: f"X{spec.leaves[j]}", lambda j, d: f"L{j}_{d}",
+                              prefix=prefix, bits="DOT_F32")
+        return ["        " + ln for ln in lines] + [f"        b = tl.broadcast_to({name}, (BLOCK_K, BLOCK_N))"]
+
+    whole = P.add(P.mul(P.var("kb", -(-k_dim // bk)), bk), P.var("rk[:, None]", bk))
     return ["for k0 in range(k_lo, k_hi, BLOCK_K):",
-            "    kk = k0 + rk",
             "    if EVEN_K:",
             "        a = tl.load(a_ptrs)",
+            "        kb = k0 // BLOCK_K",
+            *tile(whole, "pg"),
             "    else:",
             "        kr = k_hi - k0",
             "        a = tl.load(a_ptrs, mask=rk[None, :] < kr, other=0.0)",
-            "        kk = tl.minimum(kk, K - 1)",
-            "    if I64:",
-            "        kk = kk.to(tl.int64)",
-            *["    " + ln for ln in lines],
-            f"    b = tl.broadcast_to({name}, (BLOCK_K, BLOCK_N))",
-            "    if not EVEN_K:",
+            "        kk = tl.minimum(k0 + rk, K - 1)",
+            "        if I64:",
+            "            kk = kk.to(tl.int64)",
+            *tile(P.var("kk[:, None]", k_dim), "pt"),
             "        b = tl.where(rk[:, None] < kr, b, 0.0)"]
 
 
@@ -174,7 +181,7 @@ def render(spec: MatmulSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         "k_hi = tl.minimum(k_lo + K_SPLIT, K)",
         f"a_ptrs = X{spec.a} + bid * sab + ram[:, None] * sam + (k_lo + rk[None, :]) * sak",
         "acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)",
-        *(_program_loop(spec) if prog else _loop(spec)),
+        *(_program_loop(spec, int(cfg["BLOCK_K"])) if prog else _loop(spec)),
         "    if DOT_F32:  # the interpreter emulates 16-bit dots wrongly: fp32 copies of the tiles",
         "        a = a.to(tl.float32)",
         "        b = b.to(tl.float32)",

@@ -139,8 +139,8 @@ def div(e: Ix, c: int) -> Ix:
     if e.kind == "add":
         mult = [t for t in e.args if _multiple(t, c)]
         rest = [t for t in e.args if not _multiple(t, c)]
-        if mult and sum(t.hi - 1 for t in rest) < c:  # the rest never carries into the quotient
-            return add(*[_divided(t, c) for t in mult])
+        if mult:  # (c m + r) // c = m + r // c for r >= 0
+            return add(*[_divided(t, c) for t in mult], div(add(*rest), c))
     return Ix("div", (e, c), (e.hi - 1) // c + 1)
 
 
