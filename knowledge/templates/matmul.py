@@ -106,33 +106,39 @@ def _leaves(program) -> list[tuple]:
 
 def _program_loop(spec: MatmulSpec, bk: int) -> list[str]:
     """The K loop's head when B is computed (rw-dequant-program): A's tile loaded, B's tile
-    computed at the tile's (k, n) from the stored tensors. Whole steps (EVEN_K) write k as
-    kb * BLOCK_K + rk, so what is constant over a step (a group's scale where BLOCK_K divides
-    the group) is computed once per column, not per element; a partial step clamps k (every
-    load stays inside its tensor) and zeroes the rows past K."""
+    computed from the stored tensors as a [BLOCK_N, BLOCK_K] tile (k along the tile's rows of
+    registers: a weight stored row-major over K loads contiguous bytes), transposed for the dot.
+    Whole steps (EVEN_K) write k as kb * BLOCK_K + rk, so what is constant over a step (a
+    group's scale where BLOCK_K divides the group) is computed once per column, and two nibbles
+    stacked and merged along K are tl.interleave of their pieces, loaded at half the columns;
+    a partial step clamps k (every load stays inside its tensor) and zeroes the rows past K."""
     prog = spec.program
     k_dim, n_dim = (prog[-1][1][1], prog[-1][1][0]) if spec.b_nk else tuple(prog[-1][1])
-    nv = P.var("rbn[None, :]", n_dim)
+    nv = P.var("rbn[:, None]", n_dim)
+    kblocks = -(-k_dim // bk)
 
-    def tile(kv, prefix):
+    def tile(kv, prefix, pairs=None):
         lines, name = P.lower(prog, [nv, kv] if spec.b_nk else [kv, nv],
                               lambda j: f"X{spec.leaves[j]}", lambda j, d: f"L{j}_{d}",
-                              prefix=prefix, bits="DOT_F32")
-        return ["        " + ln for ln in lines] + [f"        b = tl.broadcast_to({name}, (BLOCK_K, BLOCK_N))"]
+                              prefix=prefix, bits="DOT_F32", pairs=pairs)
+        return ["        " + ln for ln in lines] + [
+            f"        b = tl.trans(tl.broadcast_to({name}, (BLOCK_N, BLOCK_K)))"]
 
-    whole = P.add(P.mul(P.var("kb", -(-k_dim // bk)), bk), P.var("rk[:, None]", bk))
-    return ["for k0 in range(k_lo, k_hi, BLOCK_K):",
+    whole = P.add(P.mul(P.var("kb", kblocks), bk), P.var("rk[None, :]", bk))
+    half = P.add(P.mul(P.var("kb", kblocks), bk // 2), P.var("rh[None, :]", bk // 2))
+    return ["rh = tl.arange(0, BLOCK_K // 2)",
+            "for k0 in range(k_lo, k_hi, BLOCK_K):",
             "    if EVEN_K:",
             "        a = tl.load(a_ptrs)",
             "        kb = k0 // BLOCK_K",
-            *tile(whole, "pg"),
+            *tile(whole, "pg", (whole, half)),
             "    else:",
             "        kr = k_hi - k0",
             "        a = tl.load(a_ptrs, mask=rk[None, :] < kr, other=0.0)",
             "        kk = tl.minimum(k0 + rk, K - 1)",
             "        if I64:",
             "            kk = kk.to(tl.int64)",
-            *tile(P.var("kk[:, None]", k_dim), "pt"),
+            *tile(P.var("kk[None, :]", k_dim), "pt"),
             "        b = tl.where(rk[:, None] < kr, b, 0.0)"]
 
 

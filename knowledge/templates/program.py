@@ -204,8 +204,13 @@ class Lowering:
     ``value``, the name that holds it. Leaf j is read from pointer ``ptr(j)`` with strides
     ``stride(j, d)``."""
 
-    def __init__(self, program: tuple, ptr, stride, prefix: str = "pg", bits: str = "False"):
+    def __init__(self, program: tuple, ptr, stride, prefix: str = "pg", bits: str = "False",
+                 pairs: tuple[Ix, Ix] | None = None):
         self.program, self.ptr, self.stride, self.prefix, self.bits = program, ptr, stride, prefix, bits
+        #: (the tile's last index, the same at half the columns): a stack of two along the last
+        #: dim, merged into it by a reshape, read at that index is tl.interleave of its pieces
+        #: at the half index (each piece's loads contiguous, so vectorized)
+        self.pairs = pairs
         self.lines: list[str] = []
         self.memo: dict[tuple, str] = {}
         self.loads: list[tuple[int, list[Ix]]] = []  # (leaf, its indices) of every load
@@ -243,7 +248,14 @@ class Lowering:
             return self._name(key, f"{src}.to(tl.{dt})")
         if kind == "reshape":
             src = a[0]
-            return self.value(src, reshape_index(idx, shape, self.program[src][1]))
+            inner = self.program[src]
+            if self.pairs is not None and inner[0] == "stack" and len(inner[3]) == 2 \
+                    and inner[4] == len(inner[1]) - 1 and inner[1][-1] == 2 \
+                    and tuple(inner[1][:-2]) == tuple(shape[:-1]) and idx \
+                    and idx[-1].render() == self.pairs[0].render():
+                lo, hi = (self.value(p, idx[:-1] + [self.pairs[1]]) for p in inner[3])
+                return self._name(key, f"tl.interleave({lo}, {hi})")
+            return self.value(src, reshape_index(idx, shape, inner[1]))
         if kind == "permute":
             src, perm = a
             inner = [None] * len(perm)
@@ -320,8 +332,8 @@ def _as(x: str, dt: str) -> str:
 
 
 def lower(program: tuple, idx: list[Ix], ptr, stride, prefix: str = "pg",
-          bits: str = "False") -> tuple[list[str], str]:
+          bits: str = "False", pairs: tuple[Ix, Ix] | None = None) -> tuple[list[str], str]:
     """(lines, name): Triton lines computing the program's last value at idx."""
-    low = Lowering(program, ptr, stride, prefix, bits)
+    low = Lowering(program, ptr, stride, prefix, bits, pairs)
     name = low.value(len(program) - 1, idx)
     return low.lines, name
