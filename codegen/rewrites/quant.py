@@ -6,7 +6,7 @@ import operator
 from torch import fx
 
 from codegen.ops import classify, node_dtype, node_shape
-from codegen.rewrites.common import _annotate, _erase_unused_above, _ops, _replace
+from codegen.rewrites.common import _annotate, _erase_unused_above, _ops, _replace, _shape_query_kind
 
 #: integer weight dtypes a product's tiles load and convert in registers
 QUANT_DTYPES = ("int8", "uint8")
@@ -170,13 +170,44 @@ def _program(gm: fx.GraphModule, root: fx.Node) -> tuple[tuple, list[fx.Node]] |
         except _NotProgram:
             return None
         inner = [m for m in b.index if m not in b.leaves and m is not root]
-        outside = [m for m in inner if any(u not in b.index for u in m.users)]
+        # stored tensors of fixed shapes (parameters, buffers): a shape read of a value the
+        # program makes is a constant (GPTQ's unpacking reads ``weight.shape[2]``)
+        fixed = all(t.op == "get_attr" for t in b.leaves)
+        outside = [m for m in inner if any(
+            u not in b.index and not (fixed and _constant_query(u, m) is not None) for u in m.users)]
         if not outside:
             if len(b.leaves) > MAX_LEAVES or root in b.leaves:
                 return None
+            for m in inner:
+                for u in [u for u in m.users if u not in b.index]:
+                    _replace_query(u, _constant_query(u, m))
             return tuple(b.instrs), list(b.leaves)
         forced |= set(outside)
     return None
+
+
+def _constant_query(q: fx.Node, m: fx.Node):
+    """The value of the shape query q of m (a torch.Size, a size, a rank), or None for a user
+    of m that is not a shape query."""
+    import torch
+
+    shape = tuple(int(s) for s in node_shape(m))
+    kind = _shape_query_kind(q, len(shape)) if q.args and q.args[0] is m else None
+    if kind == "shape":
+        return torch.Size(shape)
+    if kind == "dim":
+        return len(shape)
+    return shape[kind] if isinstance(kind, int) else None
+
+
+def _replace_query(q: fx.Node, value) -> None:
+    """Every read of the shape query q reads the constant value instead; q is erased."""
+    from torch.fx.node import map_arg
+
+    for u in list(q.users):
+        u.args = map_arg(u.args, lambda a: value if a is q else a)
+        u.kwargs = map_arg(u.kwargs, lambda a: value if a is q else a)
+    q.graph.erase_node(q)
 
 
 class _NotProgram(Exception):
