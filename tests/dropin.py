@@ -71,6 +71,33 @@ def load_sources(problem_source: str, modelnew_source: str):
     return load_module(d / "problem.py", "problem"), load_module(d / "candidate.py", "candidate")
 
 
+def own_call_launches(pmod, cmod, kernel: str = "_egg_k_g0", atol: float = 2e-2,
+                      rtol: float = 2e-2) -> list[list[torch.Tensor]]:
+    """Call Model and ModelNew (one state) on the problem's inputs, compare the outputs, and
+    return the tensor arguments of each launch of the generated module's ``kernel``."""
+    box: list[list[torch.Tensor]] = []
+    jit = getattr(cmod, kernel)
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*a, **k):
+                box.append([t for t in a if isinstance(t, torch.Tensor)])
+                return jit[grid](*a, **k)
+            return launch
+
+    setattr(cmod, kernel, Spy())
+    try:
+        torch.manual_seed(0)
+        ref, new = pmod.Model(*pmod.get_init_inputs()), cmod.ModelNew(*pmod.get_init_inputs())
+        new.load_state_dict(ref.state_dict())
+        xs = pmod.get_inputs()
+        with torch.no_grad():
+            torch.testing.assert_close(new(*xs), ref(*xs), atol=atol, rtol=rtol)
+    finally:
+        setattr(cmod, kernel, jit)
+    return box
+
+
 def random_state(model: torch.nn.Module, seed: int) -> dict:
     """Random values for every floating parameter and buffer (running variances positive, a
     few batches tracked), the rest kept; a buffer of 0s and 1s (an attention mask) is structure

@@ -16,7 +16,7 @@ from codegen.pipeline import analyze, compile_problem
 from harness.problem import load_problem
 from harness.verify import static_findings_src
 from knowledge.templates import program as P
-from tests.dropin import check_dropin, load_sources
+from tests.dropin import check_dropin, load_sources, own_call_launches
 
 HEAD = "import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n"
 
@@ -104,27 +104,8 @@ def test_a_packed_weight_is_computed_in_the_products_registers(case, write_probl
     comp = compile_problem(load_problem(path))
     emitted = comp.emitted.source
     assert static_findings_src(emitted, src) == []
-    pm, cm = load_sources(src, emitted)
-    box = []
-    kernel = cm._egg_k_g0
-
-    class Spy:
-        def __getitem__(self, grid):
-            def launch(*a, **k):
-                box.append([t.dtype for t in a if isinstance(t, torch.Tensor)])
-                return kernel[grid](*a, **k)
-            return launch
-
-    cm._egg_k_g0 = Spy()
-    torch.manual_seed(0)
-    ref_m = pm.Model()
-    new_m = cm.ModelNew()
-    new_m.load_state_dict(ref_m.state_dict())
-    x = pm.get_inputs()[0]
-    with torch.no_grad():
-        torch.testing.assert_close(new_m(x), ref_m(x), atol=2e-2, rtol=2e-2)
-    assert box and any(not d.is_floating_point for d in box[0])  # the kernel read the packed integers
-    cm._egg_k_g0 = kernel
+    box = own_call_launches(*load_sources(src, emitted))
+    assert box and any(not t.dtype.is_floating_point for t in box[0])  # the kernel read the packed integers
     report = check_dropin(src, emitted, calls=1, atol=2e-2, rtol=2e-2)
     assert report.fast("own") and report.fast("own", "eval")
 
@@ -134,20 +115,7 @@ def test_the_kernel_reads_no_16_bit_weight(write_problem):
     the weight's size in 16 bits."""
     src = _src("interleaved_view_scales")
     comp = compile_problem(load_problem(write_problem(src, "w16")))
-    pm, cm = load_sources(src, comp.emitted.source)
-    sizes = []
-    kernel = cm._egg_k_g0
-
-    class Spy:
-        def __getitem__(self, grid):
-            def launch(*a, **k):
-                sizes.extend((t.dtype, t.numel()) for t in a if isinstance(t, torch.Tensor))
-                return kernel[grid](*a, **k)
-            return launch
-
-    cm._egg_k_g0 = Spy()
-    with torch.no_grad():
-        cm.ModelNew()(pm.get_inputs()[0])
+    sizes = [(t.dtype, t.numel()) for t in own_call_launches(*load_sources(src, comp.emitted.source))[0]]
     assert (torch.uint8, 48 * 32) in sizes
     assert not [s for s in sizes if s[0] == torch.bfloat16 and s[1] >= 48 * 64]
 

@@ -38,6 +38,9 @@ KINDS = ("leaf", "bin", "cast", "reshape", "permute", "expand", "stack", "cat", 
 
 
 # ---- index expressions: non-negative integers below a known bound --------------------------
+_INFIX = {"div": "//", "mod": "%", "mul": "*"}
+
+
 @dataclass(frozen=True)
 class Ix:
     """An index expression: ``kind`` var / const / div / mod / add / mul / clamp; ``hi`` an
@@ -52,12 +55,8 @@ class Ix:
             return a[0]
         if k == "const":
             return str(a[0])
-        if k == "div":
-            return f"({a[0].render()} // {a[1]})"
-        if k == "mod":
-            return f"({a[0].render()} % {a[1]})"
-        if k == "mul":
-            return f"({a[0].render()} * {a[1]})"
+        if k in _INFIX:
+            return f"({a[0].render()} {_INFIX[k]} {a[1]})"
         if k == "add":
             return "(" + " + ".join(t.render() for t in a) + ")"
         # clamp: min(max(e - off, 0), size - 1)
