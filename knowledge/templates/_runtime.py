@@ -354,18 +354,6 @@ def _egg_mul(a, b):
 
 
 @triton.jit
-def _egg_bf16(x, BITS: tl.constexpr):
-    """fp32 x rounded to bfloat16, to nearest even as PyTorch rounds. ``BITS`` (Triton's
-    interpreter, which truncates instead) rounds the fp32 bits first, so that the conversion
-    after it is exact."""
-    if BITS:
-        b = x.to(tl.uint32, bitcast=True)
-        b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
-        x = b.to(tl.float32, bitcast=True)
-    return x.to(tl.bfloat16)
-
-
-@triton.jit
 def _egg_max_nan(a, b):
     """max as torch's reductions take it: NaN wins (tl.max gives the other operand)."""
     return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)

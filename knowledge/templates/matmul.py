@@ -120,7 +120,7 @@ def _program_loop(spec: MatmulSpec, bk: int) -> list[str]:
     def tile(kv, prefix, pairs=None):
         lines, name = P.lower(prog, [nv, kv] if spec.b_nk else [kv, nv],
                               lambda j: f"X{spec.leaves[j]}", lambda j, d: f"L{j}_{d}",
-                              prefix=prefix, bits="DOT_F32", pairs=pairs)
+                              prefix=prefix, pairs=pairs)
         return ["        " + ln for ln in lines] + [
             f"        b = tl.trans(tl.broadcast_to({name}, (BLOCK_N, BLOCK_K)))"]
 

@@ -203,9 +203,9 @@ class Lowering:
     ``value``, the name that holds it. Leaf j is read from pointer ``ptr(j)`` with strides
     ``stride(j, d)``."""
 
-    def __init__(self, program: tuple, ptr, stride, prefix: str = "pg", bits: str = "False",
+    def __init__(self, program: tuple, ptr, stride, prefix: str = "pg",
                  pairs: tuple[Ix, Ix] | None = None):
-        self.program, self.ptr, self.stride, self.prefix, self.bits = program, ptr, stride, prefix, bits
+        self.program, self.ptr, self.stride, self.prefix = program, ptr, stride, prefix
         #: (the tile's last index, the same at half the columns): a stack of two along the last
         #: dim, merged into it by a reshape, read at that index is tl.interleave of its pieces
         #: at the half index (each piece's loads contiguous, so vectorized)
@@ -237,13 +237,13 @@ class Lowering:
         if kind == "bin":
             op, x, y = a
             ops = [self._operand(t, shape, idx, dt) for t in (x, y)]
-            return self._name(key, _binary(op, ops[0], ops[1], dt, self.bits))
+            return self._name(key, _binary(op, ops[0], ops[1], dt))
         if kind == "cast":
             src = self.value(a[0], idx)
-            if dt in ("float16", "bfloat16"):
+            if dt in ("float16", "bfloat16") and self.program[a[0]][2] in INT_DTYPES:
                 # through fp32, as PyTorch converts an integer to a 16-bit float (and Triton's
                 # interpreter converts integers to 16-bit floats wrongly)
-                return self._name(key, _round(f"{src}.to(tl.float32)", dt, self.bits))
+                return self._name(key, f"{src}.to(tl.float32).to(tl.{dt})")
             return self._name(key, f"{src}.to(tl.{dt})")
         if kind == "reshape":
             src = a[0]
@@ -307,19 +307,13 @@ def _broadcast(idx: list[Ix], in_shape, out_shape) -> list[Ix]:
             for d, s in enumerate(in_shape)]
 
 
-def _binary(op: str, x: str, y: str, dt: str, bits: str) -> str:
+def _binary(op: str, x: str, y: str, dt: str) -> str:
     """``x op y`` as PyTorch computes it into dt: integers in dt (wrapped as dt wraps), 16-bit
     floats in fp32 then rounded to dt."""
     sym = BINARY[op]
     if dt in FLOAT_DTYPES:
-        return _round(f"({_as(x, 'float32')} {sym} {_as(y, 'float32')})", dt, bits)
+        return f"({_as(x, 'float32')} {sym} {_as(y, 'float32')}).to(tl.{dt})"
     return f"({_as(x, dt)} {sym} {_as(y, dt)}).to(tl.{dt})"
-
-
-def _round(x: str, dt: str, bits: str) -> str:
-    """fp32 x rounded to dt to nearest even (bfloat16 through _egg_bf16: ``bits`` names the
-    constexpr that is true in Triton's interpreter, whose conversion truncates)."""
-    return f"_egg_bf16({x}, {bits})" if dt == "bfloat16" else f"{x}.to(tl.{dt})"
 
 
 def _as(x: str, dt: str) -> str:
@@ -331,8 +325,8 @@ def _as(x: str, dt: str) -> str:
 
 
 def lower(program: tuple, idx: list[Ix], ptr, stride, prefix: str = "pg",
-          bits: str = "False", pairs: tuple[Ix, Ix] | None = None) -> tuple[list[str], str]:
+          pairs: tuple[Ix, Ix] | None = None) -> tuple[list[str], str]:
     """(lines, name): Triton lines computing the program's last value at idx."""
-    low = Lowering(program, ptr, stride, prefix, bits, pairs)
+    low = Lowering(program, ptr, stride, prefix, pairs)
     name = low.value(len(program) - 1, idx)
     return low.lines, name
