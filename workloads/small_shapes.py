@@ -53,6 +53,7 @@ SMALL = {
     "35_moe_topk_combine": "TOKENS, EXPERTS, TOP_K, HIDDEN = 16, 8, 2, 64",
     "36_padded_decode_attention": "BATCH, HEADS, CACHE_LEN, HEAD_DIM = 2, 4, 64, 16",
     "37_int4_groupwise_gemv": "BATCH, HIDDEN, INTERMEDIATE, GROUP = 2, 64, 96, 32",
+    "39_gptq_int4_matmul": "BATCH, HIDDEN, INTERMEDIATE, GROUP = 2, 64, 96, 32",
     "38_qkv_split_rope": "BATCH, SEQ, Q_HEADS, KV_HEADS, HEAD_DIM = 2, 8, 4, 2, 16",
 }
 

@@ -117,21 +117,19 @@ def _program_loop(spec: MatmulSpec, bk: int) -> list[str]:
     nv = P.var("rbn[:, None]", n_dim)
     kblocks = -(-k_dim // bk)
 
-    def tile(kv, prefix, pairs=None):
+    def tile(kv, prefix, steps=None):
         lines, name = P.lower(prog, [nv, kv] if spec.b_nk else [kv, nv],
                               lambda j: f"X{spec.leaves[j]}", lambda j, d: f"L{j}_{d}",
-                              prefix=prefix, pairs=pairs)
+                              prefix=prefix, steps=steps)
         return ["        " + ln for ln in lines] + [
             f"        b = tl.trans(tl.broadcast_to({name}, (BLOCK_N, BLOCK_K)))"]
 
     whole = P.add(P.mul(P.var("kb", kblocks), bk), P.var("rk[None, :]", bk))
-    half = P.add(P.mul(P.var("kb", kblocks), bk // 2), P.var("rh[None, :]", bk // 2))
-    return ["rh = tl.arange(0, BLOCK_K // 2)",
-            "for k0 in range(k_lo, k_hi, BLOCK_K):",
+    return ["for k0 in range(k_lo, k_hi, BLOCK_K):",
             "    if EVEN_K:",
             "        a = tl.load(a_ptrs)",
             "        kb = k0 // BLOCK_K",
-            *tile(whole, "pg", (whole, half)),
+            *tile(whole, "pg", (nv, P.var("kb", kblocks), "rk[None, :]", bk)),
             "    else:",
             "        kr = k_hi - k0",
             "        a = tl.load(a_ptrs, mask=rk[None, :] < kr, other=0.0)",

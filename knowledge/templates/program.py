@@ -174,11 +174,10 @@ def _strides(shape) -> list[int]:
     return out[::-1]
 
 
-def reshape_index(idx: list[Ix], out_shape, in_shape) -> list[Ix]:
-    """The indices into a tensor of in_shape that its reshape to out_shape reads at idx: dims
-    grouped where their products meet, each group's flat index split by the input's sizes."""
+def reshape_groups(out_shape, in_shape) -> list[tuple[range, range]]:
+    """A reshape's dims in groups whose products meet: (out dims, in dims) per group."""
     out_shape, in_shape = list(out_shape), list(in_shape)
-    res: list[Ix] = []
+    groups = []
     i = j = 0
     while i < len(out_shape) or j < len(in_shape):
         oi, ij, po, pi = i, j, 1, 1
@@ -191,10 +190,42 @@ def reshape_index(idx: list[Ix], out_shape, in_shape) -> list[Ix]:
                 po, i = po * out_shape[i], i + 1
             else:
                 pi, j = pi * in_shape[j], j + 1
-        flat = add(*[mul(e, s) for e, s in zip(idx[oi:i], _strides(out_shape[oi:i]))])
-        for s, size in zip(_strides(in_shape[ij:j]), in_shape[ij:j]):
-            res.append(mod(div(flat, s), size))
+        groups.append((range(oi, i), range(ij, j)))
+    return groups
+
+
+def reshape_index(idx: list[Ix], out_shape, in_shape) -> list[Ix]:
+    """The indices into a tensor of in_shape that its reshape to out_shape reads at idx: each
+    group's flat index split by the input's sizes."""
+    res: list[Ix] = []
+    for outs, ins in reshape_groups(out_shape, in_shape):
+        flat = add(*[mul(idx[d], s) for d, s in zip(outs, _strides([out_shape[d] for d in outs]))])
+        sizes = [in_shape[d] for d in ins]
+        res += [mod(div(flat, s), size) for s, size in zip(_strides(sizes), sizes)]
     return res
+
+
+def subst(e: Ix, names: dict[str, Ix]) -> Ix:
+    """e with its variables replaced (by name)."""
+    if e.kind == "var":
+        return names.get(e.args[0], e)
+    if e.kind == "const":
+        return e
+    if e.kind == "add":
+        return add(*[subst(t, names) for t in e.args])
+    if e.kind == "clamp":
+        return clamp(subst(e.args[0], names), e.args[1], e.args[2])
+    return {"div": div, "mod": mod, "mul": mul}[e.kind](subst(e.args[0], names), e.args[1])
+
+
+def uses(e: Ix, name: str) -> bool:
+    if e.kind == "var":
+        return e.args[0] == name
+    return any(uses(t, name) for t in e.args if isinstance(t, Ix))
+
+
+#: packing factors (values a stored element holds along K) the tile is split by: 2, 4, 8, 16
+MAX_PACK = 16
 
 
 # ---- lowering ------------------------------------------------------------------------------
@@ -204,12 +235,14 @@ class Lowering:
     ``stride(j, d)``."""
 
     def __init__(self, program: tuple, ptr, stride, prefix: str = "pg",
-                 pairs: tuple[Ix, Ix] | None = None):
+                 steps: tuple[Ix, Ix, str, int] | None = None):
         self.program, self.ptr, self.stride, self.prefix = program, ptr, stride, prefix
-        #: (the tile's last index, the same at half the columns): a stack of two along the last
-        #: dim, merged into it by a reshape, read at that index is tl.interleave of its pieces
-        #: at the half index (each piece's loads contiguous, so vectorized)
-        self.pairs = pairs
+        #: whole K steps: (n's index, the step's kb, k's name in the step, BLOCK_K), k =
+        #: kb * BLOCK_K + rk on a [BLOCK_N, BLOCK_K] tile. A reshape that splits that k into
+        #: (k // R, k % R), R a packing factor (two nibbles a byte, eight an int32), computes
+        #: its source on a [BLOCK_N, BLOCK_K // R, R] tile and reshapes it: each packed value
+        #: is loaded once (and contiguously), not R times
+        self.steps = steps
         self.lines: list[str] = []
         self.memo: dict[tuple, str] = {}
         self.loads: list[tuple[int, list[Ix]]] = []  # (leaf, its indices) of every load
@@ -248,12 +281,9 @@ class Lowering:
         if kind == "reshape":
             src = a[0]
             inner = self.program[src]
-            if self.pairs is not None and inner[0] == "stack" and len(inner[3]) == 2 \
-                    and inner[4] == len(inner[1]) - 1 and inner[1][-1] == 2 \
-                    and tuple(inner[1][:-2]) == tuple(shape[:-1]) and idx \
-                    and idx[-1].render() == self.pairs[0].render():
-                lo, hi = (self.value(p, idx[:-1] + [self.pairs[1]]) for p in inner[3])
-                return self._name(key, f"tl.interleave({lo}, {hi})")
+            packed = self._packed(key, src, idx, shape) if self.steps else None
+            if packed is not None:
+                return packed
             return self.value(src, reshape_index(idx, shape, inner[1]))
         if kind == "permute":
             src, perm = a
@@ -294,6 +324,47 @@ class Lowering:
             return self._name(key, expr)
         raise ValueError(f"program instruction {kind!r}")
 
+    def _packed(self, key: tuple, src: int, idx: list[Ix], shape) -> str | None:
+        """The reshape of src at idx on a split tile (``steps``), or None where none applies."""
+        n, kb, rk, bk = self.steps
+        whole = add(mul(kb, bk), var(rk, bk)).render()
+        in_shape = self.program[src][1]
+        for outs, ins in reshape_groups(shape, in_shape):
+            flat = add(*[mul(idx[d], s) for d, s in zip(outs, _strides([shape[d] for d in outs]))])
+            r = in_shape[ins[-1]] if len(ins) else 1
+            if flat.render() != whole or not 1 < r <= MAX_PACK or r & (r - 1) or bk % r:
+                continue
+            others = [e for d, e in enumerate(idx) if d not in outs]
+            if any(uses(e, rk) for e in others):
+                return None
+            inner = self.program[src]
+            sizes = [in_shape[d] for d in ins]
+            at = reshape_index(idx, shape, in_shape)
+            if r == 2 and inner[0] == "stack" and inner[4] == ins[-1] and len(inner[3]) == 2:
+                # two values stacked along the packed dim: tl.interleave of the two, each read
+                # at half the columns of the step (a [BLOCK_N, BLOCK_K // 2] tile)
+                flat_h = add(mul(kb, bk // 2), var("tl.arange(0, BLOCK_K // 2)[None, :]", bk // 2))
+                for d, s, size in zip(ins[:-1], _strides(sizes), sizes):
+                    at[d] = mod(div(flat_h, s // 2), size)
+                del at[ins[-1]]
+                lo, hi = (self.value(p, at) for p in inner[3])
+                return self._name(key, f"tl.interleave({lo}, {hi})")
+            # the source on [BLOCK_N, BLOCK_K // r, r]: n along axis 0, k // r and k % r after it
+            n3 = var(n.args[0].replace("[:, None]", "[:, None, None]"), n.hi)
+            h3 = var(f"tl.arange(0, BLOCK_K // {r})[None, :, None]", bk // r)
+            r3 = var(f"tl.arange(0, {r})[None, None, :]", r)
+            names = {n.args[0]: n3}
+            flat_h = add(mul(kb, bk // r), h3)
+            for d, s, size in zip(ins, _strides(sizes), sizes):
+                at[d] = r3 if d == ins[-1] else mod(div(flat_h, s // r), size)
+            for d in range(len(at)):
+                if d not in ins:
+                    at[d] = subst(at[d], names)
+            v3 = self.value(src, at)
+            return self._name(key, f"tl.reshape(tl.broadcast_to({v3}, (BLOCK_N, BLOCK_K // {r}, {r})), "
+                                   f"(BLOCK_N, BLOCK_K))")
+        return None
+
     def _operand(self, t, shape, idx: list[Ix], dt: str) -> str:
         if isinstance(t, tuple):  # ("c", number): a Python scalar
             return repr(t[1])
@@ -325,8 +396,8 @@ def _as(x: str, dt: str) -> str:
 
 
 def lower(program: tuple, idx: list[Ix], ptr, stride, prefix: str = "pg",
-          pairs: tuple[Ix, Ix] | None = None) -> tuple[list[str], str]:
+          steps: tuple[Ix, Ix, str, int] | None = None) -> tuple[list[str], str]:
     """(lines, name): Triton lines computing the program's last value at idx."""
-    low = Lowering(program, ptr, stride, prefix, pairs)
+    low = Lowering(program, ptr, stride, prefix, steps)
     name = low.value(len(program) - 1, idx)
     return low.lines, name
