@@ -67,7 +67,7 @@ VARIANTS = {
              ("2 rows", {"norm": {"BLOCK_O": 2, "num_warps": 8}})],
 }
 KIND_OF = {"01": "norm", "02": "norm", "10": "norm", "11": "norm", "15": "norm",
-           "06": "decode", "12": "decode", "17": "decode", "19": "decode", "07": "prefill", "13": "prefill", "21": "prefill", "22": "gemv", "23": "decode", "37": "qgemv",
+           "06": "decode", "12": "decode", "17": "decode", "19": "decode", "07": "prefill", "13": "prefill", "21": "prefill", "22": "gemv", "23": "decode", "37": "qgemv", "39": "qgemv",
            "08": "lm_head", "16": "lm_head", "20": "lm_head", "24": "lm_head", "09": "gemv"}
 
 #: what was expected before any GPU run of these kernels (stage 1, heuristic configurations):
@@ -100,6 +100,9 @@ PREDICT = {
     "37": (0.030, 3.5, "int4 nibbles unpacked and group-scaled in the product's registers (rw-dequant-"
                        "program): the packed weight read once, 30 MB, but ~15 integer ops per weight "
                        "element; compile 0.107 ms on the H100"),
+    "39": (0.035, 3.0, "GPTQ's int32-packed nibbles unpacked on a [BLOCK_N, BLOCK_K / 8, 8] tile, packed zero "
+                       "points per group (rw-dequant-program); eager writes ~10 int8/bf16 temporaries "
+                       "of the weight's size (estimated)"),
     "22": (0.030, 2.0, "int8 tiles converted in registers (the weight read once, 58.7 MB: ~0.014 ms at "
                        "4.3 TB/s); eager converts the weight to bf16 first (~0.1 ms, estimated)"),
     "23": (0.018, 2.0, "the broadcast products as split-KV attention with one key/value head (enable_gqa): "
