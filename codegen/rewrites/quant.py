@@ -167,8 +167,8 @@ def _program(gm: fx.GraphModule, root: fx.Node) -> tuple[tuple, list[fx.Node]] |
         b = _Builder(gm, forced)
         try:
             b.value(root)
-        except _NotProgram:
-            return None
+        except (_NotProgram, TypeError, ValueError, IndexError, KeyError, AttributeError):
+            return None  # a form the builder does not know: PyTorch's ops stay
         inner = [m for m in b.index if m not in b.leaves and m is not root]
         # stored tensors of fixed shapes (parameters, buffers): a shape read of a value the
         # program makes is a constant (GPTQ's unpacking reads ``weight.shape[2]``)
