@@ -78,6 +78,11 @@ CASES = {
         w = w * self.scales.repeat_interleave(self.group, dim=-1)
         return F.linear(x, w)
 '''),
+    # integers past bf16's exact range times bf16 scales: PyTorch converts them to bf16 first
+    "widened_past_bf16": dict(qshape="out_features, in_features // 2", sshape="out_features, in_features // group", extra="",
+                              body=_UNPACK + '''        w = torch.cat([low, high], dim=1).to(torch.int32) * 37 + 1
+        return F.linear(x, w * self.scales.repeat_interleave(self.group, dim=1))
+'''),
     # an int8 weight with group-wise scales (left to PyTorch by rw-dequant-linear)
     "int8_group_scales": dict(qshape="out_features, in_features", sshape="out_features, in_features // group", extra="",
                               body='''        w = self.qweight.to(torch.int16) - 128
@@ -211,3 +216,21 @@ def test_no_load_leaves_its_tensor(case, write_problem):
             env = dict(zip(names, pos))
             at = [_eval(e, env) for e in idx]
             assert all(0 <= a < s for a, s in zip(at, leaves[j])), (case, j, at, leaves[j])
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_the_computed_weight_is_eagers_to_the_bit(case, write_problem):
+    """Times the identity, each output is one weight element: the kernel's weight must equal
+    eager's bit for bit (every op in PyTorch's dtype, integers converted to bf16 before a
+    product with bf16 scales as PyTorch converts them)."""
+    src = _src(case)
+    comp = compile_problem(load_problem(write_problem(src, case)))
+    pm, cm = load_sources(src, comp.emitted.source)
+    torch.manual_seed(0)
+    ref = pm.Model()
+    new = cm.ModelNew()
+    new.load_state_dict(ref.state_dict())
+    eye = torch.eye(64, dtype=torch.bfloat16)
+    with torch.no_grad():
+        want, got = ref(eye), new(eye)
+    assert torch.equal(got, want), (got.float() - want.float()).abs().max()

@@ -286,7 +286,9 @@ class _Builder:
         fname = name or getattr(n.target, "__name__", "")
         if fname in _RESHAPES or _none_index(n):
             src = args[0]
-            if not isinstance(src, fx.Node) or _numel(node_shape(src)) != _numel(shape):
+            # (``view(dtype)`` reinterprets bits: not a reshape)
+            if not isinstance(src, fx.Node) or _numel(node_shape(src)) != _numel(shape) \
+                    or node_dtype(src) != node_dtype(n):
                 return None
             return ("reshape", shape, dt, self.value(src))
         if fname in _PERMUTES or (n.target is getattr and len(args) == 2 and args[1] in ("T", "mT")):

@@ -366,9 +366,18 @@ class Lowering:
         return None
 
     def _operand(self, t, shape, idx: list[Ix], dt: str) -> str:
+        """A binary op's operand: a Python scalar as it is (PyTorch computes with it in the
+        op's math type), a tensor of another dtype first converted to the result's dtype (as
+        PyTorch converts both operands to their common dtype)."""
         if isinstance(t, tuple):  # ("c", number): a Python scalar
             return repr(t[1])
-        return self.value(t, _broadcast(idx, self.program[t][1], shape))
+        v = self.value(t, _broadcast(idx, self.program[t][1], shape))
+        src = self.program[t][2]
+        if src == dt or (dt in FLOAT_DTYPES and src in ("int8", "uint8")):
+            return v  # (8-bit integers are exact in every float dtype: converted in _binary)
+        if dt in ("float16", "bfloat16") and src in INT_DTYPES:
+            v = f"{v}.to(tl.float32)"
+        return self._name(("as", v, dt), f"{v}.to(tl.{dt})")
 
 
 def _broadcast(idx: list[Ix], in_shape, out_shape) -> list[Ix]:
