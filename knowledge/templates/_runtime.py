@@ -558,12 +558,16 @@ def _egg_program(program, leaves):
 def _egg_program_fits(program, leaves):
     """Raise when a stored tensor is not of the shape and dtype the program was built for (its
     kernel has the sizes written in)."""
-    for kind, shape, dt, *a in program:
-        if kind == "leaf":
-            v = leaves[a[0]]
-            if tuple(v.shape) != tuple(shape) or str(v.dtype) != "torch." + dt:
-                raise ValueError(f"a stored tensor of {tuple(v.shape)} {v.dtype}: the program "
-                                 f"reads {tuple(shape)} {dt}")
+    _egg_leaves_fit(tuple((tuple(shape), getattr(torch, dt)) for kind, shape, dt, *_a in program
+                          if kind == "leaf"), leaves)
+
+
+def _egg_leaves_fit(want, leaves):
+    """want: (shape, dtype) of each stored tensor, in order (a generated wrapper's constant)."""
+    for (shape, dt), v in zip(want, leaves):
+        if v.shape != shape or v.dtype != dt:
+            raise ValueError(f"a stored tensor of {tuple(v.shape)} {v.dtype}: the program reads "
+                             f"{shape} {dt}")
 
 
 def _egg_program_linear(x, bias, program, b_nk, *leaves):

@@ -226,7 +226,7 @@ def render(spec: MatmulSpec, cfg: dict, kname: str, gname: str) -> Rendered:
     if prog:  # B is computed: the stored tensors checked against the program, B3 the first
         kdim = prog[-1][1][1] if spec.b_nk else prog[-1][1][0]
         leaves = ", ".join(f"a{i}" for i in spec.leaves)
-        w += [f"_egg_program_fits(_EGG_PROGRAM_{gname}, ({leaves},))", "K = A.shape[-1]",
+        w += [f"_egg_leaves_fit(_EGG_LEAVES_{gname}, ({leaves},))", "K = A.shape[-1]",
               f"if K != {kdim}:",
               f"    raise ValueError(f'an input of {{K}} features: the weight has {kdim}')",
               f"N = {prog[-1][1][0] if spec.b_nk else prog[-1][1][1]}",
@@ -296,5 +296,6 @@ def render(spec: MatmulSpec, cfg: dict, kname: str, gname: str) -> Rendered:
     ]
     wrapper = f"def {gname}({args}):\n{indent(w, 4)}\n"
     if prog:
-        wrapper = f"_EGG_PROGRAM_{gname} = {prog!r}\n\n\n" + wrapper
+        want = ", ".join(f"({tuple(ins[1])!r}, torch.{ins[2]})" for ins in _leaves(prog))
+        wrapper = f"_EGG_LEAVES_{gname} = ({want},)\n\n\n" + wrapper
     return Rendered(kernel, wrapper, kname, gname, cfg)
