@@ -133,7 +133,7 @@ def test_small_workloads_get_kernels_that_match_eager(name, small_dir, tmp_path)
 # 01: a bf16 store of fp32 values (the interpreter's truncating cast failed it: harness.interpreter)
 @pytest.mark.parametrize("name", ["01_rms_norm.py", "04_swiglu.py", "05_vocab_softmax.py",
                                   "12_gqa_decode_attention_manual.py",
-                                  "16_lm_head_cross_entropy_padded.py"])
+                                  "16_lm_head_cross_entropy_padded.py", "39_gptq_int4_matmul.py"])
 def test_egg_run_through_the_graph_at_small_shapes(name, tmp_path, small_dir):
     path = small_dir / name
     run = R.create_run(str(path), Settings(device="cpu", trials=2, tuning_cache="off"), tmp_path)
