@@ -224,6 +224,8 @@ _BIN_METHODS = {"add": "add", "sub": "sub", "mul": "mul", "__and__": "and", "__o
 _RESHAPES = {"reshape", "view", "flatten", "unflatten", "unsqueeze", "squeeze", "view_as",
              "reshape_as", "contiguous"}
 _PERMUTES = {"t", "transpose", "permute", "swapaxes", "swapdims"}
+#: x.long() and its kind (the result's dtype is the node's)
+_CAST_METHODS = {"long", "int", "short", "char", "byte", "float", "half", "bfloat16", "double"}
 
 
 class _Builder:
@@ -234,10 +236,14 @@ class _Builder:
         self.instrs: list[tuple] = []
         self.index: dict[fx.Node, int] = {}
         self.leaves: list[fx.Node] = []
+        self.ranges: list = []  # bounds of each integer value (knowledge/templates/program.py)
 
     def _emit(self, n: fx.Node, ins: tuple) -> int:
+        from knowledge.templates.program import dtype_range, value_range
+
         if len(self.instrs) >= MAX_INSTRUCTIONS:
             raise _NotProgram
+        self.ranges.append(dtype_range(ins[2]) if ins[0] == "leaf" else value_range(ins, self.ranges))
         self.instrs.append(ins)
         self.index[n] = len(self.instrs) - 1
         return self.index[n]
@@ -283,7 +289,24 @@ class _Builder:
         src = op.operands[0] if op.operands else None
         if op.name == "cast" and isinstance(src, fx.Node):
             return ("cast", shape, dt, self.value(src))
+        if name in _CAST_METHODS and len(args) == 1 and not kw and isinstance(args[0], fx.Node):
+            return ("cast", shape, dt, self.value(args[0]))
         fname = name or getattr(n.target, "__name__", "")
+        took = _take(n)
+        if took is not None:  # table[q], w[:, order], index_select: read at integer values
+            src, index, dim = took
+            if node_dtype(index) not in (torch.int32, torch.int64) or node_dtype(src) != node_dtype(n):
+                return None
+            ss, si_shape = tuple(node_shape(src)), tuple(node_shape(index) or ())
+            dim %= len(ss)
+            size = ss[dim]
+            if shape != ss[:dim] + si_shape + ss[dim + 1:]:
+                return None
+            si, ii = self.value(src), self.value(index)
+            lo, hi = self.ranges[ii]
+            if lo < -size or hi >= size:  # an index that may leave the dim: PyTorch raises
+                raise _NotProgram
+            return ("take", shape, dt, si, ii, dim, lo < 0)
         if fname in _RESHAPES or _none_index(n):
             src = args[0]
             # (``view(dtype)`` reinterprets bits: not a reshape)
@@ -337,6 +360,36 @@ def _none_index(n: fx.Node) -> bool:
     idx = n.args[1] if isinstance(n.args[1], tuple) else (n.args[1],)
     whole = slice(None, None, None)
     return isinstance(n.args[0], fx.Node) and all(i is None or i is Ellipsis or i == whole for i in idx)
+
+
+def _take(n: fx.Node) -> tuple | None:
+    """(source, index tensor, dim) of ``src[idx]``, ``src[:, idx]``, ``src[..., idx]`` (one
+    integer tensor among whole slices and an Ellipsis) or ``index_select(src, dim, idx)`` of a
+    1-d idx; else None."""
+    import torch
+
+    args = n.args
+    if n.op == "call_function" and n.target is operator.getitem and len(args) == 2 \
+            and isinstance(args[0], fx.Node):
+        idx = args[1] if isinstance(args[1], tuple) else (args[1],)
+        whole = slice(None, None, None)
+        tens = [i for i, e in enumerate(idx) if isinstance(e, fx.Node)]
+        if len(tens) != 1 or not all(isinstance(e, fx.Node) or e is Ellipsis or e == whole for e in idx) \
+                or sum(e is Ellipsis for e in idx) > 1:
+            return None
+        t = tens[0]
+        src_nd = len(node_shape(args[0]) or ())
+        if Ellipsis in idx[:t]:
+            dim = src_nd - (len(idx) - t)
+        else:
+            dim = t
+        return args[0], idx[t], dim
+    name = n.target if n.op == "call_method" else getattr(n.target, "__name__", "")
+    if name == "index_select" and len(args) == 3 and not n.kwargs and isinstance(args[1], int) \
+            and isinstance(args[2], fx.Node) and len(node_shape(args[2]) or ()) == 1 \
+            and n.target in ("index_select", torch.index_select):
+        return args[0], args[2], args[1]
+    return None
 
 
 def _permutation(name: str, rest: tuple, kw: dict, shape) -> tuple | None:

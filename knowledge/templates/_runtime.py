@@ -549,6 +549,8 @@ def _egg_program(program, leaves):
             v = torch.stack([vals[t] for t in a[0]], a[1])
         elif kind == "cat":
             v = torch.cat([vals[t] for t in a[0]], a[1])
+        elif kind == "take":
+            v = vals[a[0]][(slice(None),) * a[2] + (vals[a[1]],)]
         else:  # repeat
             v = vals[a[0]].repeat_interleave(a[1], a[2])
         vals.append(v)

@@ -14,7 +14,12 @@ the last the operand. Each instruction is ``(kind, shape, dtype, *args)``:
 - ``("reshape", shape, dt, a)`` (view, unsqueeze, flatten, None-indexing: row-major order
   kept); ``("permute", shape, dt, a, perm)``; ``("expand", shape, dt, a)``;
 - ``("stack", shape, dt, (a, ...), dim)``; ``("cat", shape, dt, (a, ...), dim)``;
-- ``("repeat", shape, dt, a, repeats, dim)`` (repeat_interleave).
+- ``("repeat", shape, dt, a, repeats, dim)`` (repeat_interleave);
+- ``("take", shape, dt, a, index, dim, wrap)``: ``a`` read along dim at the values of the
+  integer value ``index`` (``table[q]``, ``w[:, order]``, index_select: a 4-bit code's lookup
+  table), ``wrap`` when an index may be negative (counted from the end). The builder admits
+  one only where the index's range, bounded op by op (``q & 15``, ``q >> 4``, casts), lies
+  inside the dim: no load leaves its tensor.
 
 Lowering walks the program backwards from the operand's indices: every view becomes index
 arithmetic (a reshape's merged and split dims as // and %, simplified where the bounds allow:
@@ -34,7 +39,56 @@ BINARY = {"add": "+", "sub": "-", "mul": "*", "and": "&", "or": "|", "xor": "^",
 BITWISE = {"and", "or", "xor", "lshift", "rshift"}
 FLOAT_DTYPES = ("float16", "bfloat16", "float32")
 INT_DTYPES = ("int8", "uint8", "int16", "int32", "int64")
-KINDS = ("leaf", "bin", "cast", "reshape", "permute", "expand", "stack", "cat", "repeat")
+KINDS = ("leaf", "bin", "cast", "reshape", "permute", "expand", "stack", "cat", "repeat", "take")
+
+
+def dtype_range(dt: str) -> tuple[int, int] | None:
+    """The values an integer dtype holds (None: a float dtype)."""
+    if dt not in INT_DTYPES:
+        return None
+    bits = int(dt.lstrip("uint") or 8)
+    return (0, (1 << bits) - 1) if dt.startswith("u") else (-(1 << (bits - 1)), (1 << (bits - 1)) - 1)
+
+
+def value_range(ins: tuple, ranges: list) -> tuple[int, int] | None:
+    """Bounds of an integer instruction's values from its operands' (``ranges[i]`` of value i;
+    None for floats), conservative: an op that may wrap gets its dtype's whole range."""
+    kind, shape, dt, *a = ins
+    full = dtype_range(dt)
+    if full is None:
+        return None
+
+    def of(t):
+        return (t[1], t[1]) if isinstance(t, tuple) else ranges[t]
+
+    got = None
+    if kind in ("reshape", "permute", "expand", "repeat", "cast"):
+        got = ranges[a[0]]
+    elif kind in ("stack", "cat"):
+        rs = [ranges[t] for t in a[0]]
+        got = None if any(r is None for r in rs) else (min(r[0] for r in rs), max(r[1] for r in rs))
+    elif kind == "take":
+        got = ranges[a[0]]
+    elif kind == "bin":
+        op, x, y = a
+        rx, ry = of(x), of(y)
+        if rx is None or ry is None or isinstance(rx[0], float) or isinstance(ry[0], float):
+            return full
+        if op == "and" and (rx[0] >= 0 or ry[0] >= 0):
+            got = (0, min(r[1] for r in (rx, ry) if r[0] >= 0))
+        elif op == "rshift" and ry[0] >= 0:
+            got = (min(rx[0] >> ry[0], rx[0] >> ry[1]), max(rx[1] >> ry[0], rx[1] >> ry[1]))
+        elif op in ("add", "sub", "mul"):
+            if op == "add":
+                got = (rx[0] + ry[0], rx[1] + ry[1])
+            elif op == "sub":
+                got = (rx[0] - ry[1], rx[1] - ry[0])
+            else:
+                c = [p * q for p in rx for q in ry]
+                got = (min(c), max(c))
+    if got is None or got[0] < full[0] or got[1] > full[1]:
+        return full
+    return got
 
 
 # ---- index expressions: non-negative integers below a known bound --------------------------
@@ -298,6 +352,14 @@ class Lowering:
             inner = list(idx)
             inner[dim] = div(idx[dim], reps)
             return self.value(src, inner)
+        if kind == "take":
+            src, index, dim, wrap = a
+            size = self.program[src][1][dim]
+            m = len(self.program[index][1])
+            iv = self.value(index, idx[dim:dim + m])
+            if wrap:  # negative indices count from the end
+                iv = self._name(("wrap", iv), f"tl.where({iv} < 0, {iv} + {size}, {iv})")
+            return self.value(src, idx[:dim] + [var(iv, size)] + idx[dim + m:])
         if kind == "stack":
             srcs, dim = a
             sel, rest = idx[dim], idx[:dim] + idx[dim + 1:]
