@@ -265,10 +265,15 @@ def _resource_usage(cubin: bytes, name: str) -> tuple[int | None, int | None]:
 
 
 def global_access(ptx: str) -> dict[str, int]:
-    """Counts of the global load and store instructions of a PTX text, by form."""
+    """Counts of the global load and store instructions of a PTX text, by form (asynchronous
+    copies to shared memory as ``cp.async...global.<bytes>B``)."""
     out: dict[str, int] = {}
     for m in re.finditer(r"\b((?:ld|st)\.global(?:\.[\w:]+)*)", ptx):
         out[m.group(1)] = out.get(m.group(1), 0) + 1
+    # asynchronous copies into shared memory (the pipeliner's loads), with their byte count
+    for m in re.finditer(r"\b(cp\.async(?:\.[\w:]+)*)\s+\[[^\]]*\],\s*\[[^\]]*\],\s*(0x[0-9a-fA-F]+|\d+)", ptx):
+        form = f"{m.group(1)}.{int(m.group(2), 0)}B"
+        out[form] = out.get(form, 0) + 1
     return out
 
 

@@ -224,3 +224,27 @@ def test_a_pool_whose_division_shift_is_1_compiles(write_problem, tmp_path, cach
     cand.write_text(comp.emitted.source)
     res = check_file(cand, cache_dir=cache_dir)
     assert res.ok, res.reason
+
+
+def test_packed_int4_weights_are_read_as_vectors(write_problem, tmp_path, cache_dir):
+    """rw-dequant-program, two nibbles a byte interleaved along K (workload 37's form) and
+    GPTQ's eight an int32: in sm_90 PTX the packed weight reaches the kernel by vector copies
+    (the [BLOCK_N, BLOCK_K / R] tile of packed values, loaded once); none of it by one-byte or
+    per-element loads (the element-wise index k // 2 compiled to a ld.global.b8 per weight
+    element)."""
+    from tests.test_quant_program import _src
+
+    for case in ("interleaved_view_scales", "int32_eight_nibbles"):
+        # a decode step's shapes (4 rows, a 1024 x 1024 weight): the template's GEMV tiles
+        src = _src(case).replace("in_features=64, out_features=48", "in_features=1024, out_features=1024")
+        src = src.replace("torch.randn(3, 64,", "torch.randn(4, 1024,")
+        comp = pipeline.compile_problem(load_problem(write_problem(src, case)))
+        assert [g.kind for g in comp.plan.groups] == ["matmul"]
+        cand = tmp_path / f"{case}.py"
+        cand.write_text(comp.emitted.source)
+        res = check_file(cand, cache_dir=cache_dir)
+        assert res.ok, res.reason
+        forms = res.kernels[0].global_access
+        assert not [f for f in forms if f.startswith("ld.global.b8")], forms
+        # every copy of the packed values moves 4 bytes or more
+        assert [f for f in forms if f.startswith("cp.async") or ".v" in f], forms

@@ -138,6 +138,8 @@ def mul(e: Ix, c: int) -> Ix:
         return const(e.args[0] * c)
     if e.kind == "mul":
         return mul(e.args[0], e.args[1] * c)
+    if e.kind == "add":  # distributed, so that (x // c) * c + x % c can meet
+        return add(*[mul(t, c) for t in e.args])
     return Ix("mul", (e, c), (e.hi - 1) * c + 1)
 
 
@@ -297,6 +299,7 @@ class Lowering:
         #: its source on a [BLOCK_N, BLOCK_K // R, R] tile and reshapes it: each packed value
         #: is loaded once (and contiguously), not R times
         self.steps = steps
+        self.split = False  # a reshape was computed on a split tile
         self.lines: list[str] = []
         self.memo: dict[tuple, str] = {}
         self.loads: list[tuple[int, list[Ix]]] = []  # (leaf, its indices) of every load
@@ -399,6 +402,13 @@ class Lowering:
             others = [e for d, e in enumerate(idx) if d not in outs]
             if any(uses(e, rk) for e in others):
                 return None
+            # the innermost split wins: a group of scales (a view per 16 inputs) above the
+            # nibbles' own split would leave the packed bytes loaded per element
+            probe = Lowering(self.program, self.ptr, self.stride, "probe", self.steps)
+            probe.value(src, reshape_index(idx, shape, in_shape))
+            if probe.split:
+                return None
+            self.split = True
             inner = self.program[src]
             sizes = [in_shape[d] for d in ins]
             at = reshape_index(idx, shape, in_shape)
