@@ -223,23 +223,20 @@ def render(spec: MatmulSpec, cfg: dict, kname: str, gname: str) -> Rendered:
     # A3 is (BT, M, K) and B3 (BT, K, N) (views: a linear weight is read through its transpose)
     bias = f"a{spec.bias}" if spec.bias is not None else "None"
     w = [f"A, B = a{spec.a}, a{spec.b}"]
+    check = [f"_egg_mm_check(A, B, {bias}, {bool(spec.b_nk)}, {bool(spec.batched)})", "K = A.shape[-1]"]
     if prog:  # B is computed: the stored tensors checked against the program, B3 the first
-        kdim = prog[-1][1][1] if spec.b_nk else prog[-1][1][0]
+        kdim, ndim = (prog[-1][1][1], prog[-1][1][0]) if spec.b_nk else prog[-1][1]
         leaves = ", ".join(f"a{i}" for i in spec.leaves)
         w += [f"_egg_leaves_fit(_EGG_LEAVES_{gname}, ({leaves},))", "K = A.shape[-1]",
+              f"N = {ndim}",
+              "A3 = A.reshape(-1, K).unsqueeze(0)", "B3 = B", "M = A3.shape[1]",
               f"if K != {kdim}:",
-              f"    raise ValueError(f'an input of {{K}} features: the weight has {kdim}')",
-              f"N = {prog[-1][1][0] if spec.b_nk else prog[-1][1][1]}",
-              "A3 = A.reshape(-1, K).unsqueeze(0)", "B3 = B", "M = A3.shape[1]"]
-    else:
-        w += [f"_egg_mm_check(A, B, {bias}, {bool(spec.b_nk)}, {bool(spec.batched)})", "K = A.shape[-1]"]
-    if prog:
-        pass
+              f"    raise RuntimeError(f'mat1 and mat2 shapes cannot be multiplied ({{M}}x{{K}} and {kdim}x{ndim})')"]
     elif spec.batched:
-        w += ["M, N = A.shape[-2], B.shape[-1]",
+        w += check + ["M, N = A.shape[-2], B.shape[-1]",
               "A3, B3 = A.reshape(-1, M, K), B.reshape(-1, K, N)"]
     else:
-        w += ["N = B.shape[0]" if spec.b_nk else "N = B.shape[1]",
+        w += check + ["N = B.shape[0]" if spec.b_nk else "N = B.shape[1]",
               "A3 = A.reshape(-1, K).unsqueeze(0)",
               "B3 = (B.t() if B.dim() == 2 else B).unsqueeze(0)" if spec.b_nk else "B3 = B.unsqueeze(0)",
               "M = A3.shape[1]"]
