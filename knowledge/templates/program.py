@@ -35,11 +35,8 @@ from dataclasses import dataclass
 #: binary ops a program holds (Python's operators on tensors)
 BINARY = {"add": "+", "sub": "-", "mul": "*", "and": "&", "or": "|", "xor": "^",
           "lshift": "<<", "rshift": ">>"}
-#: integer ops: defined on integer (and bool) values only
-BITWISE = {"and", "or", "xor", "lshift", "rshift"}
 FLOAT_DTYPES = ("float16", "bfloat16", "float32")
 INT_DTYPES = ("int8", "uint8", "int16", "int32", "int64")
-KINDS = ("leaf", "bin", "cast", "reshape", "permute", "expand", "stack", "cat", "repeat", "take")
 
 
 def dtype_range(dt: str) -> tuple[int, int] | None:
