@@ -83,6 +83,12 @@ CASES = {
                               body=_UNPACK + '''        w = torch.cat([low, high], dim=1).to(torch.int32) * 37 + 1
         return F.linear(x, w * self.scales.repeat_interleave(self.group, dim=1))
 '''),
+    # nibbles by arithmetic: q % 16 and q // 16 (floor semantics, exact on non-negative values)
+    "mod_and_floordiv": dict(qshape="out_features, in_features // 2", sshape="out_features, in_features // group", extra="",
+                             body='''        q = self.qweight.to(torch.int16)
+        w = torch.stack((q % 16, torch.div(q, 16, rounding_mode="floor")), -1).flatten(1) - 8
+        return F.linear(x, w.to(x.dtype) * self.scales.repeat_interleave(self.group, 1))
+'''),
     # NF4 (QLoRA's 4-bit NormalFloat): each nibble indexes a 16-entry fp32 code table, an fp32
     # absmax per block of 16 values, the product in bf16
     "nf4_lookup": dict(qshape="(out_features * in_features // 2,)", sshape="(out_features * in_features // 16,)",
@@ -260,3 +266,20 @@ def test_the_computed_weight_is_eagers_to_the_bit(case, write_problem):
     with torch.no_grad():
         want, got = ref(eye), new(eye)
     assert torch.equal(got, want), (got.float() - want.float()).abs().max()
+
+
+def test_floor_division_of_signed_values_stays_in_pytorch(write_problem):
+    """Python's % and // floor, Triton's truncate: they agree on non-negative values only, so a
+    program computes ``q % 16`` of an unsigned byte but takes ``low % 5`` of a signed nibble as
+    a stored value (computed by PyTorch), never as its own op."""
+    body = _UNPACK + """        w = torch.cat([low % 5, high // 3], dim=1).to(x.dtype)
+        return F.linear(x, w * self.scales.repeat_interleave(self.group, dim=1))
+"""
+    src = HEAD + INT4.format(qshape="out_features, in_features // 2",
+                             sshape="out_features, in_features // group", extra="", body=body)
+    plan, applied, err = analyze(load_problem(write_problem(src, "signed_mod")))
+    assert plan is not None, err
+    assert "rw-dequant-program" in applied
+    prog = plan.nops[plan.groups[0].red].p["program"]
+    assert not [ins for ins in prog if ins[0] == "bin" and ins[3] in ("mod", "floordiv")], prog
+    assert sum(ins[0] == "leaf" for ins in prog) == 4  # qweight, low % 5, high // 3, the scales

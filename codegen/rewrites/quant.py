@@ -216,11 +216,13 @@ class _NotProgram(Exception):
 
 _BIN_FUNCS = {operator.add: "add", operator.sub: "sub", operator.mul: "mul", operator.and_: "and",
               operator.or_: "or", operator.xor: "xor", operator.lshift: "lshift",
-              operator.rshift: "rshift"}
+              operator.rshift: "rshift", operator.floordiv: "floordiv", operator.mod: "mod"}
 _BIN_METHODS = {"add": "add", "sub": "sub", "mul": "mul", "__and__": "and", "__or__": "or",
                 "__xor__": "xor", "__lshift__": "lshift", "__rshift__": "rshift",
                 "bitwise_and": "and", "bitwise_or": "or", "bitwise_xor": "xor",
-                "bitwise_left_shift": "lshift", "bitwise_right_shift": "rshift"}
+                "bitwise_left_shift": "lshift", "bitwise_right_shift": "rshift",
+                "__floordiv__": "floordiv", "floor_divide": "floordiv", "__mod__": "mod",
+                "remainder": "mod"}
 _RESHAPES = {"reshape", "view", "flatten", "unflatten", "unsqueeze", "squeeze", "view_as",
              "reshape_as", "contiguous"}
 _PERMUTES = {"t", "transpose", "permute", "swapaxes", "swapdims"}
@@ -279,11 +281,22 @@ class _Builder:
         bop = _BIN_METHODS.get(name) if name else _BIN_FUNCS.get(n.target) or {
             torch.add: "add", torch.sub: "sub", torch.mul: "mul", torch.bitwise_and: "and",
             torch.bitwise_or: "or", torch.bitwise_xor: "xor",
-            torch.bitwise_left_shift: "lshift", torch.bitwise_right_shift: "rshift"}.get(n.target)
+            torch.bitwise_left_shift: "lshift", torch.bitwise_right_shift: "rshift",
+            torch.floor_divide: "floordiv", torch.remainder: "mod"}.get(n.target)
+        if bop is None and n.target in (torch.div, "div") and len(args) == 2 \
+                and kw == {"rounding_mode": "floor"}:
+            bop, kw = "floordiv", {}
         if bop is not None:
             if kw or len(args) != 2 or not any(isinstance(a, fx.Node) for a in args):
                 return None
             ops = [self._operand(a) for a in args]
+            if bop in ("floordiv", "mod"):
+                # Python's floor division and modulo: Triton's // and % truncate, so only a
+                # non-negative integer by a positive one (where they agree) is taken
+                rx, ry = (t[1:] * 2 if isinstance(t, tuple) else self.ranges[t] for t in ops)
+                if dt not in ("int8", "uint8", "int16", "int32", "int64") or rx is None or ry is None \
+                        or rx[0] < 0 or ry[0] <= 0:
+                    return None
             return ("bin", shape, dt, bop, *ops)
         op = classify(n, self.gm)
         src = op.operands[0] if op.operands else None

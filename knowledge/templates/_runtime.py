@@ -528,7 +528,8 @@ def _egg_program(program, leaves):
     knowledge/templates/program.py) from the stored tensors, in PyTorch's ops."""
     import operator as _op
     fns = {"add": _op.add, "sub": _op.sub, "mul": _op.mul, "and": _op.and_, "or": _op.or_,
-           "xor": _op.xor, "lshift": _op.lshift, "rshift": _op.rshift}
+           "xor": _op.xor, "lshift": _op.lshift, "rshift": _op.rshift, "floordiv": _op.floordiv,
+           "mod": _op.mod}
     _egg_program_fits(program, leaves)
     vals = []
     for kind, shape, dt, *a in program:

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 #: binary ops a program holds (Python's operators on tensors)
 BINARY = {"add": "+", "sub": "-", "mul": "*", "and": "&", "or": "|", "xor": "^",
-          "lshift": "<<", "rshift": ">>"}
+          "lshift": "<<", "rshift": ">>", "floordiv": "//", "mod": "%"}
 FLOAT_DTYPES = ("float16", "bfloat16", "float32")
 INT_DTYPES = ("int8", "uint8", "int16", "int32", "int64")
 
@@ -73,6 +73,8 @@ def value_range(ins: tuple, ranges: list) -> tuple[int, int] | None:
             return full
         if op == "and" and (rx[0] >= 0 or ry[0] >= 0):
             got = (0, min(r[1] for r in (rx, ry) if r[0] >= 0))
+        elif op in ("floordiv", "mod") and ry[0] > 0 and rx[0] >= 0:
+            got = (rx[0] // ry[1], rx[1] // ry[0]) if op == "floordiv" else (0, min(rx[1], ry[1] - 1))
         elif op == "rshift" and ry[0] >= 0:
             got = (min(rx[0] >> ry[0], rx[0] >> ry[1]), max(rx[1] >> ry[0], rx[1] >> ry[1]))
         elif op in ("add", "sub", "mul"):
