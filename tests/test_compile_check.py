@@ -227,14 +227,15 @@ def test_a_pool_whose_division_shift_is_1_compiles(write_problem, tmp_path, cach
 
 
 def test_packed_int4_weights_are_read_as_vectors(write_problem, tmp_path, cache_dir):
-    """rw-dequant-program, two nibbles a byte interleaved along K (workload 37's form) and
-    GPTQ's eight an int32: in sm_90 PTX the packed weight reaches the kernel by vector copies
+    """rw-dequant-program, two nibbles a byte interleaved along K (workload 37's form), GPTQ's
+    eight an int32, and the low and high nibbles as the two halves of K (a cat whose pieces are
+    whole K steps long): in sm_90 PTX the packed weight reaches the kernel by vector copies
     (the [BLOCK_N, BLOCK_K / R] tile of packed values, loaded once); none of it by one-byte or
     per-element loads (the element-wise index k // 2 compiled to a ld.global.b8 per weight
     element)."""
     from tests.test_quant_program import _src
 
-    for case in ("interleaved_view_scales", "int32_eight_nibbles"):
+    for case in ("interleaved_view_scales", "int32_eight_nibbles", "halves_repeat_bias"):
         # a decode step's shapes (4 rows, a 1024 x 1024 weight): the template's GEMV tiles
         src = _src(case).replace("in_features=64, out_features=48", "in_features=1024, out_features=1024")
         src = src.replace("torch.randn(3, 64,", "torch.randn(4, 1024,")

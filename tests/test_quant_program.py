@@ -108,12 +108,15 @@ CASES = {
 
 
 def _src(case):
-    if case.endswith("@96"):  # 96 inputs: the product's K loop ends with a partial step
-        return _src(case[:-3]).replace("in_features=64", "in_features=96").replace("(3, 64,", "(3, 96,")
+    if "@" in case:  # another K: 96 ends the K loop with a partial step; at 256 a cat's pieces
+        # are whole steps long (each step reads one piece)
+        case, k = case.split("@")
+        return _src(case).replace("in_features=64", f"in_features={k}").replace("(3, 64,", f"(3, {k},")
     return HEAD + INT4.format(**CASES[case])
 
 
-@pytest.mark.parametrize("case", sorted(CASES) + ["interleaved_view_scales@96", "halves_repeat_bias@96"])
+@pytest.mark.parametrize("case", sorted(CASES) + ["interleaved_view_scales@96", "halves_repeat_bias@96",
+                                                  "halves_repeat_bias@256"])
 def test_a_packed_weight_is_computed_in_the_products_registers(case, write_problem):
     src = _src(case)
     path = write_problem(src, case)
@@ -250,7 +253,7 @@ def test_no_load_leaves_its_tensor(case, write_problem):
             assert all(0 <= a < s for a, s in zip(at, leaves[j])), (case, j, at, leaves[j])
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("case", sorted(CASES) + ["halves_repeat_bias@256"])
 def test_the_computed_weight_is_eagers_to_the_bit(case, write_problem):
     """Times the identity, each output is one weight element: the kernel's weight must equal
     eager's bit for bit (every op in PyTorch's dtype, integers converted to bf16 before a
@@ -262,7 +265,7 @@ def test_the_computed_weight_is_eagers_to_the_bit(case, write_problem):
     ref = pm.Model()
     new = cm.ModelNew()
     new.load_state_dict(ref.state_dict())
-    eye = torch.eye(64, dtype=torch.bfloat16)
+    eye = torch.eye(int(case.partition("@")[2] or 64), dtype=torch.bfloat16)
     with torch.no_grad():
         want, got = ref(eye), new(eye)
     assert torch.equal(got, want), (got.float() - want.float()).abs().max()

@@ -377,16 +377,35 @@ class Lowering:
             sizes = [self.program[s][1][dim] for s in srcs]
             offs = [sum(sizes[:k]) for k in range(len(sizes))]
             pos = idx[dim]
+            step = self._step_of(pos, sizes)
             vals = []
             for s, off, size in zip(srcs, offs, sizes):
                 inner = list(idx)
-                inner[dim] = clamp(pos, off, size)
+                inner[dim] = clamp(pos, off, size) if step is None else step(off, size)
                 vals.append(self.value(s, inner))
             expr = vals[-1]
             for k in range(len(vals) - 2, -1, -1):
-                expr = f"tl.where({pos.render()} < {offs[k] + sizes[k]}, {vals[k]}, {expr})"
+                cond = pos.render() if step is None else f"{self.steps[1].render()} * {self.steps[3]}"
+                expr = f"tl.where({cond} < {offs[k] + sizes[k]}, {vals[k]}, {expr})"
             return self._name(key, expr)
         raise ValueError(f"program instruction {kind!r}")
+
+    def _step_of(self, pos: Ix, sizes: list[int]):
+        """For a cat along a whole step's k whose pieces are all whole steps long: the step lies
+        in one piece, so piece k is read at ``(kb * BLOCK_K - offset) mod size + rk`` (inside
+        it, contiguous: vector loads) and selected by the step (a scalar); else None."""
+        if self.steps is None:
+            return None
+        _n, kb, rk, bk = self.steps
+        if pos.render() != add(mul(kb, bk), var(rk, bk)).render() or any(z % bk for z in sizes):
+            return None
+
+        def at(off: int, size: int) -> Ix:
+            # (a multiple of BLOCK_K: told to Triton, whose analysis loses it through the %)
+            base = var(f"tl.multiple_of((({kb.render()} * {bk} + {(-off) % size}) % {size}), {bk})",
+                       size - bk + 1)
+            return add(base, var(rk, bk))
+        return at
 
     def _packed(self, key: tuple, src: int, idx: list[Ix], shape) -> str | None:
         """The reshape of src at idx on a split tile (``steps``), or None where none applies."""
