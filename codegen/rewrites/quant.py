@@ -5,8 +5,10 @@ import operator
 
 from torch import fx
 
+from codegen.fusion import _numel
 from codegen.ops import classify, node_dtype, node_shape
 from codegen.rewrites.common import _annotate, _erase_unused_above, _ops, _replace, _shape_query_kind
+from knowledge.templates.program import FLOAT_DTYPES, INT_DTYPES, dtype_range, value_range
 
 #: integer weight dtypes a product's tiles load and convert in registers
 QUANT_DTYPES = ("int8", "uint8")
@@ -143,20 +145,12 @@ def dequant_program(gm: fx.GraphModule) -> bool:
 def _nbytes(t: fx.Node) -> int:
     import torch
 
-    shape = node_shape(t) or ()
-    k = 1
-    for s in shape:
-        k *= s
-    return k * torch.empty((), dtype=node_dtype(t)).element_size()
+    return _numel(node_shape(t) or ()) * torch.empty((), dtype=node_dtype(t)).element_size()
 
 
 def _dtname(t: fx.Node) -> str | None:
-    from knowledge.templates.program import FLOAT_DTYPES, INT_DTYPES
-
     dt = str(node_dtype(t)).replace("torch.", "")
     return dt if dt in FLOAT_DTYPES + INT_DTYPES else None
-
-
 
 
 def _program(gm: fx.GraphModule, root: fx.Node) -> tuple[tuple, list[fx.Node]] | None:
@@ -241,8 +235,6 @@ class _Builder:
         self.ranges: list = []  # bounds of each integer value (knowledge/templates/program.py)
 
     def _emit(self, n: fx.Node, ins: tuple) -> int:
-        from knowledge.templates.program import dtype_range, value_range
-
         if len(self.instrs) >= MAX_INSTRUCTIONS:
             raise _NotProgram
         self.ranges.append(dtype_range(ins[2]) if ins[0] == "leaf" else value_range(ins, self.ranges))
@@ -294,7 +286,7 @@ class _Builder:
                 # Python's floor division and modulo: Triton's // and % truncate, so only a
                 # non-negative integer by a positive one (where they agree) is taken
                 rx, ry = (t[1:] * 2 if isinstance(t, tuple) else self.ranges[t] for t in ops)
-                if dt not in ("int8", "uint8", "int16", "int32", "int64") or rx is None or ry is None \
+                if dt not in INT_DTYPES or rx is None or ry is None \
                         or rx[0] < 0 or ry[0] <= 0:
                     return None
             return ("bin", shape, dt, bop, *ops)
@@ -323,7 +315,7 @@ class _Builder:
         if fname in _RESHAPES or _none_index(n):
             src = args[0]
             # (``view(dtype)`` reinterprets bits: not a reshape)
-            if not isinstance(src, fx.Node) or _numel(node_shape(src)) != _numel(shape) \
+            if not isinstance(src, fx.Node) or _numel(node_shape(src) or ()) != _numel(shape) \
                     or node_dtype(src) != node_dtype(n):
                 return None
             return ("reshape", shape, dt, self.value(src))
@@ -357,13 +349,6 @@ class _Builder:
                 return None
             return ("repeat", shape, dt, self.value(src), reps, dim % len(shape))
         return None
-
-
-def _numel(shape) -> int:
-    k = 1
-    for s in shape or ():
-        k *= s
-    return k
 
 
 def _none_index(n: fx.Node) -> bool:

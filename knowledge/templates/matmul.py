@@ -124,12 +124,12 @@ def _program_loop(spec: MatmulSpec, bk: int) -> list[str]:
         return ["        " + ln for ln in lines] + [
             f"        b = tl.trans(tl.broadcast_to({name}, (BLOCK_N, BLOCK_K)))"]
 
-    whole = P.add(P.mul(P.var("kb", kblocks), bk), P.var("rk[None, :]", bk))
+    kb = P.var("kb", kblocks)
     return ["for k0 in range(k_lo, k_hi, BLOCK_K):",
             "    if EVEN_K:",
             "        a = tl.load(a_ptrs)",
             "        kb = k0 // BLOCK_K",
-            *tile(whole, "pg", (nv, P.var("kb", kblocks), "rk[None, :]", bk)),
+            *tile(P.step_k(kb, "rk[None, :]", bk), "pg", (nv, kb, "rk[None, :]", bk)),
             "    else:",
             "        kr = k_hi - k0",
             "        a = tl.load(a_ptrs, mask=rk[None, :] < kr, other=0.0)",

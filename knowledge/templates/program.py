@@ -249,12 +249,22 @@ def reshape_groups(out_shape, in_shape) -> list[tuple[range, range]]:
     return groups
 
 
+def group_flat(idx: list[Ix], shape, dims: range) -> Ix:
+    """The row-major flat index of a reshape group's dims at idx."""
+    return add(*[mul(idx[d], s) for d, s in zip(dims, _strides([shape[d] for d in dims]))])
+
+
+def step_k(kb: Ix, rk: str, bk: int) -> Ix:
+    """k in a whole K step: kb * BLOCK_K + rk (rk the step's arange, named so in the kernel)."""
+    return add(mul(kb, bk), var(rk, bk))
+
+
 def reshape_index(idx: list[Ix], out_shape, in_shape) -> list[Ix]:
     """The indices into a tensor of in_shape that its reshape to out_shape reads at idx: each
     group's flat index split by the input's sizes."""
     res: list[Ix] = []
     for outs, ins in reshape_groups(out_shape, in_shape):
-        flat = add(*[mul(idx[d], s) for d, s in zip(outs, _strides([out_shape[d] for d in outs]))])
+        flat = group_flat(idx, out_shape, outs)
         sizes = [in_shape[d] for d in ins]
         res += [mod(div(flat, s), size) for s, size in zip(_strides(sizes), sizes)]
     return res
@@ -328,12 +338,7 @@ class Lowering:
             ops = [self._operand(t, shape, idx, dt) for t in (x, y)]
             return self._name(key, _binary(op, ops[0], ops[1], dt))
         if kind == "cast":
-            src = self.value(a[0], idx)
-            if dt in ("float16", "bfloat16") and self.program[a[0]][2] in INT_DTYPES:
-                # through fp32, as PyTorch converts an integer to a 16-bit float (and Triton's
-                # interpreter converts integers to 16-bit floats wrongly)
-                return self._name(key, f"{src}.to(tl.float32).to(tl.{dt})")
-            return self._name(key, f"{src}.to(tl.{dt})")
+            return self._name(key, _convert(self.value(a[0], idx), self.program[a[0]][2], dt))
         if kind == "reshape":
             src = a[0]
             inner = self.program[src]
@@ -384,8 +389,8 @@ class Lowering:
                 inner[dim] = clamp(pos, off, size) if step is None else step(off, size)
                 vals.append(self.value(s, inner))
             expr = vals[-1]
+            cond = pos.render() if step is None else f"{self.steps[1].render()} * {self.steps[3]}"
             for k in range(len(vals) - 2, -1, -1):
-                cond = pos.render() if step is None else f"{self.steps[1].render()} * {self.steps[3]}"
                 expr = f"tl.where({cond} < {offs[k] + sizes[k]}, {vals[k]}, {expr})"
             return self._name(key, expr)
         raise ValueError(f"program instruction {kind!r}")
@@ -397,7 +402,7 @@ class Lowering:
         if self.steps is None:
             return None
         _n, kb, rk, bk = self.steps
-        if pos.render() != add(mul(kb, bk), var(rk, bk)).render() or any(z % bk for z in sizes):
+        if pos.render() != step_k(kb, rk, bk).render() or any(z % bk for z in sizes):
             return None
 
         def at(off: int, size: int) -> Ix:
@@ -410,12 +415,11 @@ class Lowering:
     def _packed(self, key: tuple, src: int, idx: list[Ix], shape) -> str | None:
         """The reshape of src at idx on a split tile (``steps``), or None where none applies."""
         n, kb, rk, bk = self.steps
-        whole = add(mul(kb, bk), var(rk, bk)).render()
+        whole = step_k(kb, rk, bk).render()
         in_shape = self.program[src][1]
         for outs, ins in reshape_groups(shape, in_shape):
-            flat = add(*[mul(idx[d], s) for d, s in zip(outs, _strides([shape[d] for d in outs]))])
             r = in_shape[ins[-1]] if len(ins) else 1
-            if flat.render() != whole or not 1 < r <= MAX_PACK or r & (r - 1) or bk % r:
+            if group_flat(idx, shape, outs).render() != whole or not 1 < r <= MAX_PACK or r & (r - 1) or bk % r:
                 continue
             others = [e for d, e in enumerate(idx) if d not in outs]
             if any(uses(e, rk) for e in others):
@@ -465,9 +469,7 @@ class Lowering:
         src = self.program[t][2]
         if src == dt or (dt in FLOAT_DTYPES and src in ("int8", "uint8")):
             return v  # (8-bit integers are exact in every float dtype: converted in _binary)
-        if dt in ("float16", "bfloat16") and src in INT_DTYPES:
-            v = f"{v}.to(tl.float32)"
-        return self._name(("as", v, dt), f"{v}.to(tl.{dt})")
+        return self._name(("as", v, dt), _convert(v, src, dt))
 
 
 def _broadcast(idx: list[Ix], in_shape, out_shape) -> list[Ix]:
@@ -475,6 +477,14 @@ def _broadcast(idx: list[Ix], in_shape, out_shape) -> list[Ix]:
     lead = len(out_shape) - len(in_shape)
     return [const(0) if s == 1 and out_shape[lead + d] != 1 else idx[lead + d]
             for d, s in enumerate(in_shape)]
+
+
+def _convert(v: str, src: str, dt: str) -> str:
+    """v (of dtype src) converted to dt; an integer to a 16-bit float through fp32, as PyTorch
+    converts it (and Triton's interpreter converts integers to 16-bit floats wrongly)."""
+    if dt in ("float16", "bfloat16") and src in INT_DTYPES:
+        return f"{v}.to(tl.float32).to(tl.{dt})"
+    return f"{v}.to(tl.{dt})"
 
 
 def _binary(op: str, x: str, y: str, dt: str) -> str:
