@@ -286,3 +286,22 @@ def test_floor_division_of_signed_values_stays_in_pytorch(write_problem):
     prog = plan.nops[plan.groups[0].red].p["program"]
     assert not [ins for ins in prog if ins[0] == "bin" and ins[3] in ("mod", "floordiv")], prog
     assert sum(ins[0] == "leaf" for ins in prog) == 4  # qweight, low % 5, high // 3, the scales
+
+
+def test_the_wrapper_refuses_stored_tensors_and_inputs_it_was_not_built_for(write_problem):
+    """The kernel has the stored tensors' sizes written in: a packed weight of another shape or
+    dtype, or an input of another K, raises (as PyTorch's product does) instead of reading past
+    the tensors; the tensors it was built for pass."""
+    src = _src("interleaved_view_scales")
+    comp = compile_problem(load_problem(write_problem(src, "refuse")))
+    pm, cm = load_sources(src, comp.emitted.source)
+    m = cm.ModelNew()
+    x = pm.get_inputs()[0]
+    with torch.no_grad():
+        assert cm._egg_g0(x, m.qweight, m.scales).shape == (3, 48)
+        with pytest.raises(ValueError, match="stored tensor"):
+            cm._egg_g0(x, m.qweight[:24], m.scales)
+        with pytest.raises(ValueError, match="stored tensor"):
+            cm._egg_g0(x, m.qweight.to(torch.int16), m.scales)
+        with pytest.raises(RuntimeError, match="cannot be multiplied"):
+            cm._egg_g0(torch.randn(3, 32, dtype=torch.bfloat16), m.qweight, m.scales)
