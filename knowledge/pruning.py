@@ -29,6 +29,10 @@ BASE_REGS = 16
 REGS_PER_LIVE_VALUE = 0.75
 #: more than half of a tile's lanes masked off wastes more than a larger tile gains.
 MIN_MASK_EFFICIENCY = 0.5
+#: the least size of each dimension of tl.dot's operands (Triton's semantics: M, N and K of a
+#: dot are at least 16), so a matmul tile masks at least what a 16-wide tile would: a decode
+#: GEMV of 4 rows runs 16-row tiles whatever the configuration.
+DOT_MIN = 16
 #: bytes in flight per SM that saturate HBM: Little's law with ~0.7 us DRAM latency under load
 #: (microbenchmark studies of A100/H100 report 0.5-0.8 us) at ~36 GB/s per SM (4.8 TB/s / 132).
 INFLIGHT_BYTES_PER_SM = 24 * 1024
@@ -241,9 +245,12 @@ def mask_efficiency(kind: str, cfg: dict, geo: dict) -> float:
         if m == "rows":
             return e * eff(geo.get("nrows", 1), cfg.get("BLOCK_O", 1))
         return e * eff(geo.get("inner", 1), cfg.get("BLOCK_I", 1))
-    if m == "matmul":
-        return (eff(geo.get("M", 1), cfg.get("BLOCK_M", 64)) * eff(geo.get("N", 1), cfg.get("BLOCK_N", 64))
-                * eff(geo.get("K", 1), cfg.get("BLOCK_K", 32)))
+    if m == "matmul":  # relative to the least tile tl.dot allows: what no configuration avoids
+        def rel(n, b):
+            return eff(n, b) / eff(n, min(int(b), DOT_MIN))
+
+        return (rel(geo.get("M", 1), cfg.get("BLOCK_M", 64)) * rel(geo.get("N", 1), cfg.get("BLOCK_N", 64))
+                * rel(geo.get("K", 1), cfg.get("BLOCK_K", 32)))
     if m == "attention":
         return eff(geo.get("M", 1), cfg.get("BLOCK_M", 64)) * eff(geo.get("N", geo.get("M", 1)), cfg.get("BLOCK_N", 64))
     return 1.0

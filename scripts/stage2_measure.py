@@ -46,7 +46,7 @@ def variants_of(path: pathlib.Path, hw, width: int, work: pathlib.Path) -> list[
     out = []
     for g in fplan.groups:
         ins, _, _ = group_inputs(fplan, g)
-        geo = pipeline.group_geometry(g, len(ins))
+        geo = pipeline.group_geometry(fplan, g, len(ins))
         dtype, itemsize = group_dtype(g, ins)
         space = knowledge.config_space(g.template, hw.arch, dtype)
         if space is None:

@@ -116,3 +116,27 @@ def test_softmax_split_chunk_counts_through_the_chunks_it_makes():
     assert R.programs("softmax", whole, geo) == 64
     short = {**geo, "r": 4000, "numel": 64 * 4000}  # one pass: no split whatever the chunk
     assert R.softmax_splits({**base, "SPLIT_CHUNK": 1024}, short) == 1
+
+
+def test_a_decode_gemv_has_tiles_to_search():
+    """A product of 4 rows runs tl.dot's least tile of 16 rows whatever the configuration: the
+    mask rule judges a tile against that least tile, so the tiler gets variants of the stage-1
+    tile (other columns, K steps, splits of K) to time. With the rule judging 4 of 16 rows as 75%
+    waste, every variant was pruned and a decode GEMV was never tuned."""
+    import knowledge.heuristics as H
+
+    space = knowledge.config_space("matmul", "sm_90", "bf16")
+    assert 16 in space.params["BLOCK_M"] and "SPLIT_K" in space.params
+    geo = {"numel": 4 * 14336, "n_inputs": 2, "M": 4, "N": 14336, "K": 4096, "batch": 1}
+    base = R.canonical("matmul", H.matmul_config(4, 14336, 4096, 1), geo)
+    kept, _pruned = R.rank_space(space, base, "matmul", geo, H200, 2)
+    others = [r.config for r in kept if r.config != base]
+    assert len(others) >= 5
+    assert any(c["SPLIT_K"] != base["SPLIT_K"] for c in others)
+    assert any(c["BLOCK_N"] != base["BLOCK_N"] for c in others)
+    assert all(c["BLOCK_M"] == 16 for c in others)  # 64 rows for 4: still waste beyond the least tile
+    assert len(R.shortlist(kept, base, 6, "matmul", geo)) == 6
+    # the rule still prunes what a smaller tile avoids: 100 columns in tiles of 256
+    why = R.prune_reason("matmul", {"BLOCK_M": 16, "BLOCK_N": 256, "BLOCK_K": 64, "num_warps": 4,
+                                    "num_stages": 3}, {**geo, "N": 100}, H200, 2)
+    assert why is not None and "masked" in why
