@@ -62,7 +62,7 @@ def group_geometry(plan: FusionPlan, g: Group, n_inputs: int) -> dict:
         sa = node_shape(op.operands[0])
         m_, n_ = (g.domain[-2], g.domain[-1]) if op.p["batched"] else (numel // g.domain[-1], g.domain[-1])
         return {"numel": numel, "n_inputs": n_inputs, "M": m_, "N": n_, "K": sa[-1],
-                "batch": numel // max(1, m_ * n_)}
+                "batch": numel // max(1, m_ * n_), "computed_b": bool(op.p.get("program"))}
     if g.kind == "pool":
         out = 1
         for s in g.out_shape:

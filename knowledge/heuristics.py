@@ -123,7 +123,8 @@ def chanstats_config(channels: int, batch: int, sm_count: int = 132) -> dict:
     return {"BLOCK": 1024, "num_warps": 4, "SPLITS": splits}
 
 
-def matmul_config(m: int, n: int, k: int, batch: int, sm_count: int = 132) -> dict:
+def matmul_config(m: int, n: int, k: int, batch: int, sm_count: int = 132,
+                  computed_b: bool = False) -> dict:
     """Tensor-core tiles from the Triton matmul tutorials (03-matrix-multiplication, Hopper
     configs): 128x128x64 tiles, 8 warps, 3 stages, whatever the dtype. For fp32 (3xTF32): the
     tiler's measured search on the H200 picked 128x128x64 / 8 warps / 3 stages for every large
@@ -144,6 +145,15 @@ def matmul_config(m: int, n: int, k: int, batch: int, sm_count: int = 132) -> di
         bm, bn, bk = 16, 128 if n >= 128 * sm_count // 2 else 64, min(128, next_pow2(k))
         split = max(1, min(64, sm_count // tiles(), k // (4 * bk)))
         split = 1 << (split.bit_length() - 1)
+        if computed_b:
+            # a weight computed in registers (rw-dequant-program): the unpacking is ALU work and
+            # registers per tile, not bytes, so half the columns and twice the programs. Measured
+            # on an H100 (int4 4 x 4096 x 14336, workload 37, harness.timing.bench, thirtieth
+            # session): 64 columns 0.039 ms a call against 0.076 for 128; split 4 on top of 64
+            # columns: the same median and calls of up to 0.075 ms (its second kernel's launch)
+            bn = 64
+            split = max(1, min(64, sm_count // tiles(), k // (4 * bk)))
+            split = 1 << (split.bit_length() - 1)
         return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 1, "num_warps": 4,
                 "num_stages": 4, "SPLIT_K": split}
     bm = 128 if m > 64 else 64

@@ -267,7 +267,8 @@ def group_config(plan: FusionPlan, g: Group, sm_count: int) -> dict:
         return H.attention_config(geo["M"], geo["N"], geo["head_dim"], geo["batch_heads"], sm_count,
                                   geo["itemsize"])
     if g.kind == "matmul":
-        return H.matmul_config(geo["M"], geo["N"], geo["K"], geo["batch"], sm_count)
+        return H.matmul_config(geo["M"], geo["N"], geo["K"], geo["batch"], sm_count,
+                               computed_b=geo.get("computed_b", False))
     if g.kind == "linear_ce":
         return H.linear_ce_config(geo["M"], geo["N"], geo["K"], geo["itemsize"], sm_count)
     return H.softmax_config(geo["nrows"], geo["r"], geo["inner"], geo["rows_variant"], sm_count)
