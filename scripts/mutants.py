@@ -535,6 +535,14 @@ MUTANTS: list[Mutant] = [
            "    if True:\n        return torch.empty(shape, dtype=dtype, device=device)\n",
            ("tests/test_layout.py::test_memory_format_walk_of_the_pointwise_runtime",),
            "outputs of a channels-last walk allocated in the standard order: written at the wrong offsets"),
+    Mutant("prune-mask-below-dot-tile", "knowledge/pruning.py",
+           "return eff(n, b) / eff(n, min(int(b), DOT_MIN))", "return eff(n, b)",
+           ("tests/test_pruning.py::test_a_decode_gemv_has_tiles_to_search",),
+           "every variant of a decode GEMV pruned as masked: the tiler never tunes one"),
+    Mutant("noise-wide-best-never-loses", "harness/timing.py",
+           "if n80 < m_best and m_new < m_best and relative_spread(best) > relative_spread(new):",
+           "if False:", ("tests/test_timing.py",),
+           "a steady faster variant called noise against a wide slower incumbent: the slower kept"),
 
 ]
 
