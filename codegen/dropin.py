@@ -271,10 +271,12 @@ def mode_modules(gm) -> list[str]:
 def read_state(gm) -> dict[str, torch.dtype]:
     """Parameters and buffers a traced graph reads (by qualified name), with their dtypes; the
     traced constants (_tensor_constantN) are ModelNew's own buffers and excluded."""
+    from harness.capture import unalias
+
     out = {}
     for name, t in list(gm.named_parameters()) + list(gm.named_buffers()):
         if not name.split(".")[-1].startswith("_tensor_constant"):
-            out[name] = t.dtype
+            out[unalias(name)] = t.dtype
     return out
 
 

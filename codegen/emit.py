@@ -976,7 +976,11 @@ ROOT_REF = "_egg_self"
 
 def root_ref_fix(forward: str) -> str:
     """The generated forward reads the module itself where a graph break of the root's forward
-    takes it as ``self`` (fx wrote a read of the stand-in attribute)."""
+    takes it as ``self`` (fx wrote a read of the stand-in attribute), and state a GraphModule
+    cannot hold under its own name (harness.capture.ATTR_ALIAS) by that name."""
+    from harness.capture import ATTR_ALIAS
+
+    forward = re.sub(rf"\bself\.{ATTR_ALIAS}(\w)", r"self.\1", forward)  # state fx cannot name
     return re.sub(rf"\b(\w+) = self\.{ROOT_REF}\b", r"\1 = self", forward)
 
 

@@ -63,6 +63,37 @@ class RootRef:
 
 
 ROOT_VALUE = RootRef()
+#: a state name that is also an attribute of fx's GraphModule (a buffer named ``code``, as
+#: bitsandbytes-style NF4 modules name their table; ``graph``, ``meta``) is read under this
+#: prefix in the traced graphs (fx cannot hold it: the GraphModule's own attribute is found
+#: first); codegen.emit writes it back (``self._egg_attr_code`` -> ``self.code``)
+ATTR_ALIAS = "_egg_attr_"
+_GM_NAMES: set[str] = set()
+
+
+def gm_reserved(name: str) -> bool:
+    """Whether a GraphModule cannot hold an attribute of this name."""
+    if not _GM_NAMES:
+        _GM_NAMES.update(dir(fx.GraphModule(torch.nn.Module(), fx.Graph())))
+    return name in _GM_NAMES
+
+
+def alias_reserved(model: torch.nn.Module, graph: fx.Graph) -> None:
+    """Targets whose first name a GraphModule reserves are read under ATTR_ALIAS (the model
+    gets the alias as a plain attribute, which fx.GraphModule copies from)."""
+    for n in graph.nodes:
+        if n.op not in ("get_attr", "call_module") or n.target == ROOT_REF:
+            continue
+        head, dot, rest = str(n.target).partition(".")
+        if gm_reserved(head):
+            if not hasattr(model, ATTR_ALIAS + head):
+                object.__setattr__(model, ATTR_ALIAS + head, getattr(model, head))
+            n.target = ATTR_ALIAS + head + dot + rest
+
+
+def unalias(name: str) -> str:
+    """The model's own name of a (qualified) state name read under ATTR_ALIAS."""
+    return name[len(ATTR_ALIAS):] if name.startswith(ATTR_ALIAS) else name
 #: gm.meta key: the trace took a tensor's rank as a number (``*x.shape[:-1]``, ``x.ndim``), so
 #: the traced graph, the reference too, holds only at the traced ranks (codegen.emit routes a
 #: call of another rank to a copy of Model.forward)
@@ -149,6 +180,7 @@ def capture_model(make, inputs: list) -> Captured:
         tracer.meta_inputs = list(inputs)
         with _FactorySizes():
             graph = tracer.trace(model, concrete_args=concrete or None)
+        alias_reserved(tracer.root, graph)
         gm = fx.GraphModule(tracer.root, graph, type(model).__name__)
         if tracer.rank_fixed:
             gm.meta[RANK_FIXED] = True
@@ -744,6 +776,7 @@ def capture_with_breaks(model: torch.nn.Module, inputs: list, concrete: dict | N
                 with _Assigns(), _FactorySizes():
                     graph = tracer.trace(model, concrete_args=concrete or None)
             object.__setattr__(model, ROOT_REF, ROOT_VALUE)  # the stand-in get_attr target
+            alias_reserved(model, graph)
             gm = fx.GraphModule(model, graph, type(model).__name__)
             if tracer.rank_fixed:
                 gm.meta[RANK_FIXED] = True

@@ -113,6 +113,42 @@ def test_a_plain_tensor_attribute_of_a_whole_trace_is_a_buffer_the_kernels_read(
     torch.testing.assert_close(new(x), ref(x))
 
 
+RESERVED_NAMES = {
+    # a submodule, a parameter and a buffer named as fx's GraphModule's own attributes
+    "whole trace": ("        return torch.relu(self.graph(x) * self.meta + self.code)\n",
+                    "torch.randn(8, 64)",
+                    "        self.graph = nn.Linear(64, 32)\n        self.meta = nn.Parameter(torch.randn(32))\n"
+                    "        self.register_buffer('code', torch.randn(32))\n"),
+    # bitsandbytes-style NF4: a 16-entry table named ``code`` read by index (buffers traced as
+    # graph values: the graph-break tracer), the weight computed in the product's registers
+    "code table": ("        q = torch.stack(((self.qweight & 15).long(), (self.qweight >> 4).long()), -1).reshape(48, 64)\n"
+                   "        w = self.code[q].view(48, 4, 16) * self.absmax[..., None]\n"
+                   "        return x @ w.reshape(48, 64).t()\n",
+                   "torch.randn(3, 64, dtype=torch.bfloat16)",
+                   "        self.register_buffer('code', torch.linspace(-1, 1, 16, dtype=torch.bfloat16))\n"
+                   "        self.register_buffer('qweight', torch.randint(0, 256, (48, 32), dtype=torch.uint8))\n"
+                   "        self.register_buffer('absmax', torch.rand(48, 4, dtype=torch.bfloat16) + 0.5)\n"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(RESERVED_NAMES))
+def test_state_named_like_a_graph_module_attribute(case, write_problem):
+    """A GraphModule cannot hold state named ``code``, ``graph`` or ``meta`` (its own attributes
+    answer first: "Code has not been generated!"), so such a model got no file at all. The graphs
+    read it under an alias and the file reads it by the model's own name: kernels, a drop-in."""
+    from tests.dropin import check_dropin
+
+    body, inputs, members = RESERVED_NAMES[case]
+    src = _problem(body, inputs, members)
+    comp = compile_problem(load_problem(write_problem(src, "reserved")))
+    assert comp.emitted is not None, comp.error
+    assert comp.plan.groups and "self._egg_attr_" not in comp.emitted.source
+    if case == "code table":
+        assert [g.kind for g in comp.plan.groups] == ["matmul"]  # rw-dequant-program
+    report = check_dropin(src, comp.emitted.source, calls=1, atol=2e-2, rtol=2e-2)
+    assert report.fast("own") and report.fast("own", "eval")
+
+
 def test_data_dependent_branch_is_a_break_between_two_regions():
     prob = load_problem(CASES / "branchy.py")
     cap = capture(prob)
