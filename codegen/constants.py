@@ -17,6 +17,7 @@ training step can change those, and the table with them.
 """
 from __future__ import annotations
 
+import math
 import operator
 from dataclasses import dataclass, field
 
@@ -180,6 +181,46 @@ def fold_constants(gm: fx.GraphModule, free: set[str], root_ref: str = "_egg_sel
         graph.lint()
         gm.recompile()
     return folds
+
+
+#: constant tensors up to this many elements are evaluated at plan time (fixed_value)
+MAX_PLANNED_TABLE = 1 << 20
+
+
+def fixed_value(n: fx.Node, kind: dict) -> torch.Tensor | None:
+    """The values of a tensor the forward computes from Python constants and shapes alone, none
+    of them an input's (AWQ's column order: ``torch.arange(w.shape[-1]).view(-1, 8)[:, order]``
+    of a stored w), computed on the CPU; else None. ``kind``: classify_nodes(gm, set()). The
+    values are the same at every call: a stored tensor's shape cannot change (load_state_dict
+    keeps it), and no buffer's values are read."""
+    if kind.get(n) != "const" or not _is_tensor(n):
+        return None
+    sub = _subgraph(n, kind)
+    keys = [m for m in sub if kind[m] == "key" and any(kind.get(u) == "const" and u in sub for u in m.users)]
+    if any(m.op == "get_attr" for m in sub) or not all(_input_free(m) for m in keys) \
+            or math.prod(int(s) for s in n.meta["tensor_meta"].shape) > MAX_PLANNED_TABLE:
+        return None
+    values = [torch.device("cpu") if isinstance(_value(m), torch.device) else _value(m) for m in keys]
+    try:
+        with torch.no_grad():
+            out = fx.GraphModule(torch.nn.Module(), _table_graph(sub, keys, n))(*values)
+    except Exception:  # noqa: BLE001 - not computable here: not planned on
+        return None
+    return out if isinstance(out, torch.Tensor) and tuple(out.shape) == tuple(n.meta["tensor_meta"].shape) else None
+
+
+def _input_free(n: fx.Node) -> bool:
+    """No forward argument among n's ancestors (its value cannot depend on a call's inputs)."""
+    seen, todo = set(), [n]
+    while todo:
+        m = todo.pop()
+        if m in seen:
+            continue
+        seen.add(m)
+        if m.op == "placeholder":
+            return False
+        todo.extend(m.all_input_nodes)
+    return True
 
 
 def _first_user(n: fx.Node) -> fx.Node:

@@ -67,7 +67,7 @@ VARIANTS = {
              ("2 rows", {"norm": {"BLOCK_O": 2, "num_warps": 8}})],
 }
 KIND_OF = {"01": "norm", "02": "norm", "10": "norm", "11": "norm", "15": "norm",
-           "06": "decode", "12": "decode", "17": "decode", "19": "decode", "07": "prefill", "13": "prefill", "21": "prefill", "22": "gemv", "23": "decode", "37": "qgemv", "39": "qgemv",
+           "06": "decode", "12": "decode", "17": "decode", "19": "decode", "07": "prefill", "13": "prefill", "21": "prefill", "22": "gemv", "23": "decode", "37": "qgemv", "39": "qgemv", "40": "qgemv",
            "08": "lm_head", "16": "lm_head", "20": "lm_head", "24": "lm_head", "09": "gemv"}
 
 #: what was expected before any GPU run of these kernels (stage 1, heuristic configurations):
@@ -103,6 +103,9 @@ PREDICT = {
     "39": (0.035, 3.0, "GPTQ's int32-packed nibbles unpacked on a [BLOCK_N, BLOCK_K / 8, 8] tile, packed zero "
                        "points per group (rw-dequant-program); eager writes ~10 int8/bf16 temporaries "
                        "of the weight's size (estimated)"),
+    "40": (0.045, 2.3, "AWQ's nibbles packed along N: each int32 loaded once per pack of 8 columns and "
+                       "broadcast, the column order read as blocks of 8 (rw-dequant-program); "
+                       "compile ~0.11 ms as for 39 (estimated)"),
     "22": (0.030, 2.0, "int8 tiles converted in registers (the weight read once, 58.7 MB: ~0.014 ms at "
                        "4.3 TB/s); eager converts the weight to bf16 first (~0.1 ms, estimated)"),
     "23": (0.018, 2.0, "the broadcast products as split-KV attention with one key/value head (enable_gqa): "

@@ -249,3 +249,24 @@ def test_packed_int4_weights_are_read_as_vectors(write_problem, tmp_path, cache_
         assert not [f for f in forms if f.startswith("ld.global.b8")], forms
         # every copy of the packed values moves 4 bytes or more
         assert [f for f in forms if f.startswith("cp.async") or ".v" in f], forms
+
+
+def test_weights_packed_along_the_columns_are_read_once_per_pack(write_problem, tmp_path, cache_dir):
+    """AWQ's eight nibbles an int32 along N (tests/test_quant_program.py's awq_columns, its
+    column order undone by a fixed index table): each int32 is loaded once for its eight
+    columns (a [BLOCK_N / 8, 1, BLOCK_K] tile broadcast over the pack), not once per column. At
+    a decode step's shapes the sm_90 PTX had 192 four-byte copies per thread loaded per column,
+    24 once per pack."""
+    from tests.test_quant_program import _src
+
+    src = _src("awq_columns").replace("in_features=64, out_features=48", "in_features=1024, out_features=1024")
+    src = src.replace("torch.randn(3, 64,", "torch.randn(4, 1024,")
+    comp = pipeline.compile_problem(load_problem(write_problem(src, "awq")))
+    assert [g.kind for g in comp.plan.groups] == ["matmul"]
+    assert "tl.broadcast_to" in comp.emitted.source and "(BLOCK_N // 8, 8, BLOCK_K)" in comp.emitted.source
+    cand = tmp_path / "awq.py"
+    cand.write_text(comp.emitted.source)
+    res = check_file(cand, cache_dir=cache_dir)
+    assert res.ok, res.reason
+    forms = res.kernels[0].global_access
+    assert forms.get("cp.async.ca.shared.global.4B", 0) <= 48, forms

@@ -98,6 +98,23 @@ CASES = {
         w = (self.nf4[q].view(-1, 16) * self.absmax[:, None]).view(48, 64)
         return F.linear(x, w.to(x.dtype))
 '''),
+    # AWQ (AutoAWQ's PyTorch path): eight nibbles an int32 along the output columns, in AWQ's
+    # order, undone by a column index built with torch.arange; zero points packed the same way
+    "awq_columns": dict(qshape="1, 1", sshape="in_features // group, out_features",
+                        extra="        self.register_buffer('qw', torch.randint(-2**31, 2**31 - 1, (in_features, out_features // 8), dtype=torch.int32))\n"
+                              "        self.register_buffer('qz', torch.randint(-2**31, 2**31 - 1, (in_features // group, out_features // 8), dtype=torch.int32))",
+                        body='''        shifts = torch.arange(0, 32, 4, device=self.qz.device)
+        iw = torch.bitwise_right_shift(self.qw[:, :, None], shifts[None, None, :]).to(torch.int8)
+        iw = iw.view(iw.shape[0], -1)
+        iz = torch.bitwise_right_shift(self.qz[:, :, None], shifts[None, None, :]).to(torch.int8)
+        iz = iz.view(iz.shape[0], -1)
+        order = torch.arange(iw.shape[-1], dtype=torch.int32, device=iz.device).view(-1, 8)
+        order = order[:, [0, 4, 1, 5, 2, 6, 3, 7]].view(-1)
+        iw = torch.bitwise_and(iw[:, order], 15)
+        iz = torch.bitwise_and(iz[:, order], 15)
+        w = (iw - iz.repeat_interleave(self.group, dim=0)) * self.scales.repeat_interleave(self.group, dim=0)
+        return torch.matmul(x, w)
+'''),
     # an int8 weight with group-wise scales (left to PyTorch by rw-dequant-linear)
     "int8_group_scales": dict(qshape="out_features, in_features", sshape="out_features, in_features // group", extra="",
                               body='''        w = self.qweight.to(torch.int16) - 128
@@ -116,7 +133,8 @@ def _src(case):
 
 
 @pytest.mark.parametrize("case", sorted(CASES) + ["interleaved_view_scales@96", "halves_repeat_bias@96",
-                                                  "halves_repeat_bias@256"])
+                                                  "halves_repeat_bias@256", "awq_columns@96",
+                                                  "awq_columns@256"])
 def test_a_packed_weight_is_computed_in_the_products_registers(case, write_problem):
     src = _src(case)
     path = write_problem(src, case)
@@ -274,7 +292,7 @@ def test_no_load_leaves_its_tensor(case, write_problem):
             assert all(0 <= a < s for a, s in zip(at, leaves[j])), (case, j, at, leaves[j])
 
 
-@pytest.mark.parametrize("case", sorted(CASES) + ["halves_repeat_bias@256"])
+@pytest.mark.parametrize("case", sorted(CASES) + ["halves_repeat_bias@256", "awq_columns@96", "awq_columns@256"])
 def test_the_computed_weight_is_eagers_to_the_bit(case, write_problem):
     """Times the identity, each output is one weight element: the kernel's weight must equal
     eager's bit for bit (every op in PyTorch's dtype, integers converted to bf16 before a
@@ -326,3 +344,21 @@ def test_the_wrapper_refuses_stored_tensors_and_inputs_it_was_not_built_for(writ
             cm._egg_g0(x, m.qweight.to(torch.int16), m.scales)
         with pytest.raises(RuntimeError, match="cannot be multiplied"):
             cm._egg_g0(torch.randn(3, 32, dtype=torch.bfloat16), m.qweight, m.scales)
+
+
+def test_the_period_of_a_fixed_index_table():
+    """A fixed column order is read as blocks (codegen.rewrites.quant._period): the least R with
+    t[n] = (n // R) * R + t[n % R], each block a reordering inside itself."""
+    from codegen.rewrites.quant import _period
+
+    awq = torch.arange(64).view(-1, 8)[:, [0, 4, 1, 5, 2, 6, 3, 7]].reshape(-1)
+    assert _period(awq) == 8
+    assert _period(awq.int()) == 8
+    assert _period(torch.arange(48)) == 1  # the table is n: the take is dropped
+    assert _period(torch.tensor([1, 0, 3, 2, 5, 4, 7, 6])) == 2
+    assert _period(torch.arange(64).flip(0)) is None  # one block: nothing to read from n
+    assert _period(torch.randperm(64, generator=torch.Generator().manual_seed(1))) is None
+    assert _period(torch.tensor([0, 0, 2, 2])) == 2  # repeats inside a block are fine
+    assert _period(torch.tensor([1, 1, 3, 3])) == 2
+    assert _period(torch.tensor([2, 3, 0, 1])) is None  # blocks of 2 swapped: leaves its block
+    assert _period(torch.arange(8.0)) is None

@@ -228,6 +228,9 @@ KINDS = {
     # GPTQ's own unpacking (expand, shift by a buffer, mask, packed zero points, shape reads of
     # the unpacked weight): the same one product
     "39_gptq_int4_matmul.py": ["matmul"],
+    # AutoAWQ's unpacking (packed along N, its column order undone by an arange-built index
+    # table, read as blocks of 8): the same one product
+    "40_awq_int4_matmul.py": ["matmul"],
 }
 #: files whose emitted source the verifier's static check rejects (a gap of the compiler, not of
 #: the file: `egg verify` calls the kernel a cheat and a run keeps the reference); xfail until

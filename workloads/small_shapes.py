@@ -54,6 +54,7 @@ SMALL = {
     "36_padded_decode_attention": "BATCH, HEADS, CACHE_LEN, HEAD_DIM = 2, 4, 64, 16",
     "37_int4_groupwise_gemv": "BATCH, HIDDEN, INTERMEDIATE, GROUP = 2, 64, 96, 32",
     "39_gptq_int4_matmul": "BATCH, HIDDEN, INTERMEDIATE, GROUP = 2, 64, 96, 32",
+    "40_awq_int4_matmul": "BATCH, HIDDEN, INTERMEDIATE, GROUP = 2, 64, 96, 32",
     "38_qkv_split_rope": "BATCH, SEQ, Q_HEADS, KV_HEADS, HEAD_DIM = 2, 8, 4, 2, 16",
 }
 

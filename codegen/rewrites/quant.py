@@ -5,6 +5,7 @@ import operator
 
 from torch import fx
 
+from codegen.constants import classify_nodes, fixed_value
 from codegen.fusion import _numel
 from codegen.ops import classify, node_dtype, node_shape
 from codegen.rewrites.common import _annotate, _erase_unused_above, _ops, _replace, _shape_query_kind
@@ -93,7 +94,7 @@ def _row_scaled(gm: fx.GraphModule, w):
 
 
 #: at most this many stored tensors and instructions in a computed weight's program
-MAX_LEAVES = 4
+MAX_LEAVES = 6
 MAX_INSTRUCTIONS = 64
 
 
@@ -157,8 +158,9 @@ def _program(gm: fx.GraphModule, root: fx.Node) -> tuple[tuple, list[fx.Node]] |
     """(program, stored tensors) computing root, or None. A value read outside the program is
     taken as stored (it is computed anyway); every other value is read by the program alone."""
     forced: set[fx.Node] = set()
+    kind = classify_nodes(gm, set())
     for _round in range(MAX_INSTRUCTIONS):
-        b = _Builder(gm, forced)
+        b = _Builder(gm, forced, kind)
         try:
             b.value(root)
         except (_NotProgram, TypeError, ValueError, IndexError, KeyError, AttributeError):
@@ -166,18 +168,31 @@ def _program(gm: fx.GraphModule, root: fx.Node) -> tuple[tuple, list[fx.Node]] |
         inner = [m for m in b.index if m not in b.leaves and m is not root]
         # stored tensors of fixed shapes (parameters, buffers): a shape read of a value the
         # program makes is a constant (GPTQ's unpacking reads ``weight.shape[2]``)
-        fixed = all(t.op == "get_attr" for t in b.leaves)
+        fixed = all(t.op == "get_attr" or t in b.tables for t in b.leaves)
+        # a device query of a value the program makes asks a stored tensor's (AWQ's
+        # ``torch.arange(..., device=izeros.device)``): every value lives where they do
+        stored = next((t for t in b.leaves if t.op == "get_attr"), None)
         outside = [m for m in inner if any(
-            u not in b.index and not (fixed and _constant_query(u, m) is not None) for u in m.users)]
+            u not in b.index and not (fixed and _constant_query(u, m) is not None)
+            and not (stored is not None and _device_query(u, m)) for u in m.users)]
         if not outside:
             if len(b.leaves) > MAX_LEAVES or root in b.leaves:
                 return None
             for m in inner:
                 for u in [u for u in m.users if u not in b.index]:
-                    _replace_query(u, _constant_query(u, m))
+                    if _device_query(u, m):
+                        u.args = (stored, "device")
+                    else:
+                        _replace_query(u, _constant_query(u, m))
             return tuple(b.instrs), list(b.leaves)
         forced |= set(outside)
     return None
+
+
+def _device_query(q: fx.Node, m: fx.Node) -> bool:
+    """Is q ``m.device``?"""
+    return q.op == "call_function" and q.target is getattr and len(q.args) == 2 \
+        and q.args[0] is m and q.args[1] == "device"
 
 
 def _constant_query(q: fx.Node, m: fx.Node):
@@ -227,8 +242,9 @@ _CAST_METHODS = {"long", "int", "short", "char", "byte", "float", "half", "bfloa
 class _Builder:
     """The program's instructions, built depth first from the root (knowledge/templates/program.py)."""
 
-    def __init__(self, gm: fx.GraphModule, forced: set):
-        self.gm, self.forced = gm, forced
+    def __init__(self, gm: fx.GraphModule, forced: set, kind: dict):
+        self.gm, self.forced, self.kind = gm, forced, kind
+        self.tables: set[fx.Node] = set()  # leaves of values fixed at plan time
         self.instrs: list[tuple] = []
         self.index: dict[fx.Node, int] = {}
         self.leaves: list[fx.Node] = []
@@ -254,7 +270,13 @@ class _Builder:
         made = None if n in self.forced else self._op(n, shape, dt)
         if made is None:  # a stored tensor
             self.leaves.append(n)
-            return self._emit(n, ("leaf", shape, dt, len(self.leaves) - 1))
+            i = self._emit(n, ("leaf", shape, dt, len(self.leaves) - 1))
+            table = fixed_value(n, self.kind)  # made from constants and shapes: known values
+            if table is not None:
+                self.tables.add(n)
+                if dt in INT_DTYPES and table.numel():
+                    self.ranges[i] = (int(table.min()), int(table.max()))
+            return i
         return self._emit(n, made)
 
     def _operand(self, a):
@@ -311,6 +333,9 @@ class _Builder:
             lo, hi = self.ranges[ii]
             if lo < -size or hi >= size:  # an index that may leave the dim: PyTorch raises
                 raise _NotProgram
+            period = _period(fixed_value(index, self.kind)) if len(si_shape) == 1 and lo >= 0 else None
+            if period:
+                return ("take", shape, dt, si, ii, dim, False, period)
             return ("take", shape, dt, si, ii, dim, lo < 0)
         if fname in _RESHAPES or _none_index(n):
             src = args[0]
@@ -349,6 +374,30 @@ class _Builder:
                 return None
             return ("repeat", shape, dt, self.value(src), reps, dim % len(shape))
         return None
+
+
+#: the longest period of a fixed index table the lowering reads as blocks (_period)
+MAX_PERIOD = 64
+
+
+def _period(t) -> int | None:
+    """The least power of two R (1..MAX_PERIOD, below the table's length) for which the fixed
+    1-d index table t is ``(n // R) * R + t[n % R]``, each block a reordering inside itself
+    (AWQ's column order: [0, 4, 1, 5, 2, 6, 3, 7] in every 8; R = 1: t is n); else None. The
+    lowering then reads column ``(n // R) * R + t[n % R]``: the block from n, the table only
+    inside it (the least R: a packing of 8 divides the column again)."""
+    import torch
+
+    if t is None or t.dim() != 1 or t.dtype.is_floating_point:
+        return None
+    n = t.numel()
+    for r in (1 << e for e in range(MAX_PERIOD.bit_length())):
+        if r >= n or n % r:
+            continue
+        rows = t.reshape(-1, r).long() - torch.arange(0, n, r).unsqueeze(1)
+        if bool((rows == rows[0]).all()) and int(rows[0].min()) >= 0 and int(rows[0].max()) < r:
+            return r
+    return None
 
 
 def _none_index(n: fx.Node) -> bool:

@@ -19,7 +19,10 @@ the last the operand. Each instruction is ``(kind, shape, dtype, *args)``:
   integer value ``index`` (``table[q]``, ``w[:, order]``, index_select: a 4-bit code's lookup
   table), ``wrap`` when an index may be negative (counted from the end). The builder admits
   one only where the index's range, bounded op by op (``q & 15``, ``q >> 4``, casts), lies
-  inside the dim: no load leaves its tensor.
+  inside the dim: no load leaves its tensor. ``("take", ..., False, R)``: the index is a
+  table of fixed values that reorders within blocks of R (``t[n] = (n // R) * R + t[n % R]``:
+  AWQ's column order; R = 1: the table is n), read as that (its block from n, a divisible
+  index again).
 
 Lowering walks the program backwards from the operand's indices: every view becomes index
 arithmetic (a reshape's merged and split dims as // and %, simplified where the bounds allow:
@@ -328,11 +331,18 @@ class Lowering:
             return self.memo[key]
         if kind == "leaf":
             j = a[0]
-            terms = [f"{e.render()} * {self.stride(j, d)}" for d, e in enumerate(idx)
-                     if not (e.kind == "const" and e.args[0] == 0)]
-            off = " + ".join(terms) or "0"
             self.loads.append((j, list(idx)))
-            return self._name(key, f"tl.load({self.ptr(j)} + {off})")
+            r = self._n_pack(idx) if any(_k_vars(e) for e in idx) else None
+            if r:  # a tile read by packs of r columns: loaded once per pack, broadcast over it
+                nname = self.steps[0].args[0]
+                n8 = var(f"(tl.max(tl.reshape({nname.split('[')[0]} // {r}, (BLOCK_N // {r}, {r})), "
+                         f"axis=1))[:, None, None]", self.steps[0].hi // r)
+                idx3 = [_packed_n(e, nname, r, n8) for e in idx]
+                v3 = self._name(("v3", v, tuple(e.render() for e in idx3)),
+                                f"tl.load({self.ptr(j)} + {self._offset(j, idx3)})")
+                return self._name(key, f"tl.reshape(tl.broadcast_to({v3}, (BLOCK_N // {r}, {r}, BLOCK_K)), "
+                                       "(BLOCK_N, BLOCK_K))")
+            return self._name(key, f"tl.load({self.ptr(j)} + {self._offset(j, idx)})")
         if kind == "bin":
             op, x, y = a
             ops = [self._operand(t, shape, idx, dt) for t in (x, y)]
@@ -360,9 +370,15 @@ class Lowering:
             inner[dim] = div(idx[dim], reps)
             return self.value(src, inner)
         if kind == "take":
-            src, index, dim, wrap = a
+            src, index, dim, wrap, *period = a
             size = self.program[src][1][dim]
             m = len(self.program[index][1])
+            if period:  # a fixed table reordering within blocks of R: the block read from n
+                r, j = period[0], idx[dim]
+                if r == 1:  # the table is n itself
+                    return self.value(src, idx)
+                iv = self.value(index, [mod(j, r)])
+                return self.value(src, idx[:dim] + [add(mul(div(j, r), r), var(iv, r))] + idx[dim + 1:])
             iv = self.value(index, idx[dim:dim + m])
             if wrap:  # negative indices count from the end
                 iv = self._name(("wrap", iv), f"tl.where({iv} < 0, {iv} + {size}, {iv})")
@@ -394,6 +410,27 @@ class Lowering:
                 expr = f"tl.where({cond} < {offs[k] + sizes[k]}, {vals[k]}, {expr})"
             return self._name(key, expr)
         raise ValueError(f"program instruction {kind!r}")
+
+    def _offset(self, j: int, idx: list[Ix]) -> str:
+        terms = [f"{e.render()} * {self.stride(j, d)}" for d, e in enumerate(idx)
+                 if not (e.kind == "const" and e.args[0] == 0)]
+        return " + ".join(terms) or "0"
+
+    def _n_pack(self, idx: list[Ix]) -> int | None:
+        """r when a whole step's load reads n only as n // r (a value packed r to a stored
+        element along N: AWQ's eight nibbles an int32 along the output columns), r a power of
+        two up to MAX_PACK dividing N; else None."""
+        if self.steps is None:
+            return None
+        n = self.steps[0]
+        found: set = set()
+        for e in idx:
+            if not _div_only(e, n.args[0], found):
+                return None
+        if len(found) != 1:
+            return None
+        r = found.pop()
+        return r if 1 < r <= MAX_PACK and not r & (r - 1) and n.hi % r == 0 else None
 
     def _step_of(self, pos: Ix, sizes: list[int]):
         """For a cat along a whole step's k whose pieces are all whole steps long: the step lies
@@ -470,6 +507,39 @@ class Lowering:
         if src == dt or (dt in FLOAT_DTYPES and src in ("int8", "uint8")):
             return v  # (8-bit integers are exact in every float dtype: converted in _binary)
         return self._name(("as", v, dt), _convert(v, src, dt))
+
+
+def _div_only(e: Ix, name: str, found: set) -> bool:
+    """Does e read the variable name only as name // r? (the divisors r into found)"""
+    if e.kind == "div" and e.args[0].kind == "var" and e.args[0].args[0] == name:
+        found.add(e.args[1])
+        return True
+    if e.kind == "var":
+        return e.args[0] != name
+    return all(_div_only(t, name, found) for t in e.args if isinstance(t, Ix))
+
+
+def _k_vars(e: Ix) -> bool:
+    """Does e read a variable along the tile's K (a name indexed ``[None, :]``)?"""
+    if e.kind == "var":
+        return "[None, :]" in e.args[0]
+    return any(_k_vars(t) for t in e.args if isinstance(t, Ix))
+
+
+def _packed_n(e: Ix, name: str, r: int, n8: Ix) -> Ix:
+    """e on a [BLOCK_N // r, 1, BLOCK_K] tile: name // r the pack's index n8, K's variables
+    indexed [None, None, :]."""
+    if e.kind == "div" and e.args[0].kind == "var" and e.args[0].args[0] == name and e.args[1] == r:
+        return n8
+    if e.kind == "var":
+        return var(e.args[0].replace("[None, :]", "[None, None, :]"), e.hi) if "[None, :]" in e.args[0] else e
+    if e.kind == "const":
+        return e
+    if e.kind == "add":
+        return add(*[_packed_n(t, name, r, n8) for t in e.args])
+    if e.kind == "clamp":
+        return clamp(_packed_n(e.args[0], name, r, n8), e.args[1], e.args[2])
+    return {"div": div, "mod": mod, "mul": mul}[e.kind](_packed_n(e.args[0], name, r, n8), e.args[1])
 
 
 def _broadcast(idx: list[Ix], in_shape, out_shape) -> list[Ix]:
