@@ -146,8 +146,7 @@ def noise_verdict(new: dict, best: dict, min_rel: float = MIN_REL_DIFF) -> str:
     larger spread of the two, or under ``min_rel`` (2%), is noise: never a win, never a
     regression; unless the two distributions do not overlap between their 20th and 80th
     percentiles (the new p80 below the best's p20, or its p20 above the best's p80): one wide
-    timing (a sub-0.1 ms kernel on a busy host) does not hide a clear difference; nor a win where the
-    best's timing is the wider one and the new p80 lies below the best's median. Routers and
+    timing (a sub-0.1 ms kernel on a busy host) does not hide a clear difference. Routers and
     the tiler's search act on this verdict only.
     """
     m_new, m_best = new["median_ms"], best["median_ms"]
@@ -157,12 +156,6 @@ def noise_verdict(new: dict, best: dict, min_rel: float = MIN_REL_DIFF) -> str:
             return "improved"
         if n20 > b80 and m_new > m_best:
             return "regressed"
-        # the best's timing wide, the new one tight: four in five of the new calls below the
-        # best's median is a win (an int4 GEMV whose calls took 0.04 or 0.12 ms, median 0.103,
-        # against a steady 0.061 was called noise, and the slower kept). Not mirrored: a
-        # regression stays one the ranges show
-        if n80 < m_best and m_new < m_best and relative_spread(best) > relative_spread(new):
-            return "improved"
 
     spread = max(relative_spread(new), relative_spread(best), min_rel)
     if m_new < m_best * (1 - spread):

@@ -562,10 +562,6 @@ MUTANTS: list[Mutant] = [
            "            r = None\n",
            ("tests/test_compile_check.py::test_weights_packed_along_the_columns_are_read_once_per_pack",),
            "values packed along N loaded once per column, not once per pack"),
-    Mutant("noise-wide-best-never-loses", "harness/timing.py",
-           "if n80 < m_best and m_new < m_best and relative_spread(best) > relative_spread(new):",
-           "if False:", ("tests/test_timing.py",),
-           "a steady faster variant called noise against a wide slower incumbent: the slower kept"),
 
 ]
 
