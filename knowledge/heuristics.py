@@ -142,18 +142,16 @@ def matmul_config(m: int, n: int, k: int, batch: int, sm_count: int = 132,
         # a split (112 programs) 0.0409 ms a call, split 2 0.0563, 64 columns split 2 (~4
         # programs per SM, the former rule) 0.0494 (cuBLAS 0.0416): K is split only to reach
         # about one program per SM (a weight with few column tiles), each over >= 4 K steps
-        bm, bn, bk = 16, 128 if n >= 128 * sm_count // 2 else 64, min(128, next_pow2(k))
+        # A weight computed in registers (rw-dequant-program) takes 64 columns whatever N: the
+        # unpacking is ALU work and registers per tile, not bytes, so half the columns and twice
+        # the programs. Measured on an H100 (int4 4 x 4096 x 14336, workload 37,
+        # harness.timing.bench, thirtieth session): 64 columns 0.039 ms a call against 0.076 for
+        # 128; split 4 on top of 64 columns: the same median and calls of up to 0.075 ms (its
+        # second kernel's launch)
+        wide = n >= 128 * sm_count // 2 and not computed_b
+        bm, bn, bk = 16, 128 if wide else 64, min(128, next_pow2(k))
         split = max(1, min(64, sm_count // tiles(), k // (4 * bk)))
         split = 1 << (split.bit_length() - 1)
-        if computed_b:
-            # a weight computed in registers (rw-dequant-program): the unpacking is ALU work and
-            # registers per tile, not bytes, so half the columns and twice the programs. Measured
-            # on an H100 (int4 4 x 4096 x 14336, workload 37, harness.timing.bench, thirtieth
-            # session): 64 columns 0.039 ms a call against 0.076 for 128; split 4 on top of 64
-            # columns: the same median and calls of up to 0.075 ms (its second kernel's launch)
-            bn = 64
-            split = max(1, min(64, sm_count // tiles(), k // (4 * bk)))
-            split = 1 << (split.bit_length() - 1)
         return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 1, "num_warps": 4,
                 "num_stages": 4, "SPLIT_K": split}
     bm = 128 if m > 64 else 64

@@ -558,7 +558,7 @@ MUTANTS: list[Mutant] = [
            ("tests/test_quant_program.py::test_the_computed_weight_is_eagers_to_the_bit",),
            "a reordering within blocks read from the first block only: a wrong weight"),
     Mutant("program-n-pack-off", "knowledge/templates/program.py",
-           "            r = self._n_pack(idx) if any(_k_vars(e) for e in idx) else None\n",
+           "            r = self._n_pack(idx) if ks else None\n",
            "            r = None\n",
            ("tests/test_compile_check.py::test_weights_packed_along_the_columns_are_read_once_per_pack",),
            "values packed along N loaded once per column, not once per pack"),

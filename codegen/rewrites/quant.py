@@ -1,6 +1,7 @@
 """Weight-only quantized products: rw-dequant-linear."""
 from __future__ import annotations
 
+import functools
 import operator
 
 from torch import fx
@@ -159,8 +160,10 @@ def _program(gm: fx.GraphModule, root: fx.Node) -> tuple[tuple, list[fx.Node]] |
     taken as stored (it is computed anyway); every other value is read by the program alone."""
     forced: set[fx.Node] = set()
     kind = classify_nodes(gm, set())
+    # a tensor of fixed values (codegen.constants.fixed_value) computed once for every round
+    values = functools.cache(lambda n: fixed_value(n, kind))
     for _round in range(MAX_INSTRUCTIONS):
-        b = _Builder(gm, forced, kind)
+        b = _Builder(gm, forced, values)
         try:
             b.value(root)
         except (_NotProgram, TypeError, ValueError, IndexError, KeyError, AttributeError):
@@ -242,8 +245,8 @@ _CAST_METHODS = {"long", "int", "short", "char", "byte", "float", "half", "bfloa
 class _Builder:
     """The program's instructions, built depth first from the root (knowledge/templates/program.py)."""
 
-    def __init__(self, gm: fx.GraphModule, forced: set, kind: dict):
-        self.gm, self.forced, self.kind = gm, forced, kind
+    def __init__(self, gm: fx.GraphModule, forced: set, values):
+        self.gm, self.forced, self.values = gm, forced, values  # values(n): n's fixed values or None
         self.tables: set[fx.Node] = set()  # leaves of values fixed at plan time
         self.instrs: list[tuple] = []
         self.index: dict[fx.Node, int] = {}
@@ -271,7 +274,7 @@ class _Builder:
         if made is None:  # a stored tensor
             self.leaves.append(n)
             i = self._emit(n, ("leaf", shape, dt, len(self.leaves) - 1))
-            table = fixed_value(n, self.kind)  # made from constants and shapes: known values
+            table = self.values(n)  # made from constants and shapes: known values
             if table is not None:
                 self.tables.add(n)
                 if dt in INT_DTYPES and table.numel():
@@ -333,7 +336,7 @@ class _Builder:
             lo, hi = self.ranges[ii]
             if lo < -size or hi >= size:  # an index that may leave the dim: PyTorch raises
                 raise _NotProgram
-            period = _period(fixed_value(index, self.kind)) if len(si_shape) == 1 and lo >= 0 else None
+            period = _period(self.values(index)) if len(si_shape) == 1 and lo >= 0 else None
             if period:
                 return ("take", shape, dt, si, ii, dim, False, period)
             return ("take", shape, dt, si, ii, dim, lo < 0)

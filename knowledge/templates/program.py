@@ -286,10 +286,15 @@ def subst(e: Ix, names: dict[str, Ix]) -> Ix:
     return {"div": div, "mod": mod, "mul": mul}[e.kind](subst(e.args[0], names), e.args[1])
 
 
-def uses(e: Ix, name: str) -> bool:
+def variables(e: Ix) -> set[Ix]:
+    """e's variables."""
     if e.kind == "var":
-        return e.args[0] == name
-    return any(uses(t, name) for t in e.args if isinstance(t, Ix))
+        return {e}
+    return set().union(*[variables(t) for t in e.args if isinstance(t, Ix)])
+
+
+def uses(e: Ix, name: str) -> bool:
+    return any(v.args[0] == name for v in variables(e))
 
 
 #: packing factors (values a stored element holds along K) the tile is split by: 2, 4, 8, 16
@@ -332,12 +337,18 @@ class Lowering:
         if kind == "leaf":
             j = a[0]
             self.loads.append((j, list(idx)))
-            r = self._n_pack(idx) if any(_k_vars(e) for e in idx) else None
+            ks = [x for x in set().union(*[variables(e) for e in idx])
+                  if "[None, :]" in x.args[0]]  # variables along the tile's K
+            r = self._n_pack(idx) if ks else None
             if r:  # a tile read by packs of r columns: loaded once per pack, broadcast over it
                 nname = self.steps[0].args[0]
                 n8 = var(f"(tl.max(tl.reshape({nname.split('[')[0]} // {r}, (BLOCK_N // {r}, {r})), "
                          f"axis=1))[:, None, None]", self.steps[0].hi // r)
-                idx3 = [_packed_n(e, nname, r, n8) for e in idx]
+                # on a [BLOCK_N // r, 1, BLOCK_K] tile: n // r is the pack's index (n read only
+                # so: n = n8 * r divides back), K's variables indexed [None, None, :]
+                to3 = {nname: mul(n8, r),
+                       **{x.args[0]: var(x.args[0].replace("[None, :]", "[None, None, :]"), x.hi) for x in ks}}
+                idx3 = [subst(e, to3) for e in idx]
                 v3 = self._name(("v3", v, tuple(e.render() for e in idx3)),
                                 f"tl.load({self.ptr(j)} + {self._offset(j, idx3)})")
                 return self._name(key, f"tl.reshape(tl.broadcast_to({v3}, (BLOCK_N // {r}, {r}, BLOCK_K)), "
@@ -517,29 +528,6 @@ def _div_only(e: Ix, name: str, found: set) -> bool:
     if e.kind == "var":
         return e.args[0] != name
     return all(_div_only(t, name, found) for t in e.args if isinstance(t, Ix))
-
-
-def _k_vars(e: Ix) -> bool:
-    """Does e read a variable along the tile's K (a name indexed ``[None, :]``)?"""
-    if e.kind == "var":
-        return "[None, :]" in e.args[0]
-    return any(_k_vars(t) for t in e.args if isinstance(t, Ix))
-
-
-def _packed_n(e: Ix, name: str, r: int, n8: Ix) -> Ix:
-    """e on a [BLOCK_N // r, 1, BLOCK_K] tile: name // r the pack's index n8, K's variables
-    indexed [None, None, :]."""
-    if e.kind == "div" and e.args[0].kind == "var" and e.args[0].args[0] == name and e.args[1] == r:
-        return n8
-    if e.kind == "var":
-        return var(e.args[0].replace("[None, :]", "[None, None, :]"), e.hi) if "[None, :]" in e.args[0] else e
-    if e.kind == "const":
-        return e
-    if e.kind == "add":
-        return add(*[_packed_n(t, name, r, n8) for t in e.args])
-    if e.kind == "clamp":
-        return clamp(_packed_n(e.args[0], name, r, n8), e.args[1], e.args[2])
-    return {"div": div, "mod": mod, "mul": mul}[e.kind](_packed_n(e.args[0], name, r, n8), e.args[1])
 
 
 def _broadcast(idx: list[Ix], in_shape, out_shape) -> list[Ix]:
