@@ -55,9 +55,14 @@ def reduction_config(nrows: int, r: int, inner: int, rows_variant: bool, sm_coun
         chunk = split_chunk(nrows, r, block_r, sm_count)
         return {"BLOCK_O": block_o, "BLOCK_R": block_r, "BLOCK_I": 64, "num_warps": warps,
                 "num_stages": 2, "SPLIT_ROWS": 2 * sm_count, "SPLIT_CHUNK": chunk}
-    block_i = min(128, next_pow2(inner))
+    # a short reduced dim (an MoE combine's top-k, a mean over a few heads) widens the inner
+    # block instead, up to 1024 columns, so that a tile still holds ~2K elements
+    # (tile-block-size), as long as the (outer index x inner block) tiles fill the SMs twice
+    block_i = min(next_pow2(inner), max(128, min(1024, 2048 // next_pow2(r))))
+    while block_i > 128 and nrows * math.ceil(inner / block_i) < 2 * sm_count:
+        block_i //= 2
     block_r = max(8, min(next_pow2(r), 4096 // block_i))
-    warps = 4 if block_i * block_r <= 4096 else 8
+    warps = 4 if block_i * min(block_r, next_pow2(r)) <= 4096 else 8  # the tile the launch runs
     # few (outer index x inner block) tiles over a long reduced dim (a channels-last image
     # reduced over its pixels): the reduced dim is split too, >= 4 programs per SM
     chunk = split_chunk(nrows * math.ceil(inner / block_i), r, block_r, sm_count)

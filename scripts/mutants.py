@@ -562,6 +562,16 @@ MUTANTS: list[Mutant] = [
            "            r = None\n",
            ("tests/test_compile_check.py::test_weights_packed_along_the_columns_are_read_once_per_pack",),
            "values packed along N loaded once per column, not once per pack"),
+    Mutant("reduction-inner-const-off", "knowledge/templates/reduction.py",
+           '    zkw = "".join(f", Z{i}=sts[{i}][4] == 0" for i in zs)\n',
+           '    zkw = "".join(f", Z{i}=False" for i in zs)\n',
+           ("tests/test_compile_check.py::test_an_moe_combine_reads_the_chosen_rows_as_vectors",),
+           "an operand constant along the inner columns loaded per element: the gather by scalars"),
+    Mutant("reduction-inner-const-always", "knowledge/templates/reduction.py",
+           '    zkw = "".join(f", Z{i}=sts[{i}][4] == 0" for i in zs)\n',
+           '    zkw = "".join(f", Z{i}=True" for i in zs)\n',
+           ("tests/test_templates.py::test_template_matches_torch[reduction_cols_row_weights]",),
+           "every operand read once per reduced index: an input varying along the columns is wrong"),
 
 ]
 

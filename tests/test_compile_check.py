@@ -4,6 +4,7 @@ import time
 import pytest
 
 from codegen import pipeline
+from codegen.emit import emit_model
 from harness.compile_check import SM90_SMEM, check_file, check_files, target_of
 from harness.problem import load_problem
 from state.records import HardwareInfo
@@ -270,3 +271,33 @@ def test_weights_packed_along_the_columns_are_read_once_per_pack(write_problem, 
     assert res.ok, res.reason
     forms = res.kernels[0].global_access
     assert forms.get("cp.async.ca.shared.global.4B", 0) <= 48, forms
+
+
+def test_an_moe_combine_reads_the_chosen_rows_as_vectors(write_problem, tmp_path, cache_dir):
+    """A mixture-of-experts combine (tests/test_take.py's moe_combine at Mixtral's 8 experts,
+    top 2, 4096 columns), the stage-1 tiles of knowledge/heuristics.py: the chosen index and the
+    routing weight are constant along the inner columns (an expanded index, an unsqueezed
+    weight), so the columns walk loads them once per reduced index (Z1, Z2) and the gathered
+    rows are 16-byte vectors in sm_90 PTX. Loaded per element, the gather compiled to one
+    two-byte ``ld.global.b16`` per element (Triton cannot see a runtime stride of 0)."""
+    from policies.expert import group_config
+    from tests.test_llm_kernels import BF, problem
+
+    src = problem(
+        "out, chosen, w", "        idx = chosen.unsqueeze(-1).expand(-1, -1, out.shape[-1])\n"
+        "        picked = torch.gather(out, 1, idx)\n"
+        "        return (picked.float() * w.unsqueeze(-1)).sum(dim=1).to(out.dtype)\n",
+        f"[torch.randn(512, 8, 4096, {BF}), torch.randint(0, 8, (512, 2)), torch.rand(512, 2)]")
+    prob = load_problem(write_problem(src, "moe_vec"))
+    plan, _rw, _err = pipeline.analyze(prob)
+    assert [g.kind for g in plan.groups] == ["reduction"]
+    cfg = {g.id: group_config(plan, g, 132) for g in plan.groups}
+    assert cfg[plan.groups[0].id]["BLOCK_I"] >= 512, cfg  # a tile of ~2K elements over top 2
+    cand = tmp_path / "moe.py"
+    cand.write_text(emit_model(prob.source, plan, cfg, "# moe").source)
+    res = check_file(cand, cache_dir=cache_dir)
+    assert res.ok, res.reason
+    (k,) = res.kernels
+    assert k.constexprs.get("Z1") and k.constexprs.get("Z2"), k.constexprs
+    assert not [f for f in k.global_access if f.startswith("ld.global.b16")], k.global_access
+    assert k.global_access.get("ld.global.v4.b32", 0) >= 1, k.global_access

@@ -40,6 +40,15 @@ CASES = {
         "x):\n        return torch.sum(torch.tanh(x) + 1.0, dim=1) * 0.5, torch.amax(x, dim=(1, 2), keepdim=True)\n",
         "[torch.randn(3, 517, 45, 3)]"),
         {"g0": {"SPLIT_CHUNK": 128, "BLOCK_R": 32, "BLOCK_I": 16}, "g1": {"SPLIT_CHUNK": 2048, "BLOCK_R": 64, "BLOCK_I": 4}}),
+    # a weight per reduced index (inner stride 0: loaded once per index, Z1) next to an input
+    # that varies along the inner dims (Z0 false), with and without the split mapping
+    "reduction_cols_row_weights": ("reduction", problem(
+        "x, w):\n        return torch.sum(x * w - x, dim=1)\n",
+        "[torch.randn(3, 37, 45, 2), torch.randn(3, 37, 1, 1)]"), {"g0": {"BLOCK_R": 8, "BLOCK_I": 32}}),
+    "reduction_cols_row_weights_split": ("reduction", problem(
+        "x, w):\n        return torch.sum(x * w - x, dim=1)\n",
+        "[torch.randn(3, 37, 45, 2), torch.randn(3, 37, 1, 1)]"),
+        {"g0": {"SPLIT_CHUNK": 16, "BLOCK_R": 8, "BLOCK_I": 32}}),
     "softmax_one_pass": ("softmax", problem(
         "x):\n        return torch.softmax(x, dim=-1), torch.log_softmax(x, dim=1)\n",
         "[torch.randn(223, 781)]"), None),
@@ -163,6 +172,7 @@ CASES = {
 
 #: kernels a case's forced configuration must run (the split mappings)
 LAUNCHED = {"reduction_split": ("_egg_k_g0_part", "_egg_k_g0_fin"),
+            "reduction_cols_row_weights_split": ("_egg_k_g0_part", "_egg_k_g0_fin"),
             "reduction_cols_split": ("_egg_k_g0_part", "_egg_k_g0_fin", "_egg_k_g1_part", "_egg_k_g1_fin"),
             "layer_norm_split": ("_egg_k_g0_stats", "_egg_k_g0_apply"),
             "layer_norm_row_inputs_split": ("_egg_k_g0_stats", "_egg_k_g0_apply")}

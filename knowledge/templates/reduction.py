@@ -15,7 +15,7 @@ INFO = TemplateInfo(
     name="reduction",
     kind="reduction",
     tunables={"BLOCK_O": [1, 2, 4, 8, 16, 32], "BLOCK_R": [64, 128, 256, 512, 1024, 2048],
-              "BLOCK_I": [16, 32, 64, 128, 256], "num_warps": [1, 2, 4, 8, 16],
+              "BLOCK_I": [16, 32, 64, 128, 256, 512, 1024], "num_warps": [1, 2, 4, 8, 16],
               "num_stages": [1, 2, 3, 4], "SPLIT_CHUNK": [8192, 16384, 32768, 65536]},
     defaults={"BLOCK_O": 4, "BLOCK_R": 512, "BLOCK_I": 64, "num_warps": 4, "num_stages": 2,
               "SPLIT_ROWS": 264, "SPLIT_CHUNK": 32768},
@@ -72,16 +72,34 @@ def row_setup(n_in: int, rows_variant: bool) -> list[str]:
     return lines
 
 
-def tile_loads(spec, inputs: list[int], rows_variant: bool, rr: str, mask: str) -> list[str]:
-    """Loads of full-domain inputs for one tile of the reduced dim (index vector ``rr``)."""
+def tile_loads(spec, inputs: list[int], rows_variant: bool, rr: str, mask: str,
+               by_row: list[int] = ()) -> list[str]:
+    """Loads of full-domain inputs for one tile of the reduced dim (index vector ``rr``). Cols
+    walk, inputs in ``by_row`` (the kernel has a Z{i} flag for each, inner_const_slots): where
+    Z{i} (the input's inner stride is 0: a weight per reduced index, an index expanded along
+    the inner dims) it is loaded once per reduced index, a [BLOCK_R, 1] tile under ``mr`` (the
+    reduced dim's mask) the inner columns broadcast: one load where a row of loads at a zero
+    stride were as many scalar loads of one address (Triton cannot see the stride is 0), and a
+    take's source row such an index names is read as a contiguous (vectorized) run."""
     out = []
     for i in load_order(spec, inputs):
         if rows_variant:
-            idx = f"b{i}[:, None] + {rr}[None, :] * S{i}_3"
-        else:
-            idx = f"b{i} + {rr}[:, None] * S{i}_3 + ii[None, :] * S{i}_4"
-        out += pro_load(spec, i, idx, mask)
+            out += pro_load(spec, i, f"b{i}[:, None] + {rr}[None, :] * S{i}_3", mask)
+            continue
+        full = pro_load(spec, i, f"b{i} + {rr}[:, None] * S{i}_3 + ii[None, :] * S{i}_4", mask)
+        if i not in by_row:
+            out += full
+            continue
+        out += [f"if Z{i}:", *("    " + ln for ln in pro_load(spec, i, f"b{i} + {rr}[:, None] * S{i}_3", "mr")),
+                "else:", *("    " + ln for ln in full)]
     return out
+
+
+def inner_const_slots(spec) -> list[int]:
+    """Full-domain inputs a cols walk may load once per reduced index (tile_loads' ``by_row``):
+    all but a take's sources, whose offset moves along the inner dims by construction."""
+    takes = getattr(spec, "takes", {})
+    return [i for i in spec.pro_inputs if i not in takes]
 
 
 def load_order(spec, inputs: list[int]) -> list[int]:
@@ -211,9 +229,13 @@ def _split_kernels(spec: ReductionSpec, kname: str, cfg: dict, rows_v: bool) -> 
     part += [f"b{i} = _egg_index3(row, OD1, OD2, S{i}_0, S{i}_1, S{i}_2)" for i in range(n_in)]
     part += [f"acc2 = tl.full({tile}, {ident}, {ct})", "for off in range(0, CHUNK, BLOCK_R):"]
     loop = [f"rr = {rr}", f"m = {mask}"]
-    for i in load_order(spec, spec.pro_inputs):
-        idx = f"b{i} + rr * S{i}_3" if rows_v else f"b{i} + rr[:, None] * S{i}_3 + ii[None, :] * S{i}_4"
-        loop += pro_load(spec, i, idx, "m")
+    if rows_v:
+        for i in load_order(spec, spec.pro_inputs):
+            loop += pro_load(spec, i, f"b{i} + rr * S{i}_3", "m")
+    else:
+        zs = inner_const_slots(spec)
+        loop += ["mr = ((rr < R) & (rr < (sp + 1) * CHUNK))[:, None]"] if zs else []
+        loop += tile_loads(spec, spec.pro_inputs, False, "rr", "m", zs)
     loop += stmt_lines(spec.pro_stmts)
     loop += [f"v = tl.where(m, {spec.red_var}, {ident})", f"acc2 = {upd}"]
     part += ["    " + ln for ln in loop]
@@ -222,7 +244,8 @@ def _split_kernels(spec: ReductionSpec, kname: str, cfg: dict, rows_v: bool) -> 
         tail = "SPLITS, CHUNK, BLOCK_R: tl.constexpr"
     else:
         part.append(f"tl.store(W + (row * SPLITS + sp) * INNER + ii, {reduce_call(red, 'acc2', 0)}, mask=imask)")
-        tail = "SPLITS, CHUNK, BLOCK_R: tl.constexpr, BLOCK_I: tl.constexpr"
+        tail = ", ".join(["SPLITS, CHUNK, BLOCK_R: tl.constexpr, BLOCK_I: tl.constexpr"]
+                         + [f"Z{i}: tl.constexpr" for i in inner_const_slots(spec)])
     k_part = (f"@triton.jit\ndef {kname}_part({', '.join(ins + ['W', 'NROWS', 'OD1', 'OD2', 'R', 'INNER'] + strides + take_params(spec))}, "
               f"{tail}):\n" + indent(part, 4) + "\n")
     outs = [f"O{j}" for j in range(len(spec.outputs))]
@@ -257,6 +280,10 @@ def render(spec: ReductionSpec, cfg: dict, kname: str, gname: str) -> Rendered:
     ct = compute_type(spec)
     op = spec.op
     params, grid, kw = launch_tail(rows_v, cfg)
+    zs = [] if rows_v else inner_const_slots(spec)
+    params += [f"Z{i}: tl.constexpr" for i in zs]
+    zkw = "".join(f", Z{i}=sts[{i}][4] == 0" for i in zs)
+    kw += zkw
     head = signature(kname, n_in, len(spec.outputs), params, take_params(spec))
     tile = "[BLOCK_O, BLOCK_R]" if rows_v else "[BLOCK_R, BLOCK_I]"
     ax = 1 if rows_v else 0
@@ -272,7 +299,8 @@ def render(spec: ReductionSpec, cfg: dict, kname: str, gname: str) -> Rendered:
     else:
         body.append(f"acc2 = tl.full({tile}, {ident}, {ct})")
     loop = ["rr = r0 + tl.arange(0, BLOCK_R)", f"m = {tile_mask(rows_v, 'rr')}"]
-    loop += tile_loads(spec, spec.pro_inputs, rows_v, "rr", "m")
+    loop += ["mr = (rr < R)[:, None]"] if zs else []
+    loop += tile_loads(spec, spec.pro_inputs, rows_v, "rr", "m", zs)
     loop += stmt_lines(spec.pro_stmts)
     loop.append(f"v = tl.where(m, {spec.red_var}, {ident})")
     if op in ("sum", "mean"):
@@ -361,7 +389,7 @@ def render(spec: ReductionSpec, cfg: dict, kname: str, gname: str) -> Rendered:
             bi = int(cfg["BLOCK_I"])
             w += [
                 f"    {kname}_part[({tiles} * splits,)](*ts, part, nrows, outer[1], outer[2], R, inner, {flat}, "
-                f"splits, chunk, BLOCK_R=BLOCK_R, BLOCK_I={bi}, num_warps={int(cfg['num_warps'])})",
+                f"splits, chunk, BLOCK_R=BLOCK_R, BLOCK_I={bi}{zkw}, num_warps={int(cfg['num_warps'])})",
                 f"    {kname}_fin[({tiles},)](*ts{outs}, part, nrows, outer[1], outer[2], R, inner, "
                 f"{flat}, splits, SPLITS_P2=_egg_pow2(splits), BLOCK_I={bi}, num_warps=4)",
             ]
