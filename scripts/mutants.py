@@ -572,6 +572,11 @@ MUTANTS: list[Mutant] = [
            '    zkw = "".join(f", Z{i}=True" for i in zs)\n',
            ("tests/test_templates.py::test_template_matches_torch[reduction_cols_row_weights]",),
            "every operand read once per reduced index: an input varying along the columns is wrong"),
+    Mutant("reduction-arg-split-last", "knowledge/templates/reduction.py",
+           '                "acc_idx = " + ARG_PICK.format(a="pv", ex=ex, ix="pi", ax=ax)]\n',
+           '                f"acc_idx = tl.max(tl.where(pv == {ex}, pi, -1), {ax})"]\n',
+           ("tests/test_templates.py::test_max_min_of_all_negative_and_all_positive_rows[arg_split_ties_nan]",),
+           "a split arg-reduction's merge takes the last chunk holding the extreme, and misses a NaN"),
 
 ]
 

@@ -280,6 +280,22 @@ EXTREMES = {
         "x, y):\n        return torch.amax(x), torch.amin(y)\n", NEG_POS.format(s="7, 301")),
         {"g0": {"SPLIT_CHUNK": 512, "BLOCK_R": 256}, "g1": {"SPLIT_CHUNK": 512, "BLOCK_R": 256}},
         ("_egg_k_g0_part", "_egg_k_g0_fin", "_egg_k_g1_part", "_egg_k_g1_fin")),
+    # arg-reductions split (a greedy token over a vocabulary: few long rows): partial extremes
+    # and their indices per chunk, merged to the first index holding the extreme; rows (x) and
+    # columns (y) mappings, one sign per row
+    "arg_split": (problem(
+        "x, y):\n        return torch.argmax(x, dim=1), torch.argmin(y, dim=1)\n",
+        "[-torch.rand(7, 301) - 0.5, torch.rand(5, 301, 9) + 0.5]"),
+        {"g0": {"SPLIT_CHUNK": 64, "BLOCK_R": 32}, "g1": {"SPLIT_CHUNK": 64, "BLOCK_R": 32, "BLOCK_I": 8}},
+        ("_egg_k_g0_part", "_egg_k_g0_fin", "_egg_k_g1_part", "_egg_k_g1_fin")),
+    # ... with ties across chunks (three values: the first index wins, not the first chunk's
+    # own lowest nor the last) and NaNs, which torch takes as the extreme (the first NaN)
+    "arg_split_ties_nan": (problem(
+        "x, y):\n        return torch.argmax(x, dim=1), torch.argmin(y, dim=1), x.max(dim=1)[0]\n",
+        "[torch.randint(0, 3, (9, 301)).float().masked_fill(torch.rand(9, 301) < 0.004, float('nan')), "
+        "torch.randint(0, 3, (5, 301, 9)).float()]"),
+        {"g0": {"SPLIT_CHUNK": 64, "BLOCK_R": 32}, "g1": {"SPLIT_CHUNK": 64, "BLOCK_R": 32, "BLOCK_I": 8}},
+        ("_egg_k_g0_part", "_egg_k_g0_fin", "_egg_k_g1_part", "_egg_k_g1_fin")),
     # reductions broadcast back over their rows (softmax template; 1024 rows so that the plan
     # fuses them): one pass with masked lanes (37 of 64), then two passes (tiles of 16: the
     # running value starts at the identity)
@@ -300,6 +316,7 @@ EXTREMES = {
         members="        self.p = nn.MaxPool1d(5, stride=2, padding=2)\n"), None, ()),
 }
 EXTREME_KINDS = {"reduction_rows": "reduction", "reduction_cols": "reduction", "reduction_split": "reduction",
+                 "arg_split": "reduction", "arg_split_ties_nan": "reduction",
                  "logsumexp_rows": "reduction", "broadcast_one_pass": "softmax",
                  "broadcast_two_pass": "softmax", "pool_max_padded": "pool"}
 #: max/min are exact; a logsumexp sums exponentials in another order than torch

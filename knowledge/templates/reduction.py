@@ -198,9 +198,22 @@ def wrapper_prelude(n_in: int, pro: list[int], epi: list[int], rdims: list[int] 
     return lines
 
 
-SPLIT_OPS = {"sum", "mean", "amax", "amin"}
+SPLIT_OPS = {"sum", "mean", "amax", "amin", "argmax", "argmin"}
 COMBINE = {"sum": ("tl.sum", "acc2 + v"), "mean": ("tl.sum", "acc2 + v"),
-           "amax": ("tl.max", nan_max("acc2", "v")), "amin": ("tl.min", nan_min("acc2", "v"))}
+           "amax": ("tl.max", nan_max("acc2", "v")), "amin": ("tl.min", nan_min("acc2", "v")),
+           "argmax": ("tl.max", None), "argmin": ("tl.min", None)}
+#: an arg-reduction's (or max/min with indices') extreme lane: the lowest index holding the
+#: extreme ``ex`` of ``a`` along ``ax`` (a NaN extreme matched as NaN), from indices ``ix``
+ARG_PICK = ("tl.min(tl.where(({a} == {ex}) | (({a} != {a}) & ({ex} != {ex})), {ix}, 2147483647), {ax})")
+
+
+def arg_update(op: str, tile: str, ridx: str) -> list[str]:
+    """One tile's step of an arg-reduction: ``v`` replaces the running extreme ``acc2`` where it
+    is beyond it, its index (``ridx``) recorded in ``idx2``; torch takes NaN as the extreme: the
+    first NaN of a lane wins, later values never do."""
+    cmp = ">" if op == "argmax" else "<"
+    return [f"upd = (v {cmp} acc2) | ((v != v) & (acc2 == acc2))", "acc2 = tl.where(upd, v, acc2)",
+            f"idx2 = tl.where(upd, {ridx}.to(tl.int32) + tl.zeros({tile}, tl.int32), idx2)"]
 
 
 def _split_kernels(spec: ReductionSpec, kname: str, cfg: dict, rows_v: bool) -> str:
@@ -227,7 +240,13 @@ def _split_kernels(spec: ReductionSpec, kname: str, cfg: dict, rows_v: bool) -> 
         # 64-bit: rr times the reduced stride (the inner size) can pass 2**31 with few rows
         rr = "(sp * CHUNK + off + tl.arange(0, BLOCK_R)).to(tl.int64)"
     part += [f"b{i} = _egg_index3(row, OD1, OD2, S{i}_0, S{i}_1, S{i}_2)" for i in range(n_in)]
-    part += [f"acc2 = tl.full({tile}, {ident}, {ct})", "for off in range(0, CHUNK, BLOCK_R):"]
+    # an arg-reduction's partials are pairs: each chunk's extreme and its lowest index (WI);
+    # the merge takes the extreme of the chunks' and, among the chunks holding it, the lowest
+    # index (chunks are in index order: torch's first occurrence)
+    arg = spec.op in ("argmax", "argmin")
+    ws = ["W", "WI"] if arg else ["W"]
+    part += [f"acc2 = tl.full({tile}, {ident}, {ct})"] + ([f"idx2 = tl.zeros({tile}, tl.int32)"] if arg else [])
+    part.append("for off in range(0, CHUNK, BLOCK_R):")
     loop = [f"rr = {rr}", f"m = {mask}"]
     if rows_v:
         for i in load_order(spec, spec.pro_inputs):
@@ -237,30 +256,42 @@ def _split_kernels(spec: ReductionSpec, kname: str, cfg: dict, rows_v: bool) -> 
         loop += ["mr = ((rr < R) & (rr < (sp + 1) * CHUNK))[:, None]"] if zs else []
         loop += tile_loads(spec, spec.pro_inputs, False, "rr", "m", zs)
     loop += stmt_lines(spec.pro_stmts)
-    loop += [f"v = tl.where(m, {spec.red_var}, {ident})", f"acc2 = {upd}"]
+    loop.append(f"v = tl.where(m, {spec.red_var}, {ident})")
+    loop += arg_update(spec.op, tile, "rr" if rows_v else "rr[:, None]") if arg else [f"acc2 = {upd}"]
     part += ["    " + ln for ln in loop]
+    if arg:
+        part += [f"acc = {reduce_call(red, 'acc2', 0)}",
+                 # a 0-d extreme broadcast to the tile (Triton's interpreter types a comparison
+                 # with a 0-d value as float)
+                 "acc_idx = " + ARG_PICK.format(a="acc2", ex="tl.broadcast_to(acc, (BLOCK_R,))" if rows_v
+                                                else "acc[None, :]", ix="idx2", ax=0)]
     if rows_v:
-        part.append(f"tl.store(W + pid, {reduce_call(red, 'acc2', 0)})")
+        part.append(f"tl.store(W + pid, {'acc' if arg else reduce_call(red, 'acc2', 0)})")
+        part += ["tl.store(WI + pid, acc_idx)"] if arg else []
         tail = "SPLITS, CHUNK, BLOCK_R: tl.constexpr"
     else:
-        part.append(f"tl.store(W + (row * SPLITS + sp) * INNER + ii, {reduce_call(red, 'acc2', 0)}, mask=imask)")
+        at = "(row * SPLITS + sp) * INNER + ii"
+        part.append(f"tl.store(W + {at}, {'acc' if arg else reduce_call(red, 'acc2', 0)}, mask=imask)")
+        part += [f"tl.store(WI + {at}, acc_idx, mask=imask)"] if arg else []
         tail = ", ".join(["SPLITS, CHUNK, BLOCK_R: tl.constexpr, BLOCK_I: tl.constexpr"]
                          + [f"Z{i}: tl.constexpr" for i in inner_const_slots(spec)])
-    k_part = (f"@triton.jit\ndef {kname}_part({', '.join(ins + ['W', 'NROWS', 'OD1', 'OD2', 'R', 'INNER'] + strides + take_params(spec))}, "
+    k_part = (f"@triton.jit\ndef {kname}_part({', '.join(ins + ws + ['NROWS', 'OD1', 'OD2', 'R', 'INNER'] + strides + take_params(spec))}, "
               f"{tail}):\n" + indent(part, 4) + "\n")
     outs = [f"O{j}" for j in range(len(spec.outputs))]
     fin = [ln.replace("if I64:", "if True:") for ln in row_setup(n_in, rows_v)]
     fin.append("s = tl.arange(0, SPLITS_P2)")
     if rows_v:
-        fin.append(f"pv = tl.load(W + rows[:, None] * SPLITS + s[None, :], "
-                   f"mask=rmask[:, None] & (s < SPLITS)[None, :], other={ident})")
-        fin.append(f"acc = {reduce_call(red, 'pv', 1)}")
+        at, pm, ax, ex = ("rows[:, None] * SPLITS + s[None, :]", "rmask[:, None] & (s < SPLITS)[None, :]",
+                          1, "acc[:, None]")
         fin_tail = "SPLITS, SPLITS_P2: tl.constexpr, BLOCK_O: tl.constexpr"
     else:
-        fin.append(f"pv = tl.load(W + (row * SPLITS + s[:, None]) * INNER + ii[None, :], "
-                   f"mask=(s < SPLITS)[:, None] & imask[None, :], other={ident})")
-        fin.append(f"acc = {reduce_call(red, 'pv', 0)}")
+        at, pm, ax, ex = ("(row * SPLITS + s[:, None]) * INNER + ii[None, :]",
+                          "(s < SPLITS)[:, None] & imask[None, :]", 0, "acc[None, :]")
         fin_tail = "SPLITS, SPLITS_P2: tl.constexpr, BLOCK_I: tl.constexpr"
+    fin += [f"pv = tl.load(W + {at}, mask={pm}, other={ident})", f"acc = {reduce_call(red, 'pv', ax)}"]
+    if arg:
+        fin += [f"pi = tl.load(WI + {at}, mask={pm}, other=2147483647)",
+                "acc_idx = " + ARG_PICK.format(a="pv", ex=ex, ix="pi", ax=ax)]
     if spec.op == "mean":
         fin.append("acc = acc / R")
     fin += reduced_loads(spec, spec.epi_inputs, rows_v)
@@ -268,7 +299,7 @@ def _split_kernels(spec: ReductionSpec, kname: str, cfg: dict, rows_v: bool) -> 
     oidx, omask = ("rows", "rmask") if rows_v else ("row * INNER + ii", "imask")
     for j, (var, _dt) in enumerate(spec.outputs):
         fin.append(f"tl.store(O{j} + {oidx}, ({var}).to(O{j}.dtype.element_ty), mask={omask})")
-    k_fin = (f"@triton.jit\ndef {kname}_fin({', '.join(ins + outs + ['W', 'NROWS', 'OD1', 'OD2', 'R', 'INNER'] + strides + take_params(spec))}, "
+    k_fin = (f"@triton.jit\ndef {kname}_fin({', '.join(ins + outs + ws + ['NROWS', 'OD1', 'OD2', 'R', 'INNER'] + strides + take_params(spec))}, "
              f"{fin_tail}):\n" + indent(fin, 4) + "\n")
     return k_part + "\n\n" + k_fin
 
@@ -312,10 +343,7 @@ def render(spec: ReductionSpec, cfg: dict, kname: str, gname: str) -> Rendered:
     elif op == "amin":
         loop.append(f"acc2 = {nan_min('acc2', 'v')}")
     elif op in ("argmax", "argmin"):
-        cmp = ">" if op == "argmax" else "<"
-        # torch takes NaN as the extreme: the first NaN of a lane wins, later values never do
-        loop += [f"upd = (v {cmp} acc2) | ((v != v) & (acc2 == acc2))", "acc2 = tl.where(upd, v, acc2)",
-                 f"idx2 = tl.where(upd, {ridx}.to(tl.int32) + tl.zeros({tile}, tl.int32), idx2)"]
+        loop += arg_update(op, tile, ridx)
     elif op == "logsumexp":
         loop += ["mn = tl.maximum(acc2, v)",
                  'sc = tl.where(mn == float("-inf"), 0.0, tl.exp(acc2 - mn))',
@@ -336,10 +364,7 @@ def render(spec: ReductionSpec, cfg: dict, kname: str, gname: str) -> Rendered:
     elif op in ("argmax", "argmin"):
         red = "tl.max" if op == "argmax" else "tl.min"
         ex = "acc[:, None]" if rows_v else "acc[None, :]"
-        # the lowest index holding the extreme; a NaN extreme is matched as NaN
-        body += [f"acc = {reduce_call(red, 'acc2', ax)}",
-                 f"acc_idx = tl.min(tl.where((acc2 == {ex}) | ((acc2 != acc2) & ({ex} != {ex})), idx2, "
-                 f"2147483647), {ax})"]
+        body += [f"acc = {reduce_call(red, 'acc2', ax)}", "acc_idx = " + ARG_PICK.format(a="acc2", ex=ex, ix="idx2", ax=ax)]
     elif op == "logsumexp":
         ex = "acc[:, None]" if rows_v else "acc[None, :]"
         body += [f"acc = tl.max(acc2, {ax})",
@@ -376,21 +401,24 @@ def render(spec: ReductionSpec, cfg: dict, kname: str, gname: str) -> Rendered:
             "if splits > 1:",
             "    chunk = _egg_cdiv(_egg_cdiv(R, splits), BLOCK_R) * BLOCK_R",
             "    splits = _egg_cdiv(R, chunk)",
-            "    part = torch.empty(nrows * splits * inner, device=dev, dtype=torch.float32)",
+            # the partials; an arg-reduction's: each chunk's extreme and its index
+            "    parts = [torch.empty(nrows * splits * inner, device=dev, dtype=torch.float32)"
+            + (", torch.empty(nrows * splits * inner, device=dev, dtype=torch.int32)]"
+               if op in ("argmax", "argmin") else "]"),
         ]
         if rows_v:
             w += [
-                f"    {kname}_part[(nrows * splits,)](*ts, part, nrows, outer[1], outer[2], R, inner, {flat}, "
+                f"    {kname}_part[(nrows * splits,)](*ts, *parts, nrows, outer[1], outer[2], R, inner, {flat}, "
                 f"splits, chunk, BLOCK_R=BLOCK_R, num_warps={int(cfg['num_warps'])})",
-                f"    {kname}_fin[(_egg_cdiv(nrows, 4),)](*ts{outs}, part, nrows, outer[1], outer[2], R, inner, "
+                f"    {kname}_fin[(_egg_cdiv(nrows, 4),)](*ts{outs}, *parts, nrows, outer[1], outer[2], R, inner, "
                 f"{flat}, splits, SPLITS_P2=_egg_pow2(splits), BLOCK_O=4, num_warps=4)",
             ]
         else:
             bi = int(cfg["BLOCK_I"])
             w += [
-                f"    {kname}_part[({tiles} * splits,)](*ts, part, nrows, outer[1], outer[2], R, inner, {flat}, "
+                f"    {kname}_part[({tiles} * splits,)](*ts, *parts, nrows, outer[1], outer[2], R, inner, {flat}, "
                 f"splits, chunk, BLOCK_R=BLOCK_R, BLOCK_I={bi}{zkw}, num_warps={int(cfg['num_warps'])})",
-                f"    {kname}_fin[({tiles},)](*ts{outs}, part, nrows, outer[1], outer[2], R, inner, "
+                f"    {kname}_fin[({tiles},)](*ts{outs}, *parts, nrows, outer[1], outer[2], R, inner, "
                 f"{flat}, splits, SPLITS_P2=_egg_pow2(splits), BLOCK_I={bi}, num_warps=4)",
             ]
         w.append(f"    return {ret}")
