@@ -577,6 +577,11 @@ MUTANTS: list[Mutant] = [
            '                f"acc_idx = tl.max(tl.where(pv == {ex}, pi, -1), {ax})"]\n',
            ("tests/test_templates.py::test_max_min_of_all_negative_and_all_positive_rows[arg_split_ties_nan]",),
            "a split arg-reduction's merge takes the last chunk holding the extreme, and misses a NaN"),
+    Mutant("reduction-layout-copy-unexpanded", "knowledge/templates/reduction.py",
+           '(t.expand(shape) if k in {pro} else t).contiguous() "',
+           't.contiguous() "',
+           ("tests/test_templates.py::test_a_weight_per_reduced_index_serves_calls_as_the_module_does",),
+           "a broadcast operand whose strides do not collapse copied at its own shape: the call raises"),
 
 ]
 

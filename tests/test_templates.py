@@ -399,3 +399,20 @@ def test_magic_division_matches_floor_division():
         y = torch.empty_like(xs)
         _fdiv_kernel[(xs.numel() // 64,)](xs, y, d, *_egg_magic(d), BLOCK=64)
         assert torch.equal(y.long(), xs.long() // d), d
+
+
+def test_a_weight_per_reduced_index_serves_calls_as_the_module_does(write_problem, tmp_path):
+    """The columns walk's weight per reduced index (reduction_cols_row_weights_split) as a user
+    calls the module (tests/dropin.check_dropin: other batches, eval mode, a permuted input, one
+    more leading dim...). With one more leading dim the weight (B, R, C, 1, 1) is broadcast along
+    some inner dims and not others: its strides do not collapse, and the wrapper raised 'reduction
+    layout ... not supported' where Model answers; it is now read from a copy at the domain's
+    shape."""
+    from codegen.pipeline import compile_problem
+    from harness.problem import load_problem
+    from tests.dropin import check_dropin
+
+    _t, src, configs = CASES["reduction_cols_row_weights_split"]
+    comp = compile_problem(load_problem(write_problem(src, "row_w_dropin")), configs=configs)
+    rep = check_dropin(src, comp.emitted.source, calls=1, atol=1e-4, rtol=1e-4)
+    assert any(t.name == "rank" and t.fast for t in rep.trials), rep.trials

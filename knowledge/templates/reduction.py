@@ -184,8 +184,12 @@ def wrapper_prelude(n_in: int, pro: list[int], epi: list[int], rdims: list[int] 
         "            t = t.unsqueeze(d)",
         "    ts[i] = t",
         "lay = _egg_reduction_layout(shape, rdims, ts)",
-        "if lay is None:  # strides that do not collapse (a permuted input): contiguous copies do",
-        f"    ts = [t if k in {keep} else t.contiguous() for k, t in enumerate(ts)]",
+        # strides that do not collapse (a permuted input; an operand broadcast along some of
+        # the inner dims, as one more leading dim makes a weight of (B, R, C, 1, 1)):
+        # contiguous copies do, a prologue operand's at the domain's full shape
+        "if lay is None:",
+        f"    ts = [t if k in {keep} else (t.expand(shape) if k in {pro} else t).contiguous() "
+        "for k, t in enumerate(ts)]",
         "    lay = _egg_reduction_layout(shape, rdims, ts)",
         "if lay is None:",
         "    raise RuntimeError(f'EGG: reduction layout of {shape} over {rdims} not supported')",
