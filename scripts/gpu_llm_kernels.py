@@ -321,7 +321,8 @@ def write(out: pathlib.Path, rows: list[dict], args, hw) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out")
-    ap.add_argument("--only", default="", help="workload number prefixes, comma-separated (06,12)")
+    ap.add_argument("--only", default="",
+                    help="workload number prefixes, comma-separated (06,12), run in this order")
     ap.add_argument("--trials", type=int, default=2)
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile (faster)")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
@@ -346,7 +347,9 @@ def main(argv: list[str] | None = None) -> int:
 
             src = pathlib.Path(tmp) / "small"
             small_shapes.write_small(src)
-        paths = [p for p in sorted(src.glob("*.py")) if not want or p.stem[:2] in want]
+        paths = sorted(src.glob("*.py"))
+        # in --only's order (a call cut by its time limit keeps the ones listed first)
+        paths = [p for w in want for p in paths if p.stem[:2] == w] if want else paths
         for p in paths:
             try:
                 rows += run_one(p, pathlib.Path(tmp), a.trials, not a.no_compile, hw, a.device,
