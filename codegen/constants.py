@@ -155,8 +155,7 @@ def fold_constants(gm: fx.GraphModule, free: set[str], root_ref: str = "_egg_sel
             numel *= int(s)
         if numel > MAX_TABLE_ELEMENTS:
             continue
-        # the keys: the Python values (sizes, dtypes, devices) the table's ops read
-        keys = [m for m in sub if kind[m] == "key" and any(kind.get(u) == "const" and u in sub for u in m.users)]
+        keys = _table_keys(sub, kind)
         devs = [m for m in keys if isinstance(_value(m), torch.device)]
         attrs = [m for m in sub if m.op == "get_attr"]
         if not devs and not attrs:
@@ -196,7 +195,7 @@ def fixed_value(n: fx.Node, kind: dict) -> torch.Tensor | None:
     if kind.get(n) != "const" or not _is_tensor(n):
         return None
     sub = _subgraph(n, kind)
-    keys = [m for m in sub if kind[m] == "key" and any(kind.get(u) == "const" and u in sub for u in m.users)]
+    keys = _table_keys(sub, kind)
     if any(m.op == "get_attr" for m in sub) or not all(_input_free(m) for m in keys) \
             or math.prod(int(s) for s in n.meta["tensor_meta"].shape) > MAX_PLANNED_TABLE:
         return None
@@ -239,6 +238,11 @@ def _subgraph(n: fx.Node, kind: dict) -> list[fx.Node]:
         if kind[m] == "const":
             todo.extend(m.all_input_nodes)
     return [m for m in n.graph.nodes if m in seen]
+
+
+def _table_keys(sub: list, kind: dict) -> list[fx.Node]:
+    """The keys of a table's subgraph: the Python values (sizes, dtypes, devices) its ops read."""
+    return [m for m in sub if kind[m] == "key" and any(kind.get(u) == "const" and u in sub for u in m.users)]
 
 
 def _table_graph(sub: list, keys: list, out: fx.Node) -> fx.Graph:
