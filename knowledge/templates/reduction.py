@@ -220,11 +220,11 @@ def arg_update(op: str, tile: str, ridx: str) -> list[str]:
             f"idx2 = tl.where(upd, {ridx}.to(tl.int32) + tl.zeros({tile}, tl.int32), idx2)"]
 
 
-def _split_kernels(spec: ReductionSpec, kname: str, cfg: dict, rows_v: bool) -> str:
+def _split_kernels(spec: ReductionSpec, kname: str, cfg: dict, rows_v: bool, zs: list[int]) -> str:
     """Split over programs (tile-split-rows): partial reductions of chunks of the reduced dim,
     then a merge + epilogue. Rows variant: one chunk of one row per program, partials [rows,
     SPLITS]; cols variant: one chunk x BLOCK_I inner columns of one outer index per program,
-    partials [rows, SPLITS, INNER]."""
+    partials [rows, SPLITS, INNER]; ``zs``: the inputs with a Z flag (render's)."""
     n_in = len(spec.in_dtypes)
     ct = compute_type(spec)
     red, upd = COMBINE[spec.op]
@@ -240,7 +240,8 @@ def _split_kernels(spec: ReductionSpec, kname: str, cfg: dict, rows_v: bool) -> 
                 "sp = pid % SPLITS", "t = pid // SPLITS", "ib = t % nib", "row = (t // nib).to(tl.int64)",
                 "ii = ib * BLOCK_I + tl.arange(0, BLOCK_I)", "imask = ii < INNER"]
         tile = "[BLOCK_R, BLOCK_I]"
-        mask = "((rr < R) & (rr < (sp + 1) * CHUNK))[:, None] & imask[None, :]"
+        in_chunk = "((rr < R) & (rr < (sp + 1) * CHUNK))[:, None]"  # the chunk's reduced indices
+        mask = f"{in_chunk} & imask[None, :]"
         # 64-bit: rr times the reduced stride (the inner size) can pass 2**31 with few rows
         rr = "(sp * CHUNK + off + tl.arange(0, BLOCK_R)).to(tl.int64)"
     part += [f"b{i} = _egg_index3(row, OD1, OD2, S{i}_0, S{i}_1, S{i}_2)" for i in range(n_in)]
@@ -256,8 +257,7 @@ def _split_kernels(spec: ReductionSpec, kname: str, cfg: dict, rows_v: bool) -> 
         for i in load_order(spec, spec.pro_inputs):
             loop += pro_load(spec, i, f"b{i} + rr * S{i}_3", "m")
     else:
-        zs = inner_const_slots(spec)
-        loop += ["mr = ((rr < R) & (rr < (sp + 1) * CHUNK))[:, None]"] if zs else []
+        loop += [f"mr = {in_chunk}"] if zs else []
         loop += tile_loads(spec, spec.pro_inputs, False, "rr", "m", zs)
     loop += stmt_lines(spec.pro_stmts)
     loop.append(f"v = tl.where(m, {spec.red_var}, {ident})")
@@ -278,7 +278,7 @@ def _split_kernels(spec: ReductionSpec, kname: str, cfg: dict, rows_v: bool) -> 
         part.append(f"tl.store(W + {at}, {'acc' if arg else reduce_call(red, 'acc2', 0)}, mask=imask)")
         part += [f"tl.store(WI + {at}, acc_idx, mask=imask)"] if arg else []
         tail = ", ".join(["SPLITS, CHUNK, BLOCK_R: tl.constexpr, BLOCK_I: tl.constexpr"]
-                         + [f"Z{i}: tl.constexpr" for i in inner_const_slots(spec)])
+                         + [f"Z{i}: tl.constexpr" for i in zs])
     k_part = (f"@triton.jit\ndef {kname}_part({', '.join(ins + ws + ['NROWS', 'OD1', 'OD2', 'R', 'INNER'] + strides + take_params(spec))}, "
               f"{tail}):\n" + indent(part, 4) + "\n")
     outs = [f"O{j}" for j in range(len(spec.outputs))]
@@ -382,7 +382,7 @@ def render(spec: ReductionSpec, cfg: dict, kname: str, gname: str) -> Rendered:
     kernel = head + indent(body, 4) + "\n"
     splittable = op in SPLIT_OPS
     if splittable:
-        kernel += "\n\n" + _split_kernels(spec, kname, cfg, rows_v)
+        kernel += "\n\n" + _split_kernels(spec, kname, cfg, rows_v, zs)
 
     args = ", ".join(f"a{i}" for i in range(n_in))
     w = wrapper_prelude(n_in, spec.pro_inputs, spec.epi_inputs, spec.rdims, spec.keepdim, rows_v, spec)
