@@ -416,3 +416,18 @@ def test_a_weight_per_reduced_index_serves_calls_as_the_module_does(write_proble
     comp = compile_problem(load_problem(write_problem(src, "row_w_dropin")), configs=configs)
     rep = check_dropin(src, comp.emitted.source, calls=1, atol=1e-4, rtol=1e-4)
     assert any(t.name == "rank" and t.fast for t in rep.trials), rep.trials
+
+
+def test_a_split_argmax_serves_calls_as_the_module_does(write_problem, tmp_path):
+    """The split arg-reductions (arg_split_ties_nan: ties across chunks, NaNs, rows and columns
+    walks) as a user calls the module (tests/dropin.check_dropin: other batches and lengths,
+    eval mode, a permuted input, one more leading dim...): the kernels answer each call, the
+    indices exactly eager's."""
+    from codegen.pipeline import compile_problem
+    from harness.problem import load_problem
+    from tests.dropin import check_dropin
+
+    src, configs, _launched = EXTREMES["arg_split_ties_nan"]
+    comp = compile_problem(load_problem(write_problem(src, "arg_dropin")), configs=configs)
+    rep = check_dropin(src, comp.emitted.source, calls=1, atol=0, rtol=0)
+    assert {t.name for t in rep.trials if t.fast} >= {"batch", "rank", "transposed"}, rep.trials
