@@ -951,7 +951,9 @@ _RUNTIME = None
 def launched_kernels(kernels: list[str], wrappers: list[str]) -> list[str]:
     """The Triton kernels the wrappers launch (``name[grid](...)``) that no kernel calls."""
     called = set(re.findall(r"(?<!def )\b(_egg_k_\w+)\(", "\n".join(kernels)))
-    return [n for n in dict.fromkeys(re.findall(r"\b(_egg_k_\w+)\[", "\n".join(wrappers))) if n not in called]
+    # kernel[grid](...), or rec.launch(kernel, grid)(...) in a recorded wrapper (_egg_Rec)
+    found = re.findall(r"\b(_egg_k_\w+)\[|\brec\.launch\((_egg_k_\w+),", "\n".join(wrappers))
+    return [n for n in dict.fromkeys(a or b for a, b in found) if n not in called]
 
 
 def runtime_for(code: str) -> str:

@@ -126,8 +126,9 @@ def test_the_plans_start_empty_beyond_their_size(write_problem, tmp_path, monkey
 
 @pytest.mark.parametrize("change", ["alignment", "dtype", "device", "plan"])
 def test_a_planned_launch_is_keyed_by_its_plan_and_the_tensors(change, monkeypatch):
-    """_egg_Launcher.planned: the plan fixes the ints and keywords; the tensors' dtypes and
-    alignments and the device are keyed at each launch."""
+    """_egg_Launcher.planned: the plan fixes the grid, the ints and the constexprs; the tensors'
+    dtypes and alignments and the device are keyed at each launch; keywords (a float, a tensor)
+    are read at each launch."""
     from knowledge.templates import _runtime as R
     from tests.test_launch import _JIT
 
@@ -135,9 +136,9 @@ def test_a_planned_launch_is_keyed_by_its_plan_and_the_tensors(change, monkeypat
     fn = _JIT()
     k = R._egg_Launcher(fn)
     x = torch.zeros(64, dtype=torch.bfloat16)
-    k.planned(("g", 1), (4,), (x,), (64,), {"BLOCK": 16, "num_warps": 4})
+    k.planned(("g", 1), (4,), (x, 64), {"BLOCK": 16, "num_warps": 4}, (x,))
     y = torch.ones(64, dtype=torch.bfloat16)
-    k.planned(("g", 1), (4,), (y,), (64,), {"BLOCK": 16, "num_warps": 4})
+    k.planned(("g", 1), (4,), (y, 64), {"BLOCK": 16, "num_warps": 4}, (y,))
     assert [e[0] for e in fn.log] == ["slow", "fast"]
     # the runner gets every parameter: the tensors, the ints, the keywords' and defaults' values
     assert fn.log[1][1] == (4, 1, 1) and fn.log[1][2] == (y, 64, 16, True, None)
@@ -150,17 +151,116 @@ def test_a_planned_launch_is_keyed_by_its_plan_and_the_tensors(change, monkeypat
         monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
     else:
         plan = ("g", 2)
-    k.planned(plan, (4,), (t,), (64,), {"BLOCK": 16, "num_warps": 4})
-    k.planned(plan, (4,), (t,), (64,), {"BLOCK": 16, "num_warps": 4})
+    k.planned(plan, (4,), (t, 64), {"BLOCK": 16, "num_warps": 4}, (t,))
+    k.planned(plan, (4,), (t, 64), {"BLOCK": 16, "num_warps": 4}, (t,))
     # another plan of the same arguments: the launcher's own key finds the kernel
     assert [e[0] for e in fn.log[2:]] == ["fast" if change == "plan" else "slow", "fast"]
     assert len(k.plans) == 2
-    # a float or tensor among the ints or keywords (passed by value at each launch) is no plan's
+    # a keyword tensor is among the tensors keyed (its dtype), and read at each launch, as a float
     del fn.log[:]
-    for w in (0.5, 0.25):
-        k.planned(("g", 3), (4,), (y,), (64,), {"BLOCK": 16, "W": w})
-    assert [e[0] for e in fn.log] == ["slow", "fast"] and fn.log[1][2][4] == 0.25
+    w16, w32 = torch.zeros(8, dtype=torch.bfloat16), torch.zeros(8)
+    ws = (w16, w16.clone(), w32, 0.25, 0.5)
+    for w in ws:
+        tw = (y, w) if isinstance(w, torch.Tensor) else (y,)
+        k.planned(("g", 3), (4,), (y, 64), {"BLOCK": 16, "W": w}, tw)
+    assert [e[0] for e in fn.log] == ["slow", "fast", "slow", "slow", "fast"]
+    assert fn.log[1][2][4] is ws[1] and fn.log[4][2][4] == 0.5
     # the interpreter's kernels are no launchers: launched as kernel[grid](...)
     fn2 = _JIT()
-    R._egg_launch_planned(fn2, ("g", 1), (4,), (x,), (64,), {"BLOCK": 16})
+    R._egg_launch_planned(fn2, ("g", 1), (4,), (x, 64), {"BLOCK": 16}, (x,))
     assert fn2.log[0][:3] == ("slow", (4,), (x, 64))
+
+
+# ---- recorded wrappers (_egg_Rec, _egg_replay): reductions, softmax, scans, norms record their
+# first call of a layout (allocations, launches and which tensor each launch took) and replay it
+
+def _recorded(write_problem, tmp_path, src, name, kinds):
+    """The candidate's module with each group's first-call path counted (``firsts``: group ids)."""
+    prob = load_problem(write_problem(src, name))
+    comp = pipeline.compile_problem(prob)
+    assert comp.emitted is not None, comp.error
+    assert [g.kind for g in comp.plan.groups] == kinds
+    path = tmp_path / f"cand_{name}.py"
+    path.write_text(comp.emitted.source)
+    mod = load_module(path, "candidate")
+    firsts = []
+    for g in comp.plan.groups:
+        first = getattr(mod, f"_egg_{g.id}_first")
+        setattr(mod, f"_egg_{g.id}_first", lambda *a, _f=first, _g=g.id: (firsts.append(_g), _f(*a))[1])
+    torch.manual_seed(0)
+    return prob.Model(), mod.ModelNew(), mod, firsts
+
+
+def _same_exact(ref, new, *xs):
+    with torch.no_grad():
+        got, want = new(*xs), ref(*xs)
+    for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+        torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4, equal_nan=True)
+
+
+def test_a_split_reduction_replays_its_workspaces_and_a_view_at_the_new_offset(write_problem, tmp_path):
+    """Few long rows: the sum and the argmax split over chunks (workspaces of two dtypes); the
+    epilogue's per-row operand is a view (expanded, unsqueezed) made again from the new argument
+    at its own storage offset: a plan that kept the first call's offset reads another row."""
+    src = problem("x, b", "        return x.sum(-1) * b, torch.argmax(x * 2.0, dim=-1)\n",
+                  "[torch.randn(3, 70000), torch.randn(3)]")
+    ref, new, mod, firsts = _recorded(write_problem, tmp_path, src, "rec_split", ["reduction", "reduction"])
+    x, b = torch.randn(3, 70000), torch.randn(3)
+    _same_exact(ref, new, x, b)
+    assert sorted(firsts) == ["g0", "g1"]
+    for k in range(3):  # other values, then b and x read at other offsets of larger buffers
+        big = torch.randn(9, 70000)
+        bb = torch.randn(9)
+        _same_exact(ref, new, big[k + 1:k + 4], bb[2 * k + 1:2 * k + 4])
+    assert sorted(firsts) == ["g0", "g1"]  # replayed: the plans fit
+    plans = [v for k, v in mod._EGG_PLANS.items() if k[0] in ("_egg_g0", "_egg_g1")]
+    assert len(plans) == 2 and all(plans)
+    assert sorted(len(p[0]) for p in plans) == [2, 3]  # the outputs and the split's workspaces
+
+
+def test_a_softmax_whose_input_is_copied_is_never_replayed(write_problem, tmp_path):
+    """A permuted input of the same shape is another plan (the key holds strides); one whose
+    strides do not collapse is copied by the wrapper, so it is planned never: a replay would
+    launch the copy's memory from the first call, or none."""
+    src = problem("x", "        return torch.softmax(x * 0.5, dim=-1)\n", "[torch.randn(2, 3, 4, 5, 6)]")
+    ref, new, mod, firsts = _recorded(write_problem, tmp_path, src, "rec_copy", ["softmax"])
+    _same_exact(ref, new, torch.randn(2, 3, 4, 5, 6))
+    _same_exact(ref, new, torch.randn(2, 3, 4, 5, 6))
+    assert firsts == ["g0"]
+    for _ in range(2):  # the first two dims swapped (the outer dims still three strides): its own plan
+        _same_exact(ref, new, torch.randn(3, 2, 4, 5, 6).transpose(0, 1))
+    assert firsts == ["g0"] * 2
+    for _ in range(2):  # every dim reversed: four outer dims no three strides hold, copied
+        _same_exact(ref, new, torch.randn(6, 5, 4, 3, 2).permute(4, 3, 2, 1, 0))
+    assert firsts == ["g0"] * 4
+    assert False in [v for k, v in mod._EGG_PLANS.items() if k[0] == "_egg_g0"]
+
+
+def test_an_argument_passed_twice_is_planned_never_and_replays_serve_it(write_problem, tmp_path):
+    """The same tensor as both arguments cannot say which argument a launch took: no plan for
+    that call's key; a plan recorded with two tensors replays correctly when one is passed twice."""
+    src = problem("x, y", "        return (x * y).sum(-1)\n", "[torch.randn(4, 9), torch.randn(4, 9)]")
+    ref, new, mod, firsts = _recorded(write_problem, tmp_path, src, "rec_alias", ["reduction"])
+    x, y = torch.randn(4, 9), torch.randn(4, 9)
+    _same_exact(ref, new, x, x)
+    _same_exact(ref, new, x, y)  # no plan for this key: the whole wrapper again, right
+    assert firsts == ["g0", "g0"]
+    ref2, new2, mod2, firsts2 = _recorded(write_problem, tmp_path, src, "rec_alias2", ["reduction"])
+    mod2._EGG_PLANS.clear()
+    _same_exact(ref2, new2, x, y)
+    _same_exact(ref2, new2, y, y)
+    _same_exact(ref2, new2, y, x)
+    assert firsts2 == ["g0"]
+
+
+@pytest.mark.parametrize("body,kinds", [
+    ("        return F.rms_norm(x, (x.shape[-1],), self.w, 1e-6)\n", ["norm"]),
+    ("        return torch.cumsum(x * 2.0, dim=-1)\n", ["scan"]),
+])
+def test_norms_and_scans_replay(body, kinds, write_problem, tmp_path):
+    src = problem("x", body, "[torch.randn(3, 4, 48)]", members="        self.w = nn.Parameter(torch.randn(48))\n")
+    ref, new, mod, firsts = _recorded(write_problem, tmp_path, src, f"rec_{kinds[0]}", kinds)
+    new.load_state_dict(ref.state_dict())
+    for shape in ((3, 4, 48), (3, 4, 48), (2, 3, 4, 48), (2, 3, 4, 48), (5, 4, 48)):
+        _same_exact(ref, new, torch.randn(*shape))
+    assert firsts == ["g0"] * 3  # one per layout

@@ -182,6 +182,30 @@ WELFORD_STEP = ["wn = wn + m.to(tl.float32)", "d = z - wm",
                 "w2 = w2 + tl.where(m, d * (z - wm), 0.0)"]
 
 
+def recorded_wrapper(gname: str, params: int | list[str], body: list[str]) -> str:
+    """A wrapper planned once per inputs' layout (_egg_Rec, _egg_replay): ``{gname}_first(rec,
+    ...)`` runs ``body`` (allocating through ``rec.empty``, launching through ``rec.launch(kernel,
+    grid)(...)``, returning ``rec.done(...)``), and a later call whose inputs have the shapes,
+    strides, dtypes and device of one before replays its allocations and launches. ``params``:
+    the wrapper's tensor parameters (an int n: a0 ... a{n-1})."""
+    names = [f"a{i}" for i in range(params)] if isinstance(params, int) else list(params)
+    args = ", ".join(names)
+    key = ", ".join([repr(gname)] + [f"{a}.shape, {a}.stride(), {a}.dtype" for a in names]
+                    + [f"{names[0]}.device"])
+    fast = [f"plan = ({key})", "got = _EGG_PLANS.get(plan)",
+            "if got:",
+            f"    return _egg_replay(got, ({args},))",
+            "# not seen (None: recorded now) or never planned (False: the whole wrapper each call)",
+            f"return {gname}_first(_egg_Rec(plan if got is None else None, ({args},)), {args})"]
+    return f"def {gname}_first(rec, {args}):\n{indent(body, 4)}\n\n\ndef {gname}({args}):\n{indent(fast, 4)}\n"
+
+
+def recorded_return(n_out: int) -> str:
+    """What a recorded wrapper returns (its outputs o0, o1, ...: one tensor, or a tuple)."""
+    outs = ", ".join(f"o{j}" for j in range(n_out))
+    return f"rec.done({outs})" if n_out == 1 else f"rec.done(({outs}))"
+
+
 def indent(lines: list[str], n: int) -> str:
     pad = " " * n
     return "\n".join(pad + ln if ln else ln for ln in lines)

@@ -1072,12 +1072,13 @@ class _egg_Launcher:
                 self.cache[key] = (kernel, tuple(grid) + (1,) * (3 - len(grid)), tail)
         return (kernel if direct else None), kernel
 
-    def planned(self, plan, grid, tensors, ints, kwargs):
-        """``kernel[grid](*tensors, *ints, **kwargs)`` where ``plan`` (hashable: a pointwise
-        wrapper's plan key) fixes grid, ints and kwargs (ints, bools, never a tensor or a float):
-        the key is the plan, the device and each tensor's dtype and alignment, a few values
-        where ``key`` takes every argument (~7 us of 26's host time a call on the CPU machine
-        for a 60-argument launch; ~1.5 here)."""
+    def planned(self, plan, grid, args, kwargs, tensors):
+        """``kernel[grid](*args, **kwargs)`` where ``plan`` (hashable: a wrapper's plan key and the
+        launch's place in it) fixes the grid and every argument but the tensors (``tensors``: those
+        among ``args`` and ``kwargs``): the key is the plan, the device and each tensor's dtype and
+        alignment, a few values where ``key`` takes every argument (~7 us of 26's host time a call
+        on the CPU machine for a 60-argument launch; ~1.5 here). The keywords are read at each
+        launch (a tensor, a float), as Triton's binder passes them."""
         try:
             key = (plan, torch.cuda.current_device(),
                    *[(t.dtype, t.data_ptr() % 16 == 0) for t in tensors])
@@ -1085,30 +1086,147 @@ class _egg_Launcher:
         except Exception:  # noqa: BLE001 - no CUDA (the compile check's recorder), an unhashable value
             key = hit = None
         if hit is not None:
-            kernel, grid3, rest = hit
-            return kernel[grid3](*tensors, *rest)
-        args = (*tensors, *ints)
+            kernel, grid3, tail = hit
+            return kernel[grid3](*args, *[kwargs[x] if by_name else x for x, by_name in tail])
         kernel, ret = self.compiled_launch(grid, args, kwargs)
-        fixed = all(type(x) in (int, bool, str) or x is None for x in (*ints, *kwargs.values()))
-        if key is not None and self.params is not None and type(grid) is tuple and kernel is not None and fixed:
+        if key is not None and self.params is not None and type(grid) is tuple and kernel is not None:
             tail = _egg_launch_tail(self.params[len(args):], kwargs)
             if tail is not None:
                 if len(self.plans) >= _EGG_LAUNCH_KEEP:
                     self.plans.clear()
-                rest = (*ints, *[kwargs[x] if by_name else x for x, by_name in tail])
-                self.plans[key] = (kernel, tuple(grid) + (1,) * (3 - len(grid)), rest)
+                self.plans[key] = (kernel, tuple(grid) + (1,) * (3 - len(grid)), tail)
         return ret
 
 
-def _egg_launch_planned(kernel, plan, grid, tensors, ints, kwargs):
-    """A launch a wrapper's plan fixes (_EGG_PLANS): by the plan's key where the kernel is behind
-    an _egg_Launcher (a GPU), else as ``kernel[grid](...)`` (the interpreter)."""
+def _egg_launch_planned(kernel, plan, grid, args, kwargs, tensors):
+    """A launch a wrapper's plan fixes (_EGG_PLANS; ``tensors``: the tensors among ``args`` and
+    ``kwargs``): by the plan's key where the kernel is behind an _egg_Launcher (a GPU), else as
+    ``kernel[grid](...)`` (the interpreter)."""
     if type(kernel) is _egg_Launcher:
-        return kernel.planned(plan, grid, tensors, ints, kwargs)
-    return kernel[grid](*tensors, *ints, **kwargs)
+        return kernel.planned(plan, grid, args, kwargs, tensors)
+    return kernel[grid](*args, **kwargs)
 
 
-class _EggNoKey(Exception):
+#: a wrapper's first call of a layout, recorded (_egg_Rec) and replayed (_egg_replay): the
+#: templates whose host code is more than a launch (reductions, softmax: the domain, its layout,
+#: splits, workspaces) run it once per inputs' shapes, strides, dtypes and device; a later call
+#: like it allocates and launches what the first did
+class _egg_NoPlan(Exception):
+    """A tensor a recorded launch takes that a replay could not make again."""
+
+
+class _egg_Rec:
+    """The first call of a wrapper with these inputs (``key``; None: record nothing). Allocations
+    through ``empty`` and launches through ``launch`` are recorded; each tensor a launch takes
+    must be an argument, a view of exactly one argument (expand, unsqueeze, a take's narrowing:
+    made again from the new argument, at its own offset) or a recorded allocation. Anything else
+    (a contiguous copy of a permuted input, a zeroed workspace, a view of an output) makes the
+    call unplanned: ``done`` remembers False, and calls with these inputs run the wrapper whole."""
+
+    def __init__(self, key, args):
+        self.key, self.args, self.allocs, self.launches = key, args, [], []
+        self.ok = key is not None
+
+    def empty(self, shape, dtype, device):
+        t = torch.empty(shape, device=device, dtype=dtype)
+        if self.ok:
+            self.allocs.append((tuple(t.shape), dtype, device, t))
+        return t
+
+    def slot(self, t):
+        """Where a replay finds tensor ``t``: ('n', j) the j-th allocation, ('m', j, size, stride,
+        offset) a view of it (a squeeze of an output), ('a', i) argument i, ('v', i, size,
+        stride, offset from the argument's) a view of argument i."""
+        ptr = t.untyped_storage().data_ptr()
+        for j, al in enumerate(self.allocs):
+            if t is al[3]:
+                return ("n", j)
+            if ptr and al[3].untyped_storage().data_ptr() == ptr and al[3].dtype == t.dtype:
+                return ("m", j, tuple(t.shape), tuple(t.stride()), t.storage_offset())
+        same = [i for i, a in enumerate(self.args) if t is a]
+        if len(same) == 1:
+            return ("a", same[0])
+        of = [i for i, a in enumerate(self.args)
+              if isinstance(a, torch.Tensor) and a.untyped_storage().data_ptr() == ptr]
+        if same or len(of) != 1 or self.args[of[0]].dtype != t.dtype or not ptr:
+            raise _egg_NoPlan  # an argument passed twice, or storage two arguments share
+        a = self.args[of[0]]
+        if t.shape == a.shape and t.stride() == a.stride() and t.storage_offset() == a.storage_offset():
+            return ("a", of[0])  # an alias (a reshape to its own shape): the argument itself
+        return ("v", of[0], tuple(t.shape), tuple(t.stride()), t.storage_offset() - a.storage_offset())
+
+    def launch(self, kernel, grid):
+        """``kernel[grid]``, the launch recorded."""
+        def go(*args, **kwargs):
+            if self.ok:
+                try:
+                    if type(grid) is not tuple:
+                        raise _egg_NoPlan
+                    pos = [(k, self.slot(a)) for k, a in enumerate(args) if isinstance(a, torch.Tensor)]
+                    pos += [(k, self.slot(a)) for k, a in kwargs.items() if isinstance(a, torch.Tensor)]
+                    # the tensors left out: a replay puts its own there (the first call's let go)
+                    bare = tuple(None if isinstance(a, torch.Tensor) else a for a in args)
+                    kbare = {k: None if isinstance(a, torch.Tensor) else a for k, a in kwargs.items()}
+                    self.launches.append((kernel, (self.key, len(self.launches)), grid, bare, kbare, pos))
+                except _egg_NoPlan:
+                    self.ok = False
+            return kernel[grid](*args, **kwargs)
+        return go
+
+    def done(self, ret):
+        """The wrapper's return (a tensor or a tuple of them), its plan remembered."""
+        if self.key is None:
+            return ret
+        try:
+            if not self.ok:
+                raise _egg_NoPlan
+            rets = ret if isinstance(ret, tuple) else (ret,)
+            # a count (an int of the shapes) returned as it was; tensors: outputs or views of them
+            where = tuple(self.slot(t) if isinstance(t, torch.Tensor) else ("c", t) for t in rets)
+            if any(w[0] not in "nmc" or w[0] == "c" and type(w[1]) is not int for w in where):
+                raise _egg_NoPlan  # an argument, a view of one, another value: not replayed
+            plan = ([a[:3] for a in self.allocs], self.launches, where, isinstance(ret, tuple))
+        except _egg_NoPlan:
+            plan = False
+        _egg_keep_plan(self.key, plan)
+        self.allocs = self.launches = self.args = None  # the first call's tensors, let go
+        return ret
+
+
+def _egg_replay(plan, args):
+    """A wrapper's call whose inputs match a recorded first call (_egg_Rec): its allocations and
+    launches again, the launches' tensors found anew (_egg_Rec.slot)."""
+    allocs, launches, where, many = plan
+    made = [torch.empty(s, device=dev, dtype=dt) for s, dt, dev in allocs]
+    for kernel, key, grid, a, kw, pos in launches:
+        a, tensors, kwt = list(a), [], None
+        for k, s in pos:
+            t = _egg_replayed(s, args, made)
+            tensors.append(t)
+            if type(k) is int:
+                a[k] = t
+            else:
+                if kwt is None:
+                    kwt = dict(kw)
+                kwt[k] = t
+        _egg_launch_planned(kernel, key, grid, a, kw if kwt is None else kwt, tensors)
+    rets = tuple(_egg_replayed(w, args, made) for w in where)
+    return rets if many else rets[0]
+
+
+def _egg_replayed(s, args, made):
+    """The tensor a replay passes where the recorded call passed slot ``s`` (_egg_Rec.slot)."""
+    if s[0] == "n":
+        return made[s[1]]
+    if s[0] in "ac":
+        return args[s[1]] if s[0] == "a" else s[1]
+    if s[0] == "m":
+        return made[s[1]].as_strided(s[2], s[3], s[4])
+    t = args[s[1]]
+    return t.as_strided(s[2], s[3], t.storage_offset() + s[4])
+
+
+class _egg_NoKey(Exception):
     """An argument the launch key cannot take: Triton's path."""
 
 
@@ -1120,7 +1238,7 @@ def _egg_launch_key(a):
         return a
     if type(a) in (float, bool):  # passed by value, never specialized on it
         return type(a)
-    raise _EggNoKey(type(a).__name__)
+    raise _egg_NoKey(type(a).__name__)
 
 
 def _egg_launch_tail(params, kwargs):

@@ -45,7 +45,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from knowledge.schema import TemplateInfo
-from knowledge.templates import Rendered, indent
+from knowledge.templates import Rendered, indent, recorded_wrapper
 from knowledge.templates.matmul import dot_precision
 
 INFO = TemplateInfo(
@@ -436,9 +436,9 @@ def render(spec: AttentionSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         w += ["am = torch.broadcast_to(mask, tuple(q.shape[:-1]) + (k.shape[-2],))",
               "am = am if am.dim() == 4 else am.unsqueeze(1)"]
     w += [
-        "o = torch.empty(q4.shape, device=q.device, dtype=q.dtype)",
+        "o = rec.empty(q4.shape, q.dtype, q.device)",
         "if o.numel() == 0:",
-        "    return o if q.dim() == 4 else o.squeeze(1)",
+        "    return rec.done(o if q.dim() == 4 else o.squeeze(1))",
         f"qk_scale = {scale}  # natural units: the kernels use exp (a cap or an additive mask)"
         if spec.natural else
         f"qk_scale = ({scale}) * 1.4426950408889634  # log2(e): the kernels use exp2"
@@ -459,27 +459,27 @@ def render(spec: AttentionSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         f"    chunk = max(1, _egg_cdiv(_egg_cdiv(ne, splits), {bn})) * {bn}",
         "    splits = max(1, _egg_cdiv(ne, chunk))",
         "    if splits > 1:",
-        "        op = torch.empty((B * HKV * splits * G * M, D), device=q.device, dtype=torch.float32)",
-        "        mp = torch.empty((B * HKV * splits * G * M,), device=q.device, dtype=torch.float32)",
-        "        lp = torch.empty_like(mp)",
+        "        op = rec.empty((B * HKV * splits * G * M, D), torch.float32, q.device)",
+        "        mp = rec.empty((B * HKV * splits * G * M,), torch.float32, q.device)",
+        "        lp = rec.empty((B * HKV * splits * G * M,), torch.float32, q.device)",
         "    else:",
         "        op = mp = lp = o",
-        f"    {kname}_split[(B * HKV * rt, splits)](q4, k4, v4, o, op, mp, lp, *q4.stride(), *k4.stride(),",
+        f"    rec.launch({kname}_split, (B * HKV * rt, splits))(q4, k4, v4, o, op, mp, lp, *q4.stride(), *k4.stride(),",
         f"        *v4.stride(), {ma}H, HKV, M, ne, D, qk_scale, chunk, SPLITS=splits,",
         f"        CAUSAL={causal}, DOT_F32=f32, EVEN_D=D == BD, BLOCK_M=BR, BLOCK_N={bn}, BLOCK_D=BD,",
         f"        num_warps={min(nw, DECODE_WARPS)}, num_stages={ns})",
         "    if splits > 1:",
-        f"        {kname}_merge[(B * HKV * G * M,)](o, op, mp, lp, H, HKV, G, M, D, splits,",
+        f"        rec.launch({kname}_merge, (B * HKV * G * M,))(o, op, mp, lp, H, HKV, G, M, D, splits,",
         "            SPLITS_P2=_egg_pow2(splits), BLOCK_D=BD, num_warps=4)",
-        "    return o if q.dim() == 4 else o.squeeze(1)",
+        "    return rec.done(o if q.dim() == 4 else o.squeeze(1))",
         # causal blocks: BLOCK_N divides BLOCK_M, so the unmasked key blocks end on a row block
         f"BN = min({bn}, {bm}) if {causal} else {bn}",
         f"grid = (_egg_cdiv(M, {bm}), B * H)",
-        f"{kname}[grid](q4, k4, v4, o, *q4.stride(), *k4.stride(), *v4.stride(), {ma}H, HKV, M, N, D,",
+        f"rec.launch({kname}, grid)(q4, k4, v4, o, *q4.stride(), *k4.stride(), *v4.stride(), {ma}H, HKV, M, N, D,",
         f"    qk_scale, CAUSAL={causal}, DOT_F32=f32, EVEN_D=D == BD, BLOCK_M={bm}, BLOCK_N=BN,",
         "    BLOCK_D=BD,",
         f"    num_warps={nw}, num_stages={ns})",
-        "return o if q.dim() == 4 else o.squeeze(1)",
+        "return rec.done(o if q.dim() == 4 else o.squeeze(1))",
     ]
-    wrapper = f"def {gname}(q, k, v{', mask' if spec.mask else ''}):\n{indent(w, 4)}\n"
-    return Rendered(kernel, wrapper, kname, gname, cfg)
+    params = ["q", "k", "v"] + (["mask"] if spec.mask else [])
+    return Rendered(kernel, recorded_wrapper(gname, params, w), kname, gname, cfg)

@@ -19,7 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from knowledge.schema import TemplateInfo
-from knowledge.templates import WELFORD_STEP, Rendered, compute_type, indent, load_expr, stmt_lines
+from knowledge.templates import (WELFORD_STEP, Rendered, compute_type, indent, load_expr, recorded_wrapper,
+                                 stmt_lines)
 
 INFO = TemplateInfo(
     name="chanstats",
@@ -133,23 +134,20 @@ def render(spec: ChanStatsSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         "N, C = x.shape[0], x.shape[1]",
         "S = x.numel() // max(1, N * C)",
         "sshape = [1, C] + [1] * (x.dim() - 2)",
-        f"om = torch.empty(sshape, device=x.device, dtype={odt})",
-        f"ov = torch.empty(sshape, device=x.device, dtype={odt})",
+        f"om = rec.empty(sshape, {odt}, x.device)",
+        f"ov = rec.empty(sshape, {odt}, x.device)",
         f"splits = max(1, min(N, {int(cfg['SPLITS'])}))",
         "nper = _egg_cdiv(N, splits)",
         "splits = _egg_cdiv(N, nper)",
-        "pm = torch.empty(C * splits, device=x.device, dtype=torch.float32)",
-        "p2 = torch.empty_like(pm)",
-        "pn = torch.empty_like(pm)",
+        "pm, p2, pn = (rec.empty(C * splits, torch.float32, x.device) for _ in range(3))",
         "if S == 1:",
         f"    COLS = min({COLS}, _egg_pow2(C))",
         f"    ROWS = max(1, {int(cfg['BLOCK'])} // COLS)",
-        f"    {kname}_cols[(_egg_cdiv(C, COLS), splits)](*ts, pm, p2, pn, N, C, nper, splits, ROWS=ROWS, COLS=COLS, num_warps={int(cfg['num_warps'])})",
+        f"    rec.launch({kname}_cols, (_egg_cdiv(C, COLS), splits))(*ts, pm, p2, pn, N, C, nper, splits, ROWS=ROWS, COLS=COLS, num_warps={int(cfg['num_warps'])})",
         "else:",
         f"    BLOCK = min({int(cfg['BLOCK'])}, _egg_pow2(max(S, 1)))",
-        f"    {kname}[(C * splits,)](*ts, pm, p2, pn, N, C, S, nper, splits, BLOCK=BLOCK, num_warps={int(cfg['num_warps'])})",
-        f"{kname}_fin[(C,)](pm, p2, pn, om, ov, splits, SPLITS_P2=_egg_pow2(splits), num_warps=1)",
-        "return om, ov, N * S" if spec.count else "return om, ov",
+        f"    rec.launch({kname}, (C * splits,))(*ts, pm, p2, pn, N, C, S, nper, splits, BLOCK=BLOCK, num_warps={int(cfg['num_warps'])})",
+        f"rec.launch({kname}_fin, (C,))(pm, p2, pn, om, ov, splits, SPLITS_P2=_egg_pow2(splits), num_warps=1)",
+        "return rec.done((om, ov, N * S))" if spec.count else "return rec.done((om, ov))",
     ]
-    wrapper = f"def {gname}({', '.join(args)}):\n{indent(w, 4)}\n"
-    return Rendered(kernel, wrapper, kname, gname, cfg)
+    return Rendered(kernel, recorded_wrapper(gname, args, w), kname, gname, cfg)

@@ -19,7 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from knowledge.schema import TemplateInfo
-from knowledge.templates import Rendered, Stmt, compute_type, indent, stmt_lines
+from knowledge.templates import (Rendered, Stmt, compute_type, indent, recorded_return, recorded_wrapper,
+                                 stmt_lines)
 from knowledge.templates import program as P
 
 INFO = TemplateInfo(
@@ -218,8 +219,7 @@ def render(spec: MatmulSpec, cfg: dict, kname: str, gname: str) -> Rendered:
     sparams = common + ["P", "TOTAL", "SPLITS", "I64: tl.constexpr", "BLOCK: tl.constexpr"]
     kernel += (f"\n\n@triton.jit\ndef {kname}_sum({', '.join(sparams)}):\n{indent(sbody, 4)}\n")
 
-    args = ", ".join(f"a{i}" for i in range(n_in))
-    ret = ", ".join(f"o{j}" for j in range(len(spec.outputs)))
+    ret = recorded_return(len(spec.outputs))
     # A3 is (BT, M, K) and B3 (BT, K, N) (views: a linear weight is read through its transpose)
     bias = f"a{spec.bias}" if spec.bias is not None else "None"
     w = [f"A, B = a{spec.a}, a{spec.b}"]
@@ -253,8 +253,7 @@ def render(spec: MatmulSpec, cfg: dict, kname: str, gname: str) -> Rendered:
           "sbb, sbk, sbn = 0, 0, 0" if prog else "sbb, sbk, sbn = B3.stride()"]
     if not spec.batched:
         w += ["sab, sbb = 0, 0"]
-    w += [f"o{j} = torch.empty(shape, device=A.device, dtype=torch.{dt})"
-          for j, (_v, dt) in enumerate(spec.outputs)]
+    w += [f"o{j} = rec.empty(shape, torch.{dt}, A.device)" for j, (_v, dt) in enumerate(spec.outputs)]
     w += ["if o0.numel() == 0:", f"    return {ret}"]
     launch = [f"a{i}" for i in range(n_in)]
     launch[spec.a], launch[spec.b] = "A3", "B3"
@@ -273,13 +272,13 @@ def render(spec: MatmulSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         f"split = max(1, min({int(cfg.get('SPLIT_K', 1))}, steps))",
         f"k_split = _egg_cdiv(steps, split) * {bk}",
         "split = _egg_cdiv(K, k_split) if K else 1",
-        "part = torch.empty((split, BT, M, N), device=A.device, dtype=torch.float32) if split > 1 else o0",
+        "part = rec.empty((split, BT, M, N), torch.float32, A.device) if split > 1 else o0",
         # offsets, not element counts: a column slice of a tall matrix spans far more than it holds
         "big = max(_egg_span(A3), _egg_span(B3), part.numel()"
         + "".join(f", _egg_span(e{i})" for i in epi)
         + "".join(f", _egg_span(a{i})" for i in spec.leaves[1:]) + ") >= _EGG_FAR",
         f"grid = (_egg_cdiv(M, {bm}) * _egg_cdiv(N, {bn}), BT * split)",
-        f"{kname}[grid]({head}, part, K, sab, sam, sak, sbb, sbk, sbn, "
+        f"rec.launch({kname}, grid)({head}, part, K, sab, sam, sak, sbb, sbk, sbn, "
         + "".join(f"*a{i}.stride(), " for i in spec.leaves) + "k_split, I64=big, "
         f"EVEN_K=K % {bk} == 0, DOT_F32=A.device.type == 'cpu' and A.dtype != torch.float32, "
         f"SPLIT_K=split, BLOCK_M={bm}, BLOCK_N={bn}, BLOCK_K={bk}, "
@@ -287,11 +286,11 @@ def render(spec: MatmulSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         f"num_stages={int(cfg['num_stages'])})",
         "if split > 1:",
         "    total = BT * M * N",
-        f"    {kname}_sum[(_egg_cdiv(total, 1024),)]({head}, part, total, split, "
+        f"    rec.launch({kname}_sum, (_egg_cdiv(total, 1024),))({head}, part, total, split, "
         "I64=part.numel() >= 2**31 - 1, BLOCK=1024, num_warps=4)",
         f"return {ret}",
     ]
-    wrapper = f"def {gname}({args}):\n{indent(w, 4)}\n"
+    wrapper = recorded_wrapper(gname, n_in, w)
     if prog:
         want = ", ".join(f"({tuple(ins[1])!r}, torch.{ins[2]})" for ins in _leaves(prog))
         wrapper = f"_EGG_LEAVES_{gname} = ({want},)\n\n\n" + wrapper

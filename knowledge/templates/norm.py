@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from knowledge.schema import TemplateInfo
 from knowledge.templates import (WELFORD_STEP, Rendered, compute_type, indent, load_expr,
-                                 stmt_lines)
+                                 recorded_return, recorded_wrapper, stmt_lines)
 
 INFO = TemplateInfo(
     name="norm",
@@ -212,27 +212,24 @@ def render(spec: NormSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         f"EPS = {float(spec.eps)!r}",
         "dev = x.device",
     ]
-    w += [f"o{j} = torch.empty(shape, device=dev, dtype=torch.{dt})" for j, (_v, dt) in enumerate(spec.outputs)]
-    ret = ", ".join(f"o{j}" for j in range(len(spec.outputs)))
+    w += [f"o{j} = rec.empty(shape, torch.{dt}, dev)" for j, (_v, dt) in enumerate(spec.outputs)]
+    ret = recorded_return(len(spec.outputs))
     w += [
         "if rows * R == 0:",
         f"    return {ret}",
         "BR = _egg_pow2(R)",
         f"if BR <= {int(cfg['ONE_MAX'])}:",
         f"    BO = max(1, min({int(cfg['BLOCK_O'])}, {int(cfg['ONE_MAX'])} // BR))",
-        f"    {kname}_one[(_egg_cdiv(rows, BO),)]({launch_common}, BLOCK_O=BO, BLOCK_R=BR, num_warps={nw})",
+        f"    rec.launch({kname}_one, (_egg_cdiv(rows, BO),))({launch_common}, BLOCK_O=BO, BLOCK_R=BR, num_warps={nw})",
         f"    return {ret}",
         f"BLOCK = min({int(cfg['BLOCK'])}, BR)",
         f"splits = max(1, min(_egg_cdiv(R, {int(cfg['SPLIT_CHUNK'])}), 1024))",
         "chunk = _egg_cdiv(_egg_cdiv(R, splits), BLOCK) * BLOCK",
         "splits = _egg_cdiv(R, chunk)",
-        "pm = torch.empty(rows * splits, device=dev, dtype=torch.float32)",
-        "p2 = torch.empty_like(pm)",
-        "pn = torch.empty_like(pm)",
-        f"{kname}_stats[(rows * splits,)]({launch_common}, pm, p2, pn, splits, chunk, BLOCK=BLOCK, num_warps={nw})",
-        f"{kname}_apply[(rows * _egg_cdiv(R, BLOCK),)]({launch_common}, pm, p2, pn, splits, "
+        "pm, p2, pn = (rec.empty(rows * splits, torch.float32, dev) for _ in range(3))",
+        f"rec.launch({kname}_stats, (rows * splits,))({launch_common}, pm, p2, pn, splits, chunk, BLOCK=BLOCK, num_warps={nw})",
+        f"rec.launch({kname}_apply, (rows * _egg_cdiv(R, BLOCK),))({launch_common}, pm, p2, pn, splits, "
         f"SPLITS_P2=_egg_pow2(splits), BLOCK=BLOCK, num_warps={nw})",
         f"return {ret}",
     ]
-    wrapper = f"def {gname}({args}):\n{indent(w, 4)}\n"
-    return Rendered(kernel, wrapper, kname + "_one", gname, cfg)
+    return Rendered(kernel, recorded_wrapper(gname, n_in, w), kname + "_one", gname, cfg)

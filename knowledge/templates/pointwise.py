@@ -214,7 +214,8 @@ def render(spec: PointwiseSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         *out_allocs,
         "if grid is None:  # nothing to launch (an empty domain), as the first call returned",
         f"    return {ret}",
-        f"_egg_launch_planned({kname}, plan, grid, ({args}, *cvs, {outs_t}), ints, kw)",
+        f"ts = ({args}, *cvs, {outs_t})",
+        f"_egg_launch_planned({kname}, plan, grid, (*ts, *ints), kw, ts)",
         *std,
         f"return {ret}",
     ]

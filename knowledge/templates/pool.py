@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from knowledge.schema import TemplateInfo
-from knowledge.templates import Rendered, compute_type, indent, load_expr, nan_max, stmt_lines
+from knowledge.templates import (Rendered, compute_type, indent, load_expr, nan_max, recorded_return,
+                                 recorded_wrapper, stmt_lines)
 
 INFO = TemplateInfo(
     name="pool",
@@ -159,8 +160,8 @@ def render(spec: PoolSpec, cfg: dict, kname: str, gname: str) -> Rendered:
     ]
     for i, pat in spec.pro_patterns.items():
         w.append(f"ts[{i}] = ts[{i}].reshape(-1).contiguous()")
-    w += [f"o{j} = torch.empty(oshape, device=x.device, dtype=torch.{dt})" for j, (_v, dt) in enumerate(spec.outputs)]
-    ret = ", ".join(f"o{j}" for j in range(len(spec.outputs)))
+    w += [f"o{j} = rec.empty(oshape, torch.{dt}, x.device)" for j, (_v, dt) in enumerate(spec.outputs)]
+    ret = recorded_return(len(spec.outputs))
     epi_ts = ", ".join(f"ts[{i}]" for i in spec.epi_inputs)
     w += [
         "n_out = o0.numel()",
@@ -174,7 +175,7 @@ def render(spec: PoolSpec, cfg: dict, kname: str, gname: str) -> Rendered:
            "dims, sts, flat, _, far = lay"]
           if spec.epi_inputs else ["dims, sts, flat, far = [1, 1, 1, 1], [], [], False"]),
         f"BLOCK = {int(cfg['BLOCK'])}",
-        f"{kname}[(_egg_cdiv(n_out, BLOCK),)](*ts, "
+        f"rec.launch({kname}, (_egg_cdiv(n_out, BLOCK),))(*ts, "
         + "".join(f"o{j}, " for j in range(len(spec.outputs)))
         + "n_out, x.shape[1], I3[0], I3[1], I3[2], O3[0], O3[1], O3[2], dims[1], dims[2], dims[3], "
         + "*_egg_magic(O3[0]), *_egg_magic(O3[1]), *_egg_magic(O3[2]), "
@@ -182,5 +183,4 @@ def render(spec: PoolSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         + f"num_warps={int(cfg['num_warps'])})",
         f"return {ret}",
     ]
-    wrapper = f"def {gname}({args}):\n{indent(w, 4)}\n"
-    return Rendered(kernel, wrapper, kname, gname, cfg)
+    return Rendered(kernel, recorded_wrapper(gname, n_in, w), kname, gname, cfg)

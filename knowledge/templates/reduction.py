@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from knowledge.schema import TemplateInfo
 from knowledge.templates import (ReductionSpec, Rendered, compute_type, index_slots, indent, load_expr,
-                                 nan_max, nan_min, stmt_lines, take_params, take_views, taken_lines)
+                                 nan_max, nan_min, recorded_return, recorded_wrapper, stmt_lines, take_params, take_views,
+                                 taken_lines)
 
 INFO = TemplateInfo(
     name="reduction",
@@ -152,7 +153,7 @@ def launch_tail(rows_variant: bool, cfg: dict) -> tuple[list[str], str, str]:
 def launch_line(kname: str, n_out: int, grid: str, kw: str, cfg: dict, takes: bool = False) -> str:
     outs = "".join(f", o{j}" for j in range(n_out))
     tk, tk64 = ("*tk, ", " or tk64") if takes else ("", "")
-    return (f"{kname}[{grid}](*ts{outs}, nrows, outer[1], outer[2], R, inner, "
+    return (f"rec.launch({kname}, {grid})(*ts{outs}, nrows, outer[1], outer[2], R, inner, "
             f"*[s for st in sts for s in st], {tk}I64=nrows * R * inner >= 2**31 or far{tk64}, {kw}, "
             f"num_warps={int(cfg['num_warps'])}, num_stages={int(cfg['num_stages'])})")
 
@@ -384,11 +385,9 @@ def render(spec: ReductionSpec, cfg: dict, kname: str, gname: str) -> Rendered:
     if splittable:
         kernel += "\n\n" + _split_kernels(spec, kname, cfg, rows_v, zs)
 
-    args = ", ".join(f"a{i}" for i in range(n_in))
     w = wrapper_prelude(n_in, spec.pro_inputs, spec.epi_inputs, spec.rdims, spec.keepdim, rows_v, spec)
-    w += [f"o{j} = torch.empty(oshape, device=dev, dtype=torch.{dt})"
-          for j, (_v, dt) in enumerate(spec.outputs)]
-    ret = ", ".join(f"o{j}" for j in range(len(spec.outputs)))
+    w += [f"o{j} = rec.empty(oshape, torch.{dt}, dev)" for j, (_v, dt) in enumerate(spec.outputs)]
+    ret = recorded_return(len(spec.outputs))
     w += [
         "if o0.numel() == 0 or R == 0:",
         "    raise RuntimeError('EGG: empty reduction domain')",
@@ -406,23 +405,23 @@ def render(spec: ReductionSpec, cfg: dict, kname: str, gname: str) -> Rendered:
             "    chunk = _egg_cdiv(_egg_cdiv(R, splits), BLOCK_R) * BLOCK_R",
             "    splits = _egg_cdiv(R, chunk)",
             # the partials; an arg-reduction's: each chunk's extreme and its index
-            "    parts = [torch.empty(nrows * splits * inner, device=dev, dtype=torch.float32)"
-            + (", torch.empty(nrows * splits * inner, device=dev, dtype=torch.int32)]"
+            "    parts = [rec.empty(nrows * splits * inner, torch.float32, dev)"
+            + (", rec.empty(nrows * splits * inner, torch.int32, dev)]"
                if op in ("argmax", "argmin") else "]"),
         ]
         if rows_v:
             w += [
-                f"    {kname}_part[(nrows * splits,)](*ts, *parts, nrows, outer[1], outer[2], R, inner, {flat}, "
+                f"    rec.launch({kname}_part, (nrows * splits,))(*ts, *parts, nrows, outer[1], outer[2], R, inner, {flat}, "
                 f"splits, chunk, BLOCK_R=BLOCK_R, num_warps={int(cfg['num_warps'])})",
-                f"    {kname}_fin[(_egg_cdiv(nrows, 4),)](*ts{outs}, *parts, nrows, outer[1], outer[2], R, inner, "
+                f"    rec.launch({kname}_fin, (_egg_cdiv(nrows, 4),))(*ts{outs}, *parts, nrows, outer[1], outer[2], R, inner, "
                 f"{flat}, splits, SPLITS_P2=_egg_pow2(splits), BLOCK_O=4, num_warps=4)",
             ]
         else:
             bi = int(cfg["BLOCK_I"])
             w += [
-                f"    {kname}_part[({tiles} * splits,)](*ts, *parts, nrows, outer[1], outer[2], R, inner, {flat}, "
+                f"    rec.launch({kname}_part, ({tiles} * splits,))(*ts, *parts, nrows, outer[1], outer[2], R, inner, {flat}, "
                 f"splits, chunk, BLOCK_R=BLOCK_R, BLOCK_I={bi}{zkw}, num_warps={int(cfg['num_warps'])})",
-                f"    {kname}_fin[({tiles},)](*ts{outs}, *parts, nrows, outer[1], outer[2], R, inner, "
+                f"    rec.launch({kname}_fin, ({tiles},))(*ts{outs}, *parts, nrows, outer[1], outer[2], R, inner, "
                 f"{flat}, splits, SPLITS_P2=_egg_pow2(splits), BLOCK_I={bi}, num_warps=4)",
             ]
         w.append(f"    return {ret}")
@@ -430,5 +429,4 @@ def render(spec: ReductionSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         launch_line(kname, len(spec.outputs), grid, kw, cfg, bool(spec.takes)),
         f"return {ret}",
     ]
-    wrapper = f"def {gname}({args}):\n{indent(w, 4)}\n"
-    return Rendered(kernel, wrapper, kname, gname, cfg)
+    return Rendered(kernel, recorded_wrapper(gname, n_in, w), kname, gname, cfg)

@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from knowledge.schema import TemplateInfo
-from knowledge.templates import Rendered, compute_type, indent, load_expr, stmt_lines
+from knowledge.templates import (Rendered, compute_type, indent, load_expr, recorded_return, recorded_wrapper,
+                                 stmt_lines)
 from knowledge.templates.reduction import row_setup, signature, tile_loads, wrapper_prelude
 
 INFO = TemplateInfo(
@@ -74,20 +75,18 @@ def render(spec: ScanSpec, cfg: dict, kname: str, gname: str) -> Rendered:
     b += ["    " + ln for ln in loop]
     kernel = head + indent(b, 4) + "\n"
 
-    args = ", ".join(f"a{i}" for i in range(n_in))
     w = wrapper_prelude(n_in, spec.pro_inputs + spec.epi_inputs, [], [spec.dim], True, True)
-    w += [f"o{j} = torch.empty(shape, device=dev, dtype=torch.{dt})" for j, (_v, dt) in enumerate(spec.outputs)]
-    ret = ", ".join(f"o{j}" for j in range(len(spec.outputs)))
+    w += [f"o{j} = rec.empty(shape, torch.{dt}, dev)" for j, (_v, dt) in enumerate(spec.outputs)]
+    ret = recorded_return(len(spec.outputs))
     w += [
         "if o0.numel() == 0:",
         f"    return {ret}",
         f"BLOCK_R = min({int(cfg['BLOCK_R'])}, _egg_pow2(R))",
-        f"{kname}[(_egg_cdiv(nrows, {int(cfg['BLOCK_O'])}),)](*ts, "
+        f"rec.launch({kname}, (_egg_cdiv(nrows, {int(cfg['BLOCK_O'])}),))(*ts, "
         + "".join(f"o{j}, " for j in range(len(spec.outputs)))
         + "nrows, outer[1], outer[2], R, inner, *[s for st in sts for s in st], "
         + f"I64=nrows * R >= 2**31 or far, BLOCK_O={int(cfg['BLOCK_O'])}, BLOCK_R=BLOCK_R, "
         + f"num_warps={int(cfg['num_warps'])})",
         f"return {ret}",
     ]
-    wrapper = f"def {gname}({args}):\n{indent(w, 4)}\n"
-    return Rendered(kernel, wrapper, kname, gname, cfg)
+    return Rendered(kernel, recorded_wrapper(gname, n_in, w), kname, gname, cfg)

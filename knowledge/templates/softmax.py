@@ -18,7 +18,8 @@ in the two-pass kernel, but every SM has work.
 from __future__ import annotations
 
 from knowledge.schema import TemplateInfo
-from knowledge.templates import Rendered, SoftmaxSpec, indent, nan_max, nan_min, stmt_lines
+from knowledge.templates import (Rendered, SoftmaxSpec, indent, nan_max, nan_min, recorded_return,
+                                 recorded_wrapper, stmt_lines)
 from knowledge.templates.reduction import (launch_line, launch_tail, reduce_call, row_setup, signature,
                                            tile_loads, tile_mask, wrapper_prelude)
 from knowledge.templates import compute_type
@@ -171,13 +172,11 @@ def render(spec: SoftmaxSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         body += single
     kernel = head + indent(body, 4) + "\n"
 
-    args = ", ".join(f"a{i}" for i in range(n_in))
     # the epilogue's inputs live on the full domain: no reduced-domain lifting needed
     rdims = [spec.dim] if spec.rdims == [] else spec.rdims  # as written; None: every dim
     w = wrapper_prelude(n_in, spec.pro_inputs + spec.epi_inputs, [], rdims, True, rows_v)
-    w += [f"o{j} = torch.empty(shape, device=dev, dtype=torch.{dt})"
-          for j, (_v, dt) in enumerate(spec.outputs)]
-    ret = ", ".join(f"o{j}" for j in range(len(spec.outputs)))
+    w += [f"o{j} = rec.empty(shape, torch.{dt}, dev)" for j, (_v, dt) in enumerate(spec.outputs)]
+    ret = recorded_return(len(spec.outputs))
     one_max = int(cfg["ONE_PASS_MAX"])
     w += [
         "if o0.numel() == 0:",
@@ -193,8 +192,8 @@ def render(spec: SoftmaxSpec, cfg: dict, kname: str, gname: str) -> Rendered:
             f"if not ONE and R > {int(cfg['SPLIT_CHUNK'])}:  # few long rows: chunks of a row in parallel",
             f"    chunk = _egg_cdiv({int(cfg['SPLIT_CHUNK'])}, BLOCK_R) * BLOCK_R",
             "    splits = _egg_cdiv(R, chunk)",
-            f"    mp = torch.empty(nrows * splits, device=dev, dtype={pdt})",
-            "    sp = torch.empty_like(mp)",
+            f"    mp = rec.empty(nrows * splits, {pdt}, dev)",
+            f"    sp = rec.empty(nrows * splits, {pdt}, dev)",
             *["    " + launch_line(kname, len(spec.outputs), split_grid,
                                   f"MP=mp, SP=sp, SPLITS=splits, CHUNK=chunk, {kw}, ONE_PASS=False, "
                                   f"PHASE={ph}, SPLITS_P2=_egg_pow2(splits)", cfg) for ph in (1, 2)],
@@ -205,5 +204,4 @@ def render(spec: SoftmaxSpec, cfg: dict, kname: str, gname: str) -> Rendered:
         launch_line(kname, len(spec.outputs), grid, kw + ", ONE_PASS=ONE", cfg),
         f"return {ret}",
     ]
-    wrapper = f"def {gname}({args}):\n{indent(w, 4)}\n"
-    return Rendered(kernel, wrapper, kname, gname, cfg)
+    return Rendered(kernel, recorded_wrapper(gname, n_in, w), kname, gname, cfg)
