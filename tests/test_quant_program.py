@@ -362,3 +362,33 @@ def test_the_period_of_a_fixed_index_table():
     assert _period(torch.tensor([1, 1, 3, 3])) == 2
     assert _period(torch.tensor([2, 3, 0, 1])) is None  # blocks of 2 swapped: leaves its block
     assert _period(torch.arange(8.0)) is None
+
+
+@pytest.mark.parametrize("step", [4, 8])
+def test_int32_nibbles_shifted_by_an_int64_table_are_shifted_in_int32(step, write_problem):
+    """AutoAWQ shifts int32 packs by ``torch.arange(0, 32, 4)`` (int64: PyTorch promotes the
+    shift to 64 bits); shifts of 0-31 give the same values in int32 (the arithmetic shift of
+    the sign-extended pack), so the program shifts in int32 and widens after. A table reaching
+    32 or more (int64 packs of 8-bit codes, here int32 ones shifted to their sign) stays in
+    int64: a 32-bit shift by 32 or more is not PyTorch's result. Both are eager's to the bit."""
+    body = CASES["awq_columns"]["body"]
+    case = dict(CASES["awq_columns"])
+    if step == 8:  # bytes of a shift table 0..56: int32 packs shifted past their width
+        case["body"] = (body.replace("torch.arange(0, 32, 4,", "torch.arange(0, 64, 8,")
+                        .replace(".view(-1, 8)", ".view(-1, 8)"))
+    src = HEAD + INT4.format(**case)
+    path = write_problem(src, f"shift{step}")
+    plan, _applied, err = analyze(load_problem(path))
+    assert plan is not None, err
+    prog = plan.nops[plan.groups[0].red].p["program"]
+    shifts = [ins for ins in prog if ins[0] == "bin" and ins[3] == "rshift"]
+    assert shifts and {ins[2] for ins in shifts} == ({"int32"} if step == 4 else {"int64"}), shifts
+    comp = compile_problem(load_problem(path))
+    pm, cm = load_sources(src, comp.emitted.source)
+    torch.manual_seed(0)
+    ref, new = pm.Model(), cm.ModelNew()
+    new.load_state_dict(ref.state_dict())
+    eye = torch.eye(64, dtype=torch.bfloat16)
+    with torch.no_grad():
+        want, got = ref(eye), new(eye)
+    assert torch.equal(got, want), (got.float() - want.float()).abs().max()

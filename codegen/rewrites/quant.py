@@ -261,6 +261,31 @@ class _Builder:
         self.index[n] = len(self.instrs) - 1
         return self.index[n]
 
+    def _emit_step(self, ins: tuple) -> int:
+        """An instruction of no traced node's (a step the builder adds)."""
+        if ins in self.instrs:  # the same step for another value (a shift table's cast)
+            return self.instrs.index(ins)
+        if len(self.instrs) >= MAX_INSTRUCTIONS:
+            raise _NotProgram
+        self.ranges.append(value_range(ins, self.ranges))
+        self.instrs.append(ins)
+        return len(self.instrs) - 1
+
+    def _narrow_shift(self, shape: tuple, ops: list) -> tuple | None:
+        """``x >> y`` into int64 where x is a narrower integer (int32 nibbles packed by int4
+        formats) promoted by a shift table of int64 (``torch.arange(0, 32, 4)``) holding 0-31:
+        computed in int32 and widened, the same values (an arithmetic shift of the
+        sign-extended x by fewer than 32 bits), without 64-bit shifts in the kernel."""
+        x, y = ops
+        if isinstance(x, tuple) or self.instrs[x][2] not in ("int8", "int16", "int32"):
+            return None
+        ry = (y[1], y[1]) if isinstance(y, tuple) else self.ranges[y]
+        if ry is None or isinstance(ry[0], float) or ry[0] < 0 or ry[1] > 31:
+            return None
+        if not isinstance(y, tuple) and self.instrs[y][2] != "int32":
+            y = self._emit_step(("cast", self.instrs[y][1], "int32", y))
+        return ("cast", shape, "int64", self._emit_step(("bin", shape, "int32", "rshift", x, y)))
+
     def value(self, n) -> int:
         if not isinstance(n, fx.Node):
             raise _NotProgram
@@ -314,6 +339,10 @@ class _Builder:
                 if dt not in INT_DTYPES or rx is None or ry is None \
                         or rx[0] < 0 or ry[0] <= 0:
                     return None
+            if bop == "rshift" and dt == "int64":
+                narrow = self._narrow_shift(shape, ops)
+                if narrow is not None:
+                    return narrow
             return ("bin", shape, dt, bop, *ops)
         op = classify(n, self.gm)
         src = op.operands[0] if op.operands else None
