@@ -264,3 +264,18 @@ def test_norms_and_scans_replay(body, kinds, write_problem, tmp_path):
     for shape in ((3, 4, 48), (3, 4, 48), (2, 3, 4, 48), (2, 3, 4, 48), (5, 4, 48)):
         _same_exact(ref, new, torch.randn(*shape))
     assert firsts == ["g0"] * 3  # one per layout
+
+
+def test_an_output_returned_as_a_view_of_its_allocation_is_replayed_as_that_view(write_problem, tmp_path):
+    """Attention on 3-d operands: the kernel writes a (B, 1, M, D) allocation and the wrapper
+    returns it squeezed; a replay returns the same view of its own allocation."""
+    src = problem("q, k, v", "        return F.scaled_dot_product_attention(q, k, v)\n",
+                  "[torch.randn(3, 20, 16), torch.randn(3, 24, 16), torch.randn(3, 24, 16)]")
+    ref, new, mod, firsts = _recorded(write_problem, tmp_path, src, "rec_view_out", ["attention"])
+    for _ in range(3):
+        q, k, v = torch.randn(3, 20, 16), torch.randn(3, 24, 16), torch.randn(3, 24, 16)
+        _same_exact(ref, new, q, k, v)
+        assert new(q, k, v).shape == (3, 20, 16)
+    assert firsts == ["g0"]
+    (plan,) = [v for k, v in mod._EGG_PLANS.items() if k[0] == "_egg_g0"]
+    assert plan and plan[2][0][0] == "m"  # the return: a view of the allocation
