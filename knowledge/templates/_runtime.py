@@ -1108,9 +1108,10 @@ def _egg_launch_planned(kernel, plan, grid, args, kwargs, tensors):
 
 
 #: a wrapper's first call of a layout, recorded (_egg_Rec) and replayed (_egg_replay): the
-#: templates whose host code is more than a launch (reductions, softmax: the domain, its layout,
-#: splits, workspaces) run it once per inputs' shapes, strides, dtypes and device; a later call
-#: like it allocates and launches what the first did
+#: templates whose host code is more than a launch (all but pointwise, which plans by hand, and
+#: linear_ce: the domain, its layout, splits, workspaces, GQA packing) run it once per inputs'
+#: shapes, strides, dtypes and device; a later call like it allocates and launches what the
+#: first did
 class _egg_NoPlan(Exception):
     """A tensor a recorded launch takes that a replay could not make again."""
 
@@ -1119,9 +1120,10 @@ class _egg_Rec:
     """The first call of a wrapper with these inputs (``key``; None: record nothing). Allocations
     through ``empty`` and launches through ``launch`` are recorded; each tensor a launch takes
     must be an argument, a view of exactly one argument (expand, unsqueeze, a take's narrowing:
-    made again from the new argument, at its own offset) or a recorded allocation. Anything else
-    (a contiguous copy of a permuted input, a zeroed workspace, a view of an output) makes the
-    call unplanned: ``done`` remembers False, and calls with these inputs run the wrapper whole."""
+    made again from the new argument, at its own offset), a recorded allocation or a view of one
+    (an output squeezed back). Anything else (a contiguous copy of a permuted input, a zeroed
+    workspace, a library op's result) makes the call unplanned: ``done`` remembers False, and
+    calls with these inputs run the wrapper whole."""
 
     def __init__(self, key, args):
         self.key, self.args, self.allocs, self.launches = key, args, [], []
