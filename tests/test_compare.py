@@ -266,3 +266,64 @@ def test_honest_rounding_of_an_upcasting_softmax_is_not_lower_precision():
         (chk,) = judge_outputs([eager], [low], [x], model, m64, {}, "train",
                                lambda i, r: Tolerance(), "trial")
         assert chk.within_tol and not chk.ok and chk.category == "precision", (seed, chk.reason)
+
+
+def _masked(t, idx):
+    out = t.clone()
+    out[idx] = float("-inf")
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decision_regime_admits_infinities_as_close_to_float64_as_eagers(dtype):
+    """Top-p filtering on a bf16 cumulative sum: eager's rounding moves where the -inf begin, so
+    its pattern differs from float64's at some elements. A candidate whose infinities differ from
+    float64's at no more than DECISION_DOOR_FACTOR x as many passes the pattern; one further off,
+    one with a NaN, or one whose kept values are not float64's does not. Where eager's pattern is
+    float64's, the pattern must be eager's exactly."""
+    ref = _truth(3).to(dtype).double()
+    cut = torch.arange(0, N, 2)  # float64 masks every other element ...
+    ref64 = _masked(ref, cut)
+    eager = _masked(ref, torch.cat([cut, torch.arange(1, 41, 2)])).to(dtype)  # ... eager 20 more
+    tol = Tolerance()
+
+    def judge(cand):
+        return fp64_door(compare_output(0, eager, cand, tol), ref64, eager, cand, tol)
+
+    honest = _masked(ref, torch.cat([cut, torch.arange(101, 131, 2)])).to(dtype)  # 15 elsewhere
+    chk = judge(honest)
+    assert chk.ok and chk.passed_by == "fp64" and chk.extra["decision_regime"]
+    assert (chk.extra["eager_pattern_fp64"], chk.extra["cand_pattern_fp64"]) == (20, 15)
+    assert judge(_masked(ref, torch.cat([cut, torch.arange(101, 181, 2)])).to(dtype)).ok  # 40: 2x
+    far = judge(_masked(ref, torch.cat([cut, torch.arange(101, 185, 2)])).to(dtype))  # 42 > 2 x 20
+    assert not far.ok and "eager's at 20" in far.reason
+    unfiltered = judge(ref.to(dtype))  # no filtering at all
+    assert not unfiltered.ok
+    nan = honest.clone()
+    nan[1] = float("nan")
+    assert not judge(nan).ok and "NaN" in judge(nan).reason
+    kept_wrong = honest.clone()
+    kept_wrong[3] += 0.5  # kept where eager has -inf (float64 keeps it): not float64's value
+    assert not judge(kept_wrong).ok
+    shifted = honest.clone()
+    shifted[201] += 0.5  # a value both keep, off eager's and float64's: the value contract
+    assert not judge(shifted).ok and "max abs error" in judge(shifted).reason
+    plus = honest.clone()
+    plus[cut[:3]] = float("inf")  # the sign of an infinity is part of the pattern
+    assert judge(plus).extra["cand_pattern_fp64"] == 18
+    # eager's pattern is float64's: strict, one element off fails
+    eager_exact = ref64.to(dtype)
+    one_off = _masked(ref, torch.cat([cut, torch.tensor([1])])).to(dtype)
+    chk = fp64_door(compare_output(0, eager_exact, one_off, tol), ref64, eager_exact, one_off, tol)
+    assert not chk.ok and "NaN/Inf" in chk.reason and chk.extra["eager_pattern_fp64"] == 0
+
+
+def test_decision_regime_keeps_the_unstable_log_softmax_out():
+    """Infinities where eager and float64 are finite (exp overflowed): eager's pattern is
+    float64's, so none is admitted."""
+    ref64 = _truth(4)
+    eager = ref64.float()
+    cand = eager.clone()
+    cand[:10] = float("-inf")
+    chk = fp64_door(compare_output(0, eager, cand, Tolerance()), ref64, eager, cand, Tolerance())
+    assert not chk.ok and chk.extra["eager_pattern_fp64"] == 0

@@ -58,6 +58,8 @@ HONEST = [
     Case("honest_batchnorm_fp64", "batchnorm_far", "passed",
          note="batch norm in float64: each call starts from Model's running statistics"),
     Case("honest_matmul_epilogue", "linear_gelu", "passed", note="library matmul + Triton epilogue"),
+    Case("honest_top_p_fp32", "top_p", "passed",
+         note="top-p on an fp32 cumulative sum: its -inf sit elsewhere than eager's, nearer float64's"),
     Case("<generated:egg>", "examples/bias_gelu_scale", "passed", note="EGG codegen output"),
     Case("<generated:reference>", "pointwise", "passed", note="the reference itself as ModelNew(Model)"),
 ]
@@ -75,6 +77,7 @@ DYNAMIC = [
     Case("cheat_wrong_dtype", "rowsum", "mismatch", "dtype"),
     Case("cheat_wrong_shape", "rowsum", "mismatch", "shape"),
     Case("cheat_nan", "rowsum", "mismatch", "NaN"),
+    Case("cheat_top_p_quantile", "top_p", "mismatch", "infinities differ from float64's"),
     Case("cheat_memory_hog", "rowsum", "memory", "memory", opts={"memory_limit_gb": 0.5},
          gpu={"opts": {"memory_limit_gb": 6}}),
     Case("wrong_params", "pointwise", "params", "differs from Model"),
