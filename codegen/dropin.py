@@ -75,6 +75,52 @@ class Dropin:
     #: buffers the kernels assume hold the lower-triangular ones (a causal mask read from a
     #: buffer: codegen.rewrites.attention): the kernels run only while they do
     tril_buffers: list[str] = field(default_factory=list)
+    #: Model's constructor arguments the kernels were built with, bound to its signature (None:
+    #: not all literals, not checked): the trace baked them in (a top-p of 0.9, a reshape to
+    #: (-1, 500)), so a module built with others takes Model's own forward
+    init: dict | None = None
+    #: Model's public attributes holding literals after construction (``self.top_p``): baked
+    #: in too; a call after one changed takes Model's own forward
+    attrs: dict = field(default_factory=dict)
+
+
+def is_literal(v) -> bool:
+    """A value a generated file can write as Python source and compare with ``==``: None, a
+    bool, int, str, finite float, dtype, or a tuple / list of them (a dict of them by name:
+    a ``**kwargs``)."""
+    if v is None or type(v) in (bool, int, str) or isinstance(v, torch.dtype):
+        return True
+    if type(v) is float:
+        return v == v and v not in (float("inf"), float("-inf"))
+    if type(v) in (tuple, list):
+        return all(is_literal(x) for x in v)
+    if type(v) is dict:
+        return all(type(k) is str and is_literal(x) for k, x in v.items())
+    return False
+
+
+def built_with(model_cls: type, init: list) -> dict | None:
+    """Model's constructor arguments (``Model(*init)``) by parameter name, defaults applied,
+    when every one is a literal (is_literal); None otherwise (a tensor, a module, a function:
+    the file cannot compare them, and does not)."""
+    import inspect
+
+    try:
+        bound = inspect.signature(model_cls.__init__).bind(None, *init)
+    except (TypeError, ValueError):
+        return None
+    bound.apply_defaults()
+    args = dict(list(bound.arguments.items())[1:])
+    return args if is_literal(args) else None
+
+
+def literal_attrs(root: torch.nn.Module | None) -> dict:
+    """The module's own public attributes that hold literals (is_literal; not ``training``),
+    as constructed: what a trace reads of ``self`` as a number and bakes in."""
+    if root is None:
+        return {}
+    return {k: v for k, v in vars(root).items()
+            if not k.startswith("_") and k != "training" and k.isidentifier() and is_literal(v)}
 
 
 def exact_guard(inputs: list) -> Guard:

@@ -653,6 +653,49 @@ def _traced_values(names: list[str], guard_args: list[dict]) -> str | None:
     return " and ".join(conds) if conds else None
 
 
+def init_binder(problem_source: str) -> str | None:
+    """``def _egg_init_args(<Model.__init__'s parameters>)`` returning them by name (``*args`` as
+    a tuple, ``**kwargs`` as a dict, as inspect binds them): how a generated file tells whether
+    ModelNew was built with the arguments its kernels were made for (_egg_built_with), without
+    importing inspect (the static check refuses it). None where Model's constructor is not in
+    the source (inherited from a class other than nn.Module)."""
+    import ast
+
+    try:
+        tree = ast.parse(problem_source)
+    except SyntaxError:
+        return None
+    cls = next((c for c in tree.body if isinstance(c, ast.ClassDef) and c.name == "Model"), None)
+    if cls is None:
+        return None
+    fn = next((f for f in cls.body if isinstance(f, ast.FunctionDef) and f.name == "__init__"), None)
+    if fn is None:
+        plain = all(ast.unparse(b) in ("nn.Module", "torch.nn.Module", "Module") for b in cls.bases)
+        return "def _egg_init_args():\n    return {}" if plain else None
+    a = fn.args
+    if not (a.posonlyargs + a.args):
+        return None
+    params = ast.arguments(posonlyargs=[], args=(a.posonlyargs + a.args)[1:], vararg=a.vararg,
+                           kwonlyargs=a.kwonlyargs, kw_defaults=a.kw_defaults, kwarg=a.kwarg,
+                           defaults=a.defaults[-len((a.posonlyargs + a.args)[1:]):]
+                           if (a.posonlyargs + a.args)[1:] and a.defaults else [])
+    names = [x.arg for x in (a.posonlyargs + a.args)[1:]] + ([a.vararg.arg] if a.vararg else []) \
+        + [x.arg for x in a.kwonlyargs] + ([a.kwarg.arg] if a.kwarg else [])
+    body = ", ".join(f"{n!r}: {n}" for n in names)
+    return f"def _egg_init_args({ast.unparse(params)}):\n    return {{{body}}}"
+
+
+def _call_args(sig: str) -> str:
+    """The arguments of a call passing a signature's parameters on as they came (``x, y=None,
+    *rest, k=1, **kw`` -> ``x, y, *rest, k=k, **kw``)."""
+    import ast
+
+    a = ast.parse(f"def f(self, {sig}): pass").body[0].args
+    pos = [x.arg for x in a.posonlyargs + a.args][1:]
+    out = pos + ([f"*{a.vararg.arg}"] if a.vararg else []) + [f"{x.arg}={x.arg}" for x in a.kwonlyargs]
+    return ", ".join(out + ([f"**{a.kwarg.arg}"] if a.kwarg else []))
+
+
 def _dispatch(dr, fast: dict[bool, str | None], ref: dict[bool, str], sig: str,
               graph: bool = False, original: tuple[list[str], str] | None = None,
               rank_fixed: bool = False, dtype_reads: dict | None = None) -> list[str]:
@@ -694,6 +737,17 @@ def _dispatch(dr, fast: dict[bool, str | None], ref: dict[bool, str], sig: str,
         return f"self.{table[True]}({args}) if self.training else self.{table[False]}({args})"
 
     lines = [f"def forward(self, {sig}):"]
+    # the trace baked in Model's constructor arguments and literal attributes: a module built
+    # with others, or whose attribute changed, takes Model's own code (a copy; without one, an
+    # error: the traced reference holds the baked values too)
+    other = ["not self._egg_built"] + [f"self.{a} != {_literal(v)}" for a, v in (dr.attrs or {}).items()]
+    lines.append(f"    if {' or '.join(other)}:  # built with other arguments, or an attribute changed")
+    if original is not None and len(original[0]) == len(dr.arg_names):
+        lines.append(f"        return self._egg_model_forward({_call_args(original[1])})")
+    else:
+        lines.append("        raise RuntimeError('ModelNew was built with other constructor arguments, or an "
+                     "attribute changed, than its kernels were made for, and this file holds no copy of "
+                     "Model.forward to run instead: use Model')")
     if dtype_reads:
         if original is None or len(original[0]) != len(dr.arg_names) or not plain:
             raise EmitError("the trace branched on dtypes and Model.forward cannot be copied to "
@@ -843,6 +897,7 @@ def emit_model(problem_source: str, plan: FusionPlan, configs: dict[str, dict] |
         if dr.mode_modules:
             init.append("self._egg_mode_modules = ("
                         + "".join(f"self.get_submodule({m!r}), " for m in dr.mode_modules) + ")")
+        init.insert(0, "self._egg_built = _egg_built_with(_egg_init_args, args, kwargs, _EGG_INIT)")
         init.append("self._egg_train_modes = _egg_train_modes(self)  # as traced for train()")
         init.append("self._egg_ready = True")
         init.append("_egg_dropin_init(self)")
@@ -878,6 +933,7 @@ def emit_model(problem_source: str, plan: FusionPlan, configs: dict[str, dict] |
     if prelude:  # graph breaks (PyTorch statements) and tables, before the kernels
         body_code = "\n\n".join(x.rstrip() + "\n" for x in prelude) + "\n\n" + body_code
     state = []
+    binder = init_binder(problem_source)
     if dr is not None:
         guards = {True: _guard_value(dr.train, dr.tril_buffers),
                   False: _guard_value(dr.train if dr.same else dr.eval, dr.tril_buffers)}
@@ -887,6 +943,9 @@ def emit_model(problem_source: str, plan: FusionPlan, configs: dict[str, dict] |
                  f"_EGG_GUARDS = {{True: {_literal(guards[True])},\n               False: "
                  f"{_literal(guards[False])}}}",
                  f"_EGG_SAME = {bool(dr.same)}  # one set of kernels serves train() and eval()",
+                 "#: Model's constructor arguments the kernels were built with (None: not checked)",
+                 f"_EGG_INIT = {_literal(dr.init if binder is not None else None)}", "",
+                 binder or "def _egg_init_args(*args, **kwargs):\n    return None", "",
                  "#: the parameters and buffers the kernels read, and the traced constants",
                  f"_EGG_STATE = {{'params': {_literal(dr.params)},\n              'constants': "
                  f"{_literal({k: t.dtype for k, t in consts.items()})}}}"]

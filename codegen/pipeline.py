@@ -250,7 +250,8 @@ def _dropin(prob: LoadedProblem, cap, ref, disabled, use_rewrites: bool, channel
     g_t, g_e = D.with_defaults(g_t, ref), D.with_defaults(g_e, ref_e)
     return D.Dropin(train=g_t, eval=g_e, same=same, eval_plan=eval_plan, reference=refs,
                     params=params, mode_modules=modes, arg_names=D.arg_names(ref),
-                    tril_buffers=sorted(tril))
+                    tril_buffers=sorted(tril), init=D.built_with(prob.Model, prob.init_inputs()),
+                    attrs=D.literal_attrs(cap.root))
 
 
 def analyze(prob: LoadedProblem, disabled: set[str] | None = None, use_rewrites: bool = True,

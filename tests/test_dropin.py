@@ -381,3 +381,69 @@ def test_forward_parameters_named_like_the_dispatch_locals(write_problem):
     with torch.no_grad():
         torch.testing.assert_close(new(q, key=k, value=v), ref(q, key=k, value=v))
         torch.testing.assert_close(new(q, k, v, fast=0.5), ref(q, k, v, fast=0.5))
+
+
+BAKED_ARGS = '''import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, vocab, temperature=0.7, *, min_p=0.1):
+        super().__init__()
+        self._shape = (-1, vocab)  # private: not an attribute the file compares
+        self.temperature = temperature
+        self.min_p = min_p
+
+    def forward(self, logits):
+        x = logits.reshape(self._shape) / self.temperature
+        probs = torch.softmax(x, dim=-1)
+        keep = probs >= self.min_p * probs.amax(dim=-1, keepdim=True)
+        return x.masked_fill(~keep, -1e4)
+
+
+def get_inputs():
+    return [torch.randn(4, 64)]
+
+
+def get_init_inputs():
+    return [64]
+'''
+
+
+def test_constructor_arguments_and_attributes_the_trace_baked_in(write_problem):
+    """The trace bakes Model's constructor arguments in (a reshape to (-1, 64), a temperature
+    of 0.7, a min-p of 0.1): a ModelNew built with others, or whose attribute changed after,
+    takes Model's own code (before: the kernels' answer for the built values, or an error from
+    a reshape to the old size); built with the same values, by keyword or with the defaults
+    spelled out, it takes the kernels."""
+    assert "_shape" not in D.literal_attrs(load_sources(BAKED_ARGS, "")[0].Model(64))
+    comp = compiled(write_problem, BAKED_ARGS, "baked_args")
+    assert comp.plan.dropin.init == {"vocab": 64, "temperature": 0.7, "min_p": 0.1}
+    prob, cand = load_sources(BAKED_ARGS, comp.emitted.source)
+    x = torch.randn(4, 64)
+    calls = []
+    for args, kw in (((64,), {}), ((), {"vocab": 64, "temperature": 0.7, "min_p": 0.1})):
+        new = cand.ModelNew(*args, **kw)
+        new._egg_fast = lambda *a, _f=new._egg_fast: calls.append(1) or _f(*a)
+        torch.testing.assert_close(new(x), prob.Model(*args, **kw)(x))
+    assert len(calls) == 2  # both took the kernels
+    for args, kw in (((32,), {}), ((64, 1.3), {}), ((64,), {"min_p": 0.05})):
+        new, ref = cand.ModelNew(*args, **kw), prob.Model(*args, **kw)
+        new._egg_fast = lambda *a: pytest.fail("kernels built for other constructor arguments")
+        xs = torch.randn(4, args[0])
+        torch.testing.assert_close(new(xs), ref(xs))
+    new, ref = cand.ModelNew(64), prob.Model(64)
+    new.temperature = ref.temperature = 2.0  # a sampling setting changed per request
+    torch.testing.assert_close(new(x), ref(x))
+    assert cand._EGG_INIT == {"vocab": 64, "temperature": 0.7, "min_p": 0.1}
+
+
+def test_init_records_only_literal_arguments():
+    class M(nn.Module):
+        def __init__(self, n, w=None, *rest, **kw):
+            super().__init__()
+
+    assert D.built_with(M, [3]) == {"n": 3, "w": None, "rest": (), "kw": {}}
+    assert D.built_with(M, [3, torch.ones(2)]) is None  # a tensor: not compared
+    assert D.built_with(M, [float("nan")]) is None
+    assert D.built_with(M, []) is None  # does not bind

@@ -770,6 +770,21 @@ def _egg_nhwc_operand(t, nd):
 _EGG_ANY_DEVICE = False
 
 
+def _egg_built_with(bind, args, kwargs, init):
+    """Was the module constructed with the arguments its kernels were built for? ``bind``:
+    Model.__init__'s parameter list as a function returning them by name (the file's
+    _egg_init_args); ``init``: the arguments the kernels were built with, defaults applied
+    (codegen.dropin.built_with; None: not all literals, not recorded: taken as yes). The trace
+    baked them in (a top-p of 0.9, a reshape to the vocabulary size), so a module built with
+    others takes Model's own forward."""
+    if init is None:
+        return True
+    try:
+        return bool(bind(*args, **kwargs) == init)
+    except Exception:  # noqa: BLE001 - another signature; a value == cannot compare (a tensor)
+        return False
+
+
 def _egg_dropin_init(module):
     """At construction and after every .to() / .cuda() / .double(): the traced constants keep
     their dtype (Model makes them anew in each call), and whether the parameters and buffers the
