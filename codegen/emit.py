@@ -671,7 +671,9 @@ def init_binder(problem_source: str) -> str | None:
     fn = next((f for f in cls.body if isinstance(f, ast.FunctionDef) and f.name == "__init__"), None)
     if fn is None:
         plain = all(ast.unparse(b) in ("nn.Module", "torch.nn.Module", "Module") for b in cls.bases)
-        return "def _egg_init_args():\n    return {}" if plain else None
+        # nn.Module.__init__(self, *args, **kwargs), as inspect binds it
+        return ("def _egg_init_args(*args, **kwargs):\n    return {'args': args, 'kwargs': kwargs}"
+                if plain else None)
     a = fn.args
     if not (a.posonlyargs + a.args):
         return None

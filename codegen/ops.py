@@ -80,6 +80,7 @@ POINTWISE: dict[str, OpDef] = {
     "hardtanh": _d("hardtanh", "pointwise", ["input", ("min_val", -1.0), ("max_val", 1.0), ("inplace", False)]),
     "threshold": _d("threshold", "pointwise", ["input", "threshold", "value", ("inplace", False)]),
     "cast": _d("cast", "pointwise", ["input", "dtype"]),
+    "round": _d("round", "pointwise", ["input", ("decimals", 0)]),
 }
 for _n in ["neg", "abs", "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "rsqrt",
            "sin", "cos", "tan", "sigmoid", "tanh", "relu", "relu6", "silu", "mish", "softsign",
@@ -135,7 +136,7 @@ FUNCTIONS: dict[Any, str] = {
     torch.log10: "log10", torch.log1p: "log1p", torch.sqrt: "sqrt", torch.rsqrt: "rsqrt",
     torch.sin: "sin", torch.cos: "cos", torch.tan: "tan", torch.abs: "abs", torch.neg: "neg",
     torch.negative: "neg", torch.reciprocal: "reciprocal", torch.square: "square",
-    torch.sign: "sign", torch.floor: "floor", torch.ceil: "ceil", torch.erf: "erf",
+    torch.sign: "sign", torch.floor: "floor", torch.ceil: "ceil", torch.erf: "erf", torch.round: "round",
     torch.special.erf: "erf", torch.special.expit: "sigmoid", torch.logical_not: "logical_not",
     torch.selu: "selu", torch.celu: "celu", torch.nn.functional.dropout: "dropout",
     torch.dropout: "dropout", torch.clone: "clone", torch.detach: "detach",
@@ -305,7 +306,7 @@ METHODS: dict[str, str] = {
     "log10": "log10", "log1p": "log1p", "sqrt": "sqrt", "rsqrt": "rsqrt", "sin": "sin",
     "cos": "cos", "tan": "tan", "abs": "abs", "neg": "neg", "reciprocal": "reciprocal",
     "square": "square", "sign": "sign", "floor": "floor", "ceil": "ceil", "erf": "erf",
-    "float": "cast_float", "half": "cast_half", "bfloat16": "cast_bf16", "double": "cast_double",
+    "round": "round", "float": "cast_float", "half": "cast_half", "bfloat16": "cast_bf16", "double": "cast_double",
     "to": "to", "type_as": "type_as", "clone": "clone", "detach": "detach",
     "logical_not": "logical_not",
 }
@@ -760,6 +761,8 @@ def _from_name(name: str, node: fx.Node, args: tuple, kwargs: dict, extra: dict 
                 raise TypeError(f"{name}: operand of type {type(v).__name__}")
         if name == "div" and p.get("rounding_mode") not in (None,):
             raise TypeError("div with a rounding mode")
+        if name == "round" and p.pop("decimals", 0) != 0:
+            raise TypeError("round with decimals")
         return NOp("pointwise", name, node, operands, p)
     if name in REDUCTIONS:
         op = REDUCTIONS[name]
@@ -890,6 +893,7 @@ def emit(op: NOp, a: list[str | None]) -> str:
         "reciprocal": "(1.0 / {0})", "square": "({0} * {0})",
         "sign": "tl.where({0} > 0, 1.0, tl.where({0} < 0, -1.0, 0.0))",
         "floor": "tl.floor({0})", "ceil": "tl.ceil({0})", "erf": "tl.math.erf({0})",
+        "round": "_egg_rint({0})",
         "logsigmoid": "(tl.minimum({0}, 0.0) - tl.log(1.0 + tl.exp(-tl.abs({0}))))",
         "tanhshrink": "({0} - _egg_tanh({0}))", "logical_not": "({0} == 0)",
     }
@@ -921,4 +925,4 @@ COMPARISONS = {"gt", "ge", "lt", "le", "eq", "ne"}
 BOOL_RESULT = COMPARISONS | {"logical_not"}
 #: ops whose result jumps where their operand crosses a point: a 16-bit operand computed in the
 #: group is rounded to its dtype before them, as eager's stored intermediate is (codegen.emit)
-STEP_OPS = COMPARISONS | {"floor", "ceil", "sign"}
+STEP_OPS = COMPARISONS | {"floor", "ceil", "sign", "round"}

@@ -200,6 +200,25 @@ def _accepts(prob: LoadedProblem, inputs: list, training: bool = True) -> bool:
 _GUARDS: dict = {}  # (problem hash, disabled, rewrites, layout) -> guards (probing is the cost)
 
 
+def _init_record(prob: LoadedProblem) -> dict | None:
+    """The constructor arguments the file compares a ModelNew's with (codegen.dropin.built_with),
+    when the file's binder (codegen.emit.init_binder, from the source) gives the same record for
+    them; None (not compared) otherwise: a file whose record its own binder could not match
+    would never take its kernels."""
+    from codegen.emit import init_binder
+
+    init = prob.init_inputs()
+    rec, binder = D.built_with(prob.Model, init), init_binder(prob.source)
+    if rec is None or binder is None:
+        return None
+    ns = dict(vars(prob.module))
+    try:
+        exec(binder, ns)  # noqa: S102 - the problem's own parameter list
+        return rec if ns["_egg_init_args"](*init) == rec else None
+    except Exception:  # noqa: BLE001 - defaults the module cannot evaluate again
+        return None
+
+
 def _dropin(prob: LoadedProblem, cap, ref, disabled, use_rewrites: bool, channels_last: bool):
     """The plan's drop-in facts (codegen.dropin): the guard of each mode, the eval() plan when
     the eval() trace gives other kernels, the traced references."""
@@ -250,7 +269,7 @@ def _dropin(prob: LoadedProblem, cap, ref, disabled, use_rewrites: bool, channel
     g_t, g_e = D.with_defaults(g_t, ref), D.with_defaults(g_e, ref_e)
     return D.Dropin(train=g_t, eval=g_e, same=same, eval_plan=eval_plan, reference=refs,
                     params=params, mode_modules=modes, arg_names=D.arg_names(ref),
-                    tril_buffers=sorted(tril), init=D.built_with(prob.Model, prob.init_inputs()),
+                    tril_buffers=sorted(tril), init=_init_record(prob),
                     attrs=D.literal_attrs(cap.root))
 
 

@@ -503,3 +503,27 @@ def get_init_inputs():
     x[0, 1, 3] = x[1, 2, 5] = x[1, 2, 6] = x[2, 4, 0] = float("nan")
     for got, want in zip(new._egg_fast(x), new._egg_reference(x)):
         torch.testing.assert_close(got, want, equal_nan=True)
+
+
+def test_round_is_ties_to_even_in_the_kernel(write_problem, tmp_path):
+    """torch.round (per-token int8 quantization: round(x / scale).clamp(-128, 127)) joins the
+    pointwise kernel (it was a torch op splitting the chain in two): ties go to the even
+    integer (0.5 -> 0, 1.5 -> 2, -2.5 -> -2), values from 2^23 on are integers already, NaN and
+    inf stay; bf16 inputs rounded as eager rounds them (a step op). Bit for bit."""
+    src = '''
+import torch, torch.nn as nn
+class Model(nn.Module):
+    def forward(self, x, y):
+        return torch.round(x * 2.0).clamp(-128, 127), (y * 1.5).round(), torch.round(x)
+def get_inputs():
+    h = torch.arange(-40, 40, dtype=torch.float32) / 4
+    big = torch.tensor([8388607.5, 8388608.0, -8388609.0, 3e9, float("nan"), float("inf"), -float("inf"), -0.25])
+    y = torch.arange(0x3E00, 0x4080, dtype=torch.int16).view(torch.bfloat16)
+    return [torch.cat([h, big]).reshape(8, 11), y.reshape(40, 16)]
+def get_init_inputs():
+    return []
+'''
+    path = write_problem(src, "round_even")
+    comp = generated_matches(path, tmp_path, seeds=(0,), atol=0.0, rtol=0.0, launched=["_egg_k_g0"])
+    assert [g.kind for g in comp.plan.groups] == ["pointwise", "pointwise"]
+    assert "torch.round" not in comp.emitted.source.split("def _egg_fast")[1].split("def _egg_reference")[0]

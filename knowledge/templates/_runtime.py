@@ -320,6 +320,16 @@ def _egg_index3(row, O1, O2, S0, S1, S2):
 
 
 @triton.jit
+def _egg_rint(x):
+    # torch.round: to the nearest integer, ties to even. |x| + 2^23 has a spacing of 1, so the
+    # add rounds (round-to-nearest-even, the IEEE default) and the subtraction is exact; from
+    # 2^23 on every fp32 value is an integer, and NaN / inf stay themselves
+    ax = tl.abs(x)
+    r = (ax + 8388608.0) - 8388608.0
+    return tl.where(ax < 8388608.0, tl.where(x < 0, -r, r), x)
+
+
+@triton.jit
 def _egg_tanh(x):
     # tanh via exp of a non-positive argument (no overflow); below |x| = 0.3, where 1 - e cancels
     # (relative error ~eps / |x|), its odd Taylor series to x^11 (truncation < 2e-9 relative)
