@@ -526,6 +526,49 @@ def plan_fusion(gm: fx.GraphModule, disabled: set[str] | None = None) -> FusionP
         for m in move:
             where[m] = g
 
+    def recompute_shared(g: Group) -> None:
+        """The pointwise chains g's members read that other kernels read too (what
+        absorb_prologue could not move), recomputed inside g where that reads fewer bytes
+        than the chain's value (principle alg-reduction-prologue): a bf16 input cast to fp32 for
+        an amax and for the scaling after it was a kernel of its own that wrote the fp32 copy
+        for both to read; now the reduction reads the bf16 input, and the cast fuses with its
+        other consumer. Full-size reads count (per-row vectors and scalars are small)."""
+        numel = _numel(g.domain)
+        for m in list(g.members):
+            for t in list(nops[m].tensor_inputs):
+                pg = where.get(t)
+                if (t in g.members or pg is None or pg is g or pg.kind != "pointwise"
+                        or pg.domain != g.domain or pg.placed or region.get(pg.members[0]) != region.get(m)):
+                    continue
+                need, todo = [], [t]
+                while todo:
+                    x = todo.pop()
+                    if x in need or where.get(x) is not pg:
+                        continue
+                    need.append(x)
+                    todo.extend(nops[x].tensor_inputs)
+                need.sort(key=order.__getitem__)
+                ext = {e for x in need for e in nops[x].tensor_inputs if e not in need}
+                dts = [node_dtype(e) for e in ext if _numel(node_shape(e)) == numel]
+                out = node_dtype(t)
+                if (len(need) > MAX_RECOMPUTE_OPS or any(nops[x].name in ROLLED for x in need)
+                        or out is None or None in dts
+                        or sum(d.itemsize for d in dts) >= out.itemsize):
+                    continue
+                copy: dict[fx.Node, fx.Node] = {}
+                with gm.graph.inserting_before(m):
+                    for k, x in enumerate(need):
+                        c = gm.graph.node_copy(x, lambda a: copy.get(a, a))
+                        c.meta = dict(x.meta)
+                        copy[x] = c
+                        nops[c] = classify(c, gm)
+                        order[c] = order[m] - 1 + (k + 1) / (len(need) + 1)
+                        region[c] = region[m]
+                        where[c] = g
+                m.replace_input_with(t, copy[t])
+                nops[m].operands = [copy[t] if o is t else o for o in nops[m].operands]
+                g.members = sorted(g.members + list(copy.values()), key=order.__getitem__)
+
     def cat_group(n: fx.Node, op: NOp, shape) -> Group | None:
         """A cat along the last dim (principle alg-cat-placed) with the pointwise kernels that make
         its pieces, in one kernel over the cat's result: each piece's ops computed at its columns,
@@ -651,7 +694,8 @@ def plan_fusion(gm: fx.GraphModule, disabled: set[str] | None = None) -> FusionP
             if op.name == "take":  # a floating source read at integer indices
                 typed = _all_float([n, op.operands[0]]) and node_dtype(op.operands[1]) in INDEX_DTYPES
             else:
-                typed = _all_float([n] + op.tensor_inputs) or _int_comparison(op, n)
+                typed = (_all_float([n] + op.tensor_inputs) or _int_comparison(op, n)
+                         or op.name in ("to_int", "from_int"))  # ops.CAST_INTS, by construction
             if shape is None or not typed:
                 op.kind, op.why = "library", "dtype not handled by the pointwise template"
                 continue
@@ -817,6 +861,7 @@ def plan_fusion(gm: fx.GraphModule, disabled: set[str] | None = None) -> FusionP
             g = new_group(op.kind, members=[n], domain=in_shape, red=n, rdims=dims,
                           keepdim=keepdim, out_shape=out_shape if op.kind == "reduction" else in_shape)
             absorb_prologue(g, src)
+            recompute_shared(g)
             where[n] = g
             continue
     _merge_pointwise(groups, where, order, nops, region)
