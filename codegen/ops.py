@@ -534,6 +534,26 @@ def _classify(node: fx.Node, gm: fx.GraphModule) -> NOp:
     return _from_name(name, node, args, kwargs)
 
 
+#: integer dtypes a pointwise kernel casts floats to (to_int: truncated toward zero, as torch
+#: casts; per-token int8 quantization stores round(x / scale).clamp(-128, 127) as int8) and
+#: reads as floats (from_int: the cast of a loaded or computed integer)
+CAST_INTS = {torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8}
+#: every cast's op name
+CASTS = ("cast", "to_int", "from_int")
+
+
+def _cast(node: fx.Node, src, target) -> NOp:
+    """A cast: between floating dtypes ("cast"), a float to an integer dtype ("to_int", a step
+    op: a 16-bit value computed in the kernel is rounded to its dtype first, as eager stores
+    it) or an integer to a float ("from_int")."""
+    sdt = node_dtype(src) if isinstance(src, fx.Node) else None
+    if target in CAST_INTS and sdt in FLOAT_DTYPES:
+        return NOp("pointwise", "to_int", node, [src], {"dtype": target})
+    if target in FLOAT_DTYPES and sdt in CAST_INTS:
+        return NOp("pointwise", "from_int", node, [src], {"dtype": target})
+    return NOp("pointwise", "cast", node, [src], {"dtype": target})
+
+
 def _from_name(name: str, node: fx.Node, args: tuple, kwargs: dict, extra: dict | None = None) -> NOp:
     if name in VIEWS:
         return NOp("view", name, node, list(args))
@@ -559,8 +579,8 @@ def _from_name(name: str, node: fx.Node, args: tuple, kwargs: dict, extra: dict 
             if any(isinstance(a, (torch.device, str)) for a in extra_args) or target is None:
                 return library(node, "to() with a device or memory format")
             if name == "type_as":
-                return NOp("pointwise", "cast", node, [args[0]], {"dtype": target})
-        return NOp("pointwise", "cast", node, [args[0]], {"dtype": target})
+                return _cast(node, args[0], target)
+        return _cast(node, args[0], target)
     if name in ("zeros_like", "ones_like", "full_like"):
         spec = ["input", "fill_value"] if name == "full_like" else ["input"]
         b = _bind(_d(name, "x", spec + [("dtype", None), ("layout", None), ("device", None),
@@ -870,6 +890,13 @@ def emit(op: NOp, a: list[str | None]) -> str:
         return _pow(x, a[1] if isinstance(op.operands[1], fx.Node) else op.operands[1])
     if n == "clamp":
         return _clamp(x, a[1], a[2])
+    if n in ("to_int", "from_int"):
+        from knowledge.templates import TL_DTYPE
+
+        dt = str(p["dtype"]).replace("torch.", "")
+        if n == "to_int":  # the integer, held as a float (exact: a truncated fp32 is one)
+            return f"({x}).to({TL_DTYPE[dt]}).to(tl.float32)"
+        return f"({x}).to(tl.float32)" + ("" if dt == "float32" else f".to({TL_DTYPE[dt]}).to(tl.float32)")
     if n == "cast":
         from knowledge.templates import TL_DTYPE
 
@@ -925,4 +952,4 @@ COMPARISONS = {"gt", "ge", "lt", "le", "eq", "ne"}
 BOOL_RESULT = COMPARISONS | {"logical_not"}
 #: ops whose result jumps where their operand crosses a point: a 16-bit operand computed in the
 #: group is rounded to its dtype before them, as eager's stored intermediate is (codegen.emit)
-STEP_OPS = COMPARISONS | {"floor", "ceil", "sign", "round"}
+STEP_OPS = COMPARISONS | {"floor", "ceil", "sign", "round", "to_int"}

@@ -8,7 +8,7 @@ from torch import fx
 
 from codegen.constants import classify_nodes, fixed_value
 from codegen.fusion import _numel
-from codegen.ops import classify, node_dtype, node_shape
+from codegen.ops import CASTS, classify, node_dtype, node_shape
 from codegen.rewrites.common import _annotate, _erase_unused_above, _ops, _replace, _shape_query_kind
 from knowledge.templates.program import FLOAT_DTYPES, INT_DTYPES, dtype_range, value_range
 
@@ -68,7 +68,7 @@ def _int_cast(gm: fx.GraphModule, w, dtype) -> fx.Node | None:
     if not isinstance(w, fx.Node) or len(w.users) != 1 or w.op not in ("call_function", "call_method"):
         return None
     cast = classify(w, gm)
-    if cast.name != "cast" or not cast.operands or not isinstance(cast.operands[0], fx.Node):
+    if cast.name not in CASTS or not cast.operands or not isinstance(cast.operands[0], fx.Node):
         return None
     src = cast.operands[0]
     if str(node_dtype(src)).replace("torch.", "") not in QUANT_DTYPES or node_dtype(w) != dtype:
@@ -346,7 +346,7 @@ class _Builder:
             return ("bin", shape, dt, bop, *ops)
         op = classify(n, self.gm)
         src = op.operands[0] if op.operands else None
-        if op.name == "cast" and isinstance(src, fx.Node):
+        if op.name in CASTS and isinstance(src, fx.Node):
             return ("cast", shape, dt, self.value(src))
         if name in _CAST_METHODS and len(args) == 1 and not kw and isinstance(args[0], fx.Node):
             return ("cast", shape, dt, self.value(args[0]))

@@ -112,7 +112,8 @@ class Rendered:
 
 
 TL_DTYPE = {"float32": "tl.float32", "float16": "tl.float16", "bfloat16": "tl.bfloat16",
-            "float64": "tl.float64", "bool": "tl.int1", "int64": "tl.int64", "int32": "tl.int32"}
+            "float64": "tl.float64", "bool": "tl.int1", "int64": "tl.int64", "int32": "tl.int32",
+            "int16": "tl.int16", "int8": "tl.int8", "uint8": "tl.uint8"}
 
 
 def compute_type(spec) -> str:
