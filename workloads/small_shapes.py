@@ -55,6 +55,7 @@ SMALL = {
     "37_int4_groupwise_gemv": "BATCH, HIDDEN, INTERMEDIATE, GROUP = 2, 64, 96, 32",
     "39_gptq_int4_matmul": "BATCH, HIDDEN, INTERMEDIATE, GROUP = 2, 64, 96, 32",
     "40_awq_int4_matmul": "BATCH, HIDDEN, INTERMEDIATE, GROUP = 2, 64, 96, 32",
+    "41_dynamic_int8_quant": "TOKENS, HIDDEN = 16, 96",
     "38_qkv_split_rope": "BATCH, SEQ, Q_HEADS, KV_HEADS, HEAD_DIM = 2, 8, 4, 2, 16",
 }
 
