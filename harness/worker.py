@@ -629,6 +629,48 @@ def _rank_opts_on_cpu(model, opts: list, mode: str) -> tuple[list, str]:
     return ok, "the reference raises at those shapes (run on the CPU)"
 
 
+#: torch ops that read or write at integer positions a tensor holds (what a device-side assert
+#: guards on a GPU)
+_INDEX_OPS = {"gather", "scatter", "scatter_", "scatter_add", "scatter_add_", "scatter_reduce",
+              "scatter_reduce_", "index_select", "take", "take_along_dim", "index_put", "index_put_",
+              "index_add", "index_add_", "index_copy", "index_copy_", "index_fill", "index_fill_",
+              "embedding", "index_reduce", "index_reduce_"}
+
+
+class _IndexWatch(torch.overrides.TorchFunctionMode):
+    """Does a forward index with tensors (a gather, a scatter, x[ids])? Positions it computes
+    itself (top-p's sort indices, scattered back along dim 1) index another dim than they did
+    once the inputs carry one more leading dim, as index inputs do."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = False
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        if name in _INDEX_OPS or (name == "__getitem__" and len(args) > 1 and any(
+                isinstance(a, torch.Tensor) and a.dtype != torch.bool
+                for a in (args[1] if isinstance(args[1], tuple) else (args[1],)))):
+            self.seen = True
+        return func(*args, **(kwargs or {}))
+
+
+def _indexes_with_tensors(model, xs: list) -> bool:
+    """Does the model's forward (eval(), no grad: no buffer moves) index with tensors on
+    ``xs``? A forward that raises counts as yes (the CPU check is the safe side)."""
+    was = model.training
+    watch = _IndexWatch()
+    try:
+        model.eval()
+        with torch.no_grad(), watch:
+            model(*xs)
+    except Exception:  # noqa: BLE001
+        return True
+    finally:
+        model.train(was)
+    return watch.seen
+
+
 def _fp64_model(model):
     try:
         return copy.deepcopy(model).double()
@@ -934,6 +976,7 @@ def _run_trials(req, result, model, cand, kmap, prob, dev, tol, deadline, prev: 
     own_finite: dict[int, bool] = {}
     det_done: set[str] = set()
     sizes: list | None = None
+    indexes: bool | None = None  # does the forward index with tensors (_indexes_with_tensors)
     ran: set[str] = set()
     kept = None  # the last call's outputs as the candidate holds them, our copies, the trial
     for tr in plan:
@@ -957,11 +1000,15 @@ def _run_trials(req, result, model, cand, kmap, prob, dev, tol, deadline, prev: 
                 opts = _variants(tr, base, more, sizes)
                 if not opts:
                     continue
-                if dev.type == "cuda" and tr.variant == "rank" and any(TR.index_like(x) for x in base):
+                if dev.type == "cuda" and tr.variant == "rank" and indexes is None:
+                    indexes = (any(TR.index_like(x) for x in base)
+                               or _indexes_with_tensors(model, base))
+                if dev.type == "cuda" and tr.variant == "rank" and indexes:
                     # ids or positions at one more leading dim may index another dim than they
-                    # did (a gather along dim 1, now the batch's): out of range on a GPU, a
-                    # device-side assert aborts this process where the CPU raises. So the
-                    # reference runs on a CPU copy first; the trial keeps the inputs it takes
+                    # did (a gather along dim 1, now the batch's; top-p's own sort indices
+                    # scattered along dim 1): out of range on a GPU, a device-side assert
+                    # aborts this process where the CPU raises. So the reference runs on a CPU
+                    # copy first; the trial keeps the inputs it takes
                     opts, why = _rank_opts_on_cpu(model, opts, tr.mode)
                     if not opts:
                         result["trial_log"].append({**_log(tr, base, ""), "note": f"skipped: integer index "

@@ -182,3 +182,38 @@ def test_a_rank_trial_with_ids_keeps_the_inputs_the_reference_takes_on_the_cpu()
     assert [d for _xs, d in ok] == ["ids in range"]
     ok, why = _rank_opts_on_cpu(Gather(), [([x, bad[0]], bad[1])], "eval")
     assert ok == [] and "raises" in why
+
+
+def test_a_forward_indexing_with_its_own_positions_gets_the_cpu_check():
+    """Top-p scatters its own sort indices back along dim 1: no input is an index, yet at one
+    more leading dim the positions index dim 1 out of range, a device-side assert that killed
+    the judge on the H100 (workload 29, once its pattern of infinities passed). The rank trial's
+    CPU check now also runs for a forward that indexes with tensors; not for one that slices or
+    masks."""
+    import torch.nn as nn
+
+    from harness.worker import _indexes_with_tensors
+
+    class TopP(nn.Module):
+        def forward(self, s):
+            v, i = torch.sort(s)
+            keep = v.softmax(-1).cumsum(-1) > 0.1
+            return s.masked_fill(~keep.scatter(1, i, keep), -float("inf"))
+
+    class Ids(nn.Module):
+        def forward(self, x, i):
+            return x[i] * 2
+
+    class Plain(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.bn = nn.BatchNorm1d(3)
+
+        def forward(self, x):
+            return self.bn(x)[:, 1:] + x[x > 0].sum()
+
+    plain = Plain()
+    assert _indexes_with_tensors(TopP(), [torch.randn(2, 50)])
+    assert _indexes_with_tensors(Ids(), [torch.randn(5, 3), torch.tensor([1, 2])])
+    assert not _indexes_with_tensors(plain, [torch.randn(4, 3)])
+    assert plain.training and torch.equal(plain.bn.running_mean, torch.zeros(3))  # state untouched
