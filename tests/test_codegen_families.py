@@ -535,22 +535,25 @@ def test_casts_to_and_from_integers_in_the_kernel(write_problem, tmp_path):
     float cast back were torch ops (three passes more), and x.float() a kernel of its own
     writing an fp32 copy for the amax and the scaling to read: now an amax kernel reading the
     bf16 input and one pointwise kernel storing q (int8) and the dequantized bf16. A loaded
-    int16 read as a float joins too. Bit for bit."""
+    int16 read as a float joins too, and a bf16 product cast to int32 is truncated as eager
+    rounds it first (over every bf16 value in [0.125, 4)). Bit for bit."""
     src = '''
 import torch, torch.nn as nn
 class Model(nn.Module):
-    def forward(self, x, k):
+    def forward(self, x, k, y):
         xf = x.float()
         scale = xf.abs().amax(dim=-1, keepdim=True).clamp(min=1e-5) / 127.0
         q = torch.round(xf / scale).clamp(-128, 127).to(torch.int8)
-        return q, scale, (q.to(torch.float32) * scale).to(x.dtype), k.to(torch.float32) * 0.5 + 1.0
+        return (q, scale, (q.to(torch.float32) * scale).to(x.dtype), k.to(torch.float32) * 0.5 + 1.0,
+                (y * 3.3).to(torch.int32))
 def get_inputs():
-    return [torch.randn(16, 96, dtype=torch.bfloat16), torch.randint(-30000, 30000, (8, 33), dtype=torch.int16)]
+    return [torch.randn(16, 96, dtype=torch.bfloat16), torch.randint(-30000, 30000, (8, 33), dtype=torch.int16),
+            torch.arange(0x3E00, 0x4080, dtype=torch.int16).view(torch.bfloat16).reshape(40, 16)]
 def get_init_inputs():
     return []
 '''
     path = write_problem(src, "int8_quant")
     comp = generated_matches(path, tmp_path, seeds=(0, 1), atol=0.0, rtol=0.0)
-    assert sorted(g.kind for g in comp.plan.groups) == ["pointwise", "pointwise", "reduction"]
+    assert sorted(g.kind for g in comp.plan.groups) == ["pointwise", "pointwise", "pointwise", "reduction"]
     fast = comp.emitted.source.split("def _egg_fast")[1].split("def _egg_reference")[0]
     assert ".to(" not in fast and "float()" not in fast, fast
