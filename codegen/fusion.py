@@ -526,6 +526,34 @@ def plan_fusion(gm: fx.GraphModule, disabled: set[str] | None = None) -> FusionP
         for m in move:
             where[m] = g
 
+    def chain_of(pg: Group, t: fx.Node) -> tuple[list[fx.Node], set[fx.Node]]:
+        """The members of pointwise group pg that ``t`` is computed from (t included), in
+        order, and the tensors they read from outside the chain."""
+        need, todo = [], [t]
+        while todo:
+            x = todo.pop()
+            if x in need or where.get(x) is not pg:
+                continue
+            need.append(x)
+            todo.extend(nops[x].tensor_inputs)
+        need.sort(key=order.__getitem__)
+        return need, {e for x in need for e in nops[x].tensor_inputs if e not in need}
+
+    def copy_chain(need: list[fx.Node], before: fx.Node, g: Group) -> dict[fx.Node, fx.Node]:
+        """Copies of the chain ``need`` in the graph just before ``before``, members of g (the
+        chain recomputed there): original -> copy."""
+        copy: dict[fx.Node, fx.Node] = {}
+        with gm.graph.inserting_before(before):
+            for k, x in enumerate(need):
+                c = gm.graph.node_copy(x, lambda a: copy.get(a, a))
+                c.meta = dict(x.meta)
+                copy[x] = c
+                nops[c] = classify(c, gm)
+                order[c] = order[before] - 1 + (k + 1) / (len(need) + 1)
+                region[c] = region[before]
+                where[c] = g
+        return copy
+
     def recompute_shared(g: Group) -> None:
         """The pointwise chains g's members read that other kernels read too (what
         absorb_prologue could not move), recomputed inside g where that reads fewer bytes
@@ -540,31 +568,14 @@ def plan_fusion(gm: fx.GraphModule, disabled: set[str] | None = None) -> FusionP
                 if (t in g.members or pg is None or pg is g or pg.kind != "pointwise"
                         or pg.domain != g.domain or pg.placed or region.get(pg.members[0]) != region.get(m)):
                     continue
-                need, todo = [], [t]
-                while todo:
-                    x = todo.pop()
-                    if x in need or where.get(x) is not pg:
-                        continue
-                    need.append(x)
-                    todo.extend(nops[x].tensor_inputs)
-                need.sort(key=order.__getitem__)
-                ext = {e for x in need for e in nops[x].tensor_inputs if e not in need}
+                need, ext = chain_of(pg, t)
                 dts = [node_dtype(e) for e in ext if _numel(node_shape(e)) == numel]
                 out = node_dtype(t)
                 if (len(need) > MAX_RECOMPUTE_OPS or any(nops[x].name in ROLLED for x in need)
                         or out is None or None in dts
                         or sum(d.itemsize for d in dts) >= out.itemsize):
                     continue
-                copy: dict[fx.Node, fx.Node] = {}
-                with gm.graph.inserting_before(m):
-                    for k, x in enumerate(need):
-                        c = gm.graph.node_copy(x, lambda a: copy.get(a, a))
-                        c.meta = dict(x.meta)
-                        copy[x] = c
-                        nops[c] = classify(c, gm)
-                        order[c] = order[m] - 1 + (k + 1) / (len(need) + 1)
-                        region[c] = region[m]
-                        where[c] = g
+                copy = copy_chain(need, m, g)
                 m.replace_input_with(t, copy[t])
                 nops[m].operands = [copy[t] if o is t else o for o in nops[m].operands]
                 g.members = sorted(g.members + list(copy.values()), key=order.__getitem__)
@@ -626,15 +637,7 @@ def plan_fusion(gm: fx.GraphModule, disabled: set[str] | None = None) -> FusionP
         if pg is None or pg.kind != "pointwise" or pg.domain != g.domain or pg.placed \
                 or region.get(pg.members[0]) != region.get(g.red):
             return
-        need, todo = [], [src]
-        while todo:
-            m = todo.pop()
-            if m in need or where.get(m) is not pg:
-                continue
-            need.append(m)
-            todo.extend(nops[m].tensor_inputs)
-        need.sort(key=order.__getitem__)
-        ext = {t for m in need for t in nops[m].tensor_inputs if t not in need}
+        need, ext = chain_of(pg, src)
         pats = [chanstats_aux_pattern(g.domain, node_shape(t)) for t in ext]
         if (None in pats or pats.count("full") > MAX_RECOMPUTE_READS or len(need) > MAX_RECOMPUTE_OPS
                 or any(nops[m].name in ROLLED for m in need)):
@@ -642,17 +645,7 @@ def plan_fusion(gm: fx.GraphModule, disabled: set[str] | None = None) -> FusionP
         if all(u in need or u is g.red for m in need for u in m.users):
             absorb_prologue(g, src)  # nothing else reads the chain: it moves
             return
-        graph = gm.graph
-        copy: dict[fx.Node, fx.Node] = {}
-        with graph.inserting_before(g.red):
-            for k, m in enumerate(need):
-                c = graph.node_copy(m, lambda a: copy.get(a, a))
-                c.meta = dict(m.meta)
-                copy[m] = c
-                nops[c] = classify(c, gm)
-                order[c] = order[g.red] - 1 + (k + 1) / (len(need) + 1)
-                region[c] = region[g.red]
-                where[c] = g
+        copy = copy_chain(need, g.red, g)
         g.red.replace_input_with(src, copy[src])
         nops[g.red].operands = [copy[src] if o is src else o for o in nops[g.red].operands]
         g.members = [copy[m] for m in need] + g.members
