@@ -460,7 +460,18 @@ class SoftmaxSpelling(_Counting):
 
 class DivAsReciprocalMul(_Counting):
     """x / c -> x * (1.0 / c) for c a number, a name, an attribute (self.temperature) or a
-    math.sqrt(...) call: another rounding, the same op for the planner."""
+    math.sqrt(...) call: another rounding, the same op for the planner. Not in a function that
+    rounds to integers (round, floor, ceil, trunc: a quantizer's round(x / scale) moves by one
+    where an ulp crosses a half: not an equivalent program)."""
+
+    STEPS = ("round", "floor", "ceil", "trunc")
+
+    def visit_FunctionDef(self, node):
+        for n in ast.walk(node):
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in self.STEPS:
+                return node
+        self.generic_visit(node)
+        return node
 
     def visit_BinOp(self, node):
         self.generic_visit(node)
