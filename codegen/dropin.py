@@ -114,13 +114,21 @@ def built_with(model_cls: type, init: list) -> dict | None:
     return args if is_literal(args) else None
 
 
+#: a literal attribute longer than this as source is not compared on each call (a table of
+#: sizes kept on the module): the call would pay for it every time
+MAX_ATTR_REPR = 200
+
+
 def literal_attrs(root: torch.nn.Module | None) -> dict:
     """The module's own public attributes that hold literals (is_literal; not ``training``),
     as constructed: what a trace reads of ``self`` as a number and bakes in."""
     if root is None:
         return {}
+    import keyword
+
     return {k: v for k, v in vars(root).items()
-            if not k.startswith("_") and k != "training" and k.isidentifier() and is_literal(v)}
+            if not k.startswith("_") and k != "training" and k.isidentifier() and not keyword.iskeyword(k)
+            and is_literal(v) and len(repr(v)) <= MAX_ATTR_REPR}
 
 
 def exact_guard(inputs: list) -> Guard:

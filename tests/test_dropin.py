@@ -438,6 +438,14 @@ def test_constructor_arguments_and_attributes_the_trace_baked_in(write_problem):
     assert cand._EGG_INIT == {"vocab": 64, "temperature": 0.7, "min_p": 0.1}
 
 
+def test_literal_attributes_the_file_compares():
+    m = nn.Module()
+    m.top_p, m.sizes, m.name, m._private, m.table = 0.9, (1, 2), "x", 3, list(range(500))
+    setattr(m, "lambda", 1.0)  # a keyword: no `self.lambda` in generated source
+    m.w = torch.ones(2)
+    assert D.literal_attrs(m) == {"top_p": 0.9, "sizes": (1, 2), "name": "x"}
+
+
 def test_init_records_only_literal_arguments():
     class M(nn.Module):
         def __init__(self, n, w=None, *rest, **kw):
