@@ -677,11 +677,11 @@ def init_binder(problem_source: str) -> str | None:
     a = fn.args
     if not (a.posonlyargs + a.args):
         return None
-    params = ast.arguments(posonlyargs=[], args=(a.posonlyargs + a.args)[1:], vararg=a.vararg,
-                           kwonlyargs=a.kwonlyargs, kw_defaults=a.kw_defaults, kwarg=a.kwarg,
-                           defaults=a.defaults[-len((a.posonlyargs + a.args)[1:]):]
-                           if (a.posonlyargs + a.args)[1:] and a.defaults else [])
-    names = [x.arg for x in (a.posonlyargs + a.args)[1:]] + ([a.vararg.arg] if a.vararg else []) \
+    pos = (a.posonlyargs + a.args)[1:]  # without self (defaults are the last parameters')
+    params = ast.arguments(posonlyargs=[], args=pos, vararg=a.vararg, kwonlyargs=a.kwonlyargs,
+                           kw_defaults=a.kw_defaults, kwarg=a.kwarg,
+                           defaults=a.defaults[max(0, len(a.defaults) - len(pos)):])
+    names = [x.arg for x in pos] + ([a.vararg.arg] if a.vararg else []) \
         + [x.arg for x in a.kwonlyargs] + ([a.kwarg.arg] if a.kwarg else [])
     body = ", ".join(f"{n!r}: {n}" for n in names)
     return f"def _egg_init_args({ast.unparse(params)}):\n    return {{{body}}}"
@@ -741,15 +741,17 @@ def _dispatch(dr, fast: dict[bool, str | None], ref: dict[bool, str], sig: str,
     lines = [f"def forward(self, {sig}):"]
     # the trace baked in Model's constructor arguments and literal attributes: a module built
     # with others, or whose attribute changed, takes Model's own code (a copy; without one, an
-    # error: the traced reference holds the baked values too)
-    other = ["not self._egg_built"] + [f"self.{a} != {_literal(v)}" for a, v in (dr.attrs or {}).items()]
-    lines.append(f"    if {' or '.join(other)}:  # built with other arguments, or an attribute changed")
-    if original is not None and len(original[0]) == len(dr.arg_names):
-        lines.append(f"        return self._egg_model_forward({_call_args(original[1])})")
-    else:
-        lines.append("        raise RuntimeError('ModelNew was built with other constructor arguments, or an "
-                     "attribute changed, than its kernels were made for, and this file holds no copy of "
-                     "Model.forward to run instead: use Model')")
+    # error: the traced reference holds the baked values too); nothing recorded, nothing checked
+    other = (["not self._egg_built"] if dr.init is not None else []) + [
+        f"self.{a} != {_literal(v)}" for a, v in (dr.attrs or {}).items()]
+    if other:
+        lines.append(f"    if {' or '.join(other)}:  # built with other arguments, or an attribute changed")
+        if original is not None and len(original[0]) == len(dr.arg_names):
+            lines.append(f"        return self._egg_model_forward({_call_args(original[1])})")
+        else:
+            lines.append("        raise RuntimeError('ModelNew was built with other constructor arguments, or "
+                         "an attribute changed, than its kernels were made for, and this file holds no copy "
+                         "of Model.forward to run instead: use Model')")
     if dtype_reads:
         if original is None or len(original[0]) != len(dr.arg_names) or not plain:
             raise EmitError("the trace branched on dtypes and Model.forward cannot be copied to "
@@ -946,7 +948,7 @@ def emit_model(problem_source: str, plan: FusionPlan, configs: dict[str, dict] |
                  f"{_literal(guards[False])}}}",
                  f"_EGG_SAME = {bool(dr.same)}  # one set of kernels serves train() and eval()",
                  "#: Model's constructor arguments the kernels were built with (None: not checked)",
-                 f"_EGG_INIT = {_literal(dr.init if binder is not None else None)}", "",
+                 f"_EGG_INIT = {_literal(dr.init)}", "",  # None where the binder is (pipeline)
                  binder or "def _egg_init_args(*args, **kwargs):\n    return None", "",
                  "#: the parameters and buffers the kernels read, and the traced constants",
                  f"_EGG_STATE = {{'params': {_literal(dr.params)},\n              'constants': "

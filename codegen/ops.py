@@ -578,8 +578,6 @@ def _from_name(name: str, node: fx.Node, args: tuple, kwargs: dict, extra: dict 
                           if not isinstance(a, torch.dtype)]
             if any(isinstance(a, (torch.device, str)) for a in extra_args) or target is None:
                 return library(node, "to() with a device or memory format")
-            if name == "type_as":
-                return _cast(node, args[0], target)
         return _cast(node, args[0], target)
     if name in ("zeros_like", "ones_like", "full_like"):
         spec = ["input", "fill_value"] if name == "full_like" else ["input"]
@@ -890,18 +888,13 @@ def emit(op: NOp, a: list[str | None]) -> str:
         return _pow(x, a[1] if isinstance(op.operands[1], fx.Node) else op.operands[1])
     if n == "clamp":
         return _clamp(x, a[1], a[2])
-    if n in ("to_int", "from_int"):
+    if n in CASTS:  # a value of the target dtype, held in fp32 (to_int: the truncated integer)
         from knowledge.templates import TL_DTYPE
 
+        if n == "from_int":  # a loaded integer stays one until read as a float
+            x = f"({x}).to(tl.float32)"
         dt = str(p["dtype"]).replace("torch.", "")
-        if n == "to_int":  # the integer, held as a float (exact: a truncated fp32 is one)
-            return f"({x}).to({TL_DTYPE[dt]}).to(tl.float32)"
-        return f"({x}).to(tl.float32)" + ("" if dt == "float32" else f".to({TL_DTYPE[dt]}).to(tl.float32)")
-    if n == "cast":
-        from knowledge.templates import TL_DTYPE
-
-        dt = str(p["dtype"]).replace("torch.", "")
-        if dt in ("float32",):
+        if dt == "float32":
             return f"({x})"
         return f"({x}).to({TL_DTYPE[dt]}).to(tl.float32)"
     unary = {

@@ -139,9 +139,9 @@ def compare_output(i: int, ref: torch.Tensor, cand: torch.Tensor, tol: Tolerance
         r, c = r.double(), c.double()
         r_fin, c_fin = torch.isfinite(r), torch.isfinite(c)
         bad_nonfinite += int((~c_fin & r_fin).sum())
-        new_nan += int((torch.isnan(c) & ~torch.isnan(r)).sum())
         if not torch.equal(r_fin, c_fin) or not torch.equal(r[~r_fin].nan_to_num(), c[~c_fin].nan_to_num()):
-            differ_nonfinite = True
+            differ_nonfinite = True  # (a NaN eager lacks is always such a difference)
+            new_nan += int((torch.isnan(c) & ~torch.isnan(r)).sum())
         diff = torch.where(r_fin & c_fin, (r - c).abs(), torch.zeros_like(r))
         if diff.numel():
             max_abs = max(max_abs, float(diff.max()))
