@@ -17,15 +17,17 @@ It then answers the judge's requests on a pipe:
 - ("load", state): load these parameters and buffers (``load_state_dict``); reply its state;
 - ("inputs", tensors): the buffers the next timed rounds read (new values are written into
   them by the judge between rounds);
-- ("run", inputs, mode, grad, expect_raise) / ("again", mode, grad, expect_raise): one call of
-  the forward in ``train()`` or ``eval()`` mode, grad on or off, on new buffers (shared memory:
-  CUDA IPC on a GPU) or on the same buffers holding new values; reply its outputs, its state
-  after the call, the Triton launches counted. ``expect_raise``: the reference raised on these
-  inputs; an exception is then replied as ("raised", text) and the process carries on;
-- ("round", calls, flush): a timed round for the timing judge: ``calls`` back-to-back calls
-  with per-call CUDA events (the L2 flushed before each), then a device-wide synchronize; reply
-  the per-call times and the last call's outputs. The judge bounds these times with its own
-  wall clock and checks the outputs (harness.worker);
+- ("run", inputs, mode, grad, expect_raise, seed) / ("again", mode, grad, expect_raise, seed):
+  one call of the forward in ``train()`` or ``eval()`` mode, grad on or off, on new buffers
+  (shared memory: CUDA IPC on a GPU) or on the same buffers holding new values, torch's
+  generators seeded with ``seed`` first (the reference's call started from it: dropout draws
+  the same mask); reply its outputs, its state after the call, the Triton launches counted.
+  ``expect_raise``: the reference raised on these inputs; an exception is then replied as
+  ("raised", text) and the process carries on;
+- ("round", calls, flush, seed): a timed round for the timing judge: the generators seeded,
+  then ``calls`` back-to-back calls with per-call CUDA events (the L2 flushed before each),
+  then a device-wide synchronize; reply the per-call times and the last call's outputs. The
+  judge bounds these times with its own wall clock and checks the outputs (harness.worker);
 - ("quit",).
 
 Everything it sends is checked by the judge, which trusts nothing of this process: the code here
@@ -282,9 +284,10 @@ def main(conn, creq: dict) -> None:
                 conn.send(("ok",))
                 continue
             if kind == "round":
-                _, calls, do_flush = msg
+                _, calls, do_flush, seed = msg
                 if do_flush and dev.type == "cuda" and flush is None:
                     flush = torch.empty(FLUSH_BYTES // 4, dtype=torch.int32, device=dev)
+                torch.manual_seed(seed)
                 times, out = run_round(lambda: model(*held), dev, int(calls), flush if do_flush else None)
                 recv = _storages(held)
                 conn.send(("round", [sendable(o, recv) for o in flatten(out)], times))
@@ -293,13 +296,14 @@ def main(conn, creq: dict) -> None:
                 continue
             if kind == "run":
                 held = msg[1]
-                mode, grad, expect_raise = msg[2], msg[3], msg[4]
+                mode, grad, expect_raise, seed = msg[2], msg[3], msg[4], msg[5]
             else:  # "again": new values in the same buffers
-                mode, grad, expect_raise = msg[1], msg[2], msg[3]
+                mode, grad, expect_raise, seed = msg[1], msg[2], msg[3], msg[4]
             model.train(mode == "train")
             if dev.type == "cuda":
                 _poison(dev)
             _sync(dev)
+            torch.manual_seed(seed)  # the reference's call started from the same seed
             before = launches["n"]
             t0 = time.perf_counter()
             try:

@@ -522,9 +522,12 @@ def _restore(model, snap: dict) -> None:
             cur[k].copy_(v)
 
 
-def _call(model, xs: list, grad: bool) -> list:
+def _call(model, xs: list, grad: bool, seed: int | None = None) -> list:
     """Model's outputs (copies); ``fresh`` on the list: per output, whether Model returned memory
-    of its own (not an input's, a parameter's or a buffer's), which a later call must not touch."""
+    of its own (not an input's, a parameter's or a buffer's), which a later call must not touch.
+    ``seed``: the generators seeded with it first."""
+    if seed is not None:
+        seed_all(seed)
     with torch.set_grad_enabled(grad):
         out = flatten(model(*xs))
     held = {t.untyped_storage().data_ptr() for t in [*xs, *model.parameters(), *model.buffers()]
@@ -542,20 +545,38 @@ class _Raised(Exception):
     pass
 
 
-def _reference(model, xs: list, mode: str, grad: bool, prob, check_det: bool, tol: Tolerance):
-    """Eager's outputs on ``xs`` (its buffers updated as by one call), or _Raised when it raises
-    on them. ``check_det``: the call is made twice from the same state; the outputs and buffers
-    must agree (a non-deterministic reference cannot judge)."""
+def seed_all(seed: int) -> None:
+    """The generators of the CPU and of every GPU set to ``seed`` (``torch.manual_seed``): each
+    call of the reference and of the candidate starts from the trial's seed, so that random ops
+    (dropout in train()) draw the same numbers in both when they draw them the same way."""
+    torch.manual_seed(seed)
+
+
+def _reference(model, xs: list, mode: str, grad: bool, prob, check_det: bool, tol: Tolerance,
+               seed: int = 0, random_modes: set | None = None):
+    """Eager's outputs on ``xs`` (its buffers updated as by one call), the generators seeded with
+    ``seed`` first, or _Raised when it raises on them. ``check_det``: the call is made twice from
+    the same state and seed; the outputs and buffers must agree (a reference that is not
+    deterministic under one seed cannot judge). With ``random_modes`` it is also made once from
+    another seed: outputs that differ beyond the tolerance (dropout in train()) add ``mode`` to
+    the set: that mode's outputs are then held to eager's within the tolerance, without the
+    float64 door (the float64 reference may draw other random numbers: another dtype)."""
     model.train(mode == "train")
     before = _buffers(model)
     try:
-        out = _call(model, xs, grad)
+        probe = None
+        if check_det and random_modes is not None:
+            probe = _call(model, xs, grad, seed ^ 0x5EED)
+            _restore(model, before)
+        out = _call(model, xs, grad, seed)
         if check_det:
             after = _buffers(model)
             _restore(model, before)
-            again = _call(model, xs, grad)
+            again = _call(model, xs, grad, seed)
             _check_reference_determinism(out, again, tol, mode)
             _check_reference_determinism(list(after.values()), list(_buffers(model).values()), tol, mode)
+            if probe is not None and _draws_random(out, probe, tol):
+                random_modes.add(mode)
     except (_Verdict, KeyboardInterrupt):
         raise
     except BaseException as e:  # noqa: BLE001
@@ -566,15 +587,22 @@ def _reference(model, xs: list, mode: str, grad: bool, prob, check_det: bool, to
     return out, before
 
 
+def _draws_random(a: list, b: list, tol: Tolerance) -> bool:
+    """Outputs of two calls from two seeds that differ beyond the tolerance."""
+    return any(isinstance(x, torch.Tensor) and not _same(x, y) and not compare_output(i, x, y, tol).ok
+               for i, (x, y) in enumerate(zip(a, b)))
+
+
 def _check_reference_determinism(a: list, b: list, tol: Tolerance, mode: str = "train") -> None:
     for i, (x, y) in enumerate(zip(a, b)):
         if isinstance(x, torch.Tensor) and not _same(x, y):
             chk = compare_output(i, x, y, tol)
             if not chk.ok:
                 raise _Verdict("reference", f"the reference is not deterministic: two eager runs "
-                               f"on the same inputs in {mode}() mode differ (output {i}, max abs "
-                               f"{chk.max_abs:.3g}), e.g. dropout in training mode or random ops in "
-                               "forward; it cannot judge a candidate")
+                               f"on the same inputs in {mode}() mode, from the same seed, differ "
+                               f"(output {i}, max abs {chk.max_abs:.3g}), e.g. randomness torch's "
+                               "generators do not drive (Python's random, atomics); it cannot judge "
+                               "a candidate")
 
 
 #: elements compared at a time by _same: comparing a whole 8.6 GB input at once made temporaries
@@ -975,6 +1003,7 @@ def _run_trials(req, result, model, cand, kmap, prob, dev, tol, deadline, prev: 
     own_scale: dict[int, float] = {}
     own_finite: dict[int, bool] = {}
     det_done: set[str] = set()
+    random_modes: set[str] = set()  # modes whose reference draws random numbers (_reference)
     sizes: list | None = None
     indexes: bool | None = None  # does the forward index with tensors (_indexes_with_tensors)
     ran: set[str] = set()
@@ -992,6 +1021,7 @@ def _run_trials(req, result, model, cand, kmap, prob, dev, tol, deadline, prev: 
             if time.time() > deadline:
                 raise _Verdict("timeout", f"trial {n}: the verification did not finish within the time limit")
             variant, raised, kind = "", None, "run"
+            seed = secrets.randbits(62)  # both models' generators start each call from it
             if tr.variant:
                 base = _seeded_inputs(prob, secrets.randbits(62), dev)
                 more = _seeded_inputs(prob, secrets.randbits(62), dev)
@@ -1016,7 +1046,7 @@ def _run_trials(req, result, model, cand, kmap, prob, dev, tol, deadline, prev: 
                         continue
                 for xs, desc in opts:
                     try:
-                        ref, before = _reference(model, xs, tr.mode, tr.grad, prob, False, tol)
+                        ref, before = _reference(model, xs, tr.mode, tr.grad, prob, False, tol, seed)
                         variant, raised = desc, None
                         break
                     except _Raised as e:
@@ -1055,9 +1085,10 @@ def _run_trials(req, result, model, cand, kmap, prob, dev, tol, deadline, prev: 
                         priv = [TR.relayout(x, tr.layout, aligned=True) for x in priv]
                     else:
                         shared = [TR.copy_layout(x) if isinstance(x, torch.Tensor) else x for x in priv]
-                check_det = tr.mode not in det_done and tr.inputs == "own"
+                check_det = tr.mode not in det_done  # the first call of each mode
                 try:
-                    ref, before = _reference(model, priv, tr.mode, tr.grad, prob, check_det, tol)
+                    ref, before = _reference(model, priv, tr.mode, tr.grad, prob, check_det, tol, seed,
+                                             random_modes)
                 except _Raised as e:
                     if n == 1:
                         raise ProblemError(f"problem {prob.path}: Model.forward raised {e}") from None
@@ -1079,8 +1110,8 @@ def _run_trials(req, result, model, cand, kmap, prob, dev, tol, deadline, prev: 
             try:
                 _sync(dev)  # the candidate process reads these buffers on its own stream
                 expect = raised is not None
-                cand.send(("run", shared, tr.mode, tr.grad, expect) if kind == "run"
-                          else ("again", tr.mode, tr.grad, expect))
+                cand.send(("run", shared, tr.mode, tr.grad, expect, seed) if kind == "run"
+                          else ("again", tr.mode, tr.grad, expect, seed))
                 msg = cand.recv(where)
                 if msg[0] == "error":
                     raise _Verdict(_cand_category(msg[1]), f"{where}: {msg[2]}")
@@ -1132,8 +1163,10 @@ def _run_trials(req, result, model, cand, kmap, prob, dev, tol, deadline, prev: 
                         return tol
                     return _scaled(tol, _scale(r) / own_scale[i])
 
-                checks = judge_outputs(ref, got, priv, model, m64, before, tr.mode, tol_for, where)
-                if m64 is not None and "fp64-reference" not in result["checks"]:
+                # a mode that draws random numbers: eager's within the tolerance, same seed
+                door64 = None if tr.mode in random_modes else m64
+                checks = judge_outputs(ref, got, priv, model, door64, before, tr.mode, tol_for, where)
+                if door64 is not None and "fp64-reference" not in result["checks"]:
                     result["checks"].append("fp64-reference")
                 for chk in checks:
                     _merge_output(result, chk)
@@ -1142,7 +1175,7 @@ def _run_trials(req, result, model, cand, kmap, prob, dev, tol, deadline, prev: 
                     if not chk.ok:
                         raise _Verdict(chk.category, f"{where}: {chk.reason}")
                 prev = _check_state(model, cstate, kmap, before, prev, tol, where,
-                                    _state_door(m64, model, before, priv, tr.mode))
+                                    _state_door(door64, model, before, priv, tr.mode))
                 prev = _sync_updated(model, cand, kmap, before, tol, where) or prev
             except _Verdict as v:
                 entry.update(passed=False, note=v.reason, s=round(time.time() - trial_t0, 3))
@@ -1158,6 +1191,8 @@ def _run_trials(req, result, model, cand, kmap, prob, dev, tol, deadline, prev: 
                 ran.add(_TRIAL_CHECKS[tr.inputs])
     result["checks"] += ["tolerance", "lower-precision-guard", "inputs-unchanged", "state-after-call",
                          "fresh-seeds"]
+    if random_modes:  # compared from the same seed, within the tolerance (no float64 door)
+        result["checks"].append("seeded-random:" + ",".join(sorted(random_modes)))
     result["checks"] += [c for c in ("recall-same-buffers", "partial-change", "train-eval", "grad-mode",
                                      "distributions", "shape-variants", "layouts", "outputs-kept") if c in ran]
 
@@ -1206,20 +1241,23 @@ PROFILE_CACHE = 2
 CHECKED_FRACTION = 1 / 3
 
 
-def _local_round(fn, dev: torch.device, calls: int, flush) -> tuple[dict, object]:
-    """A timed round of the judge's own function (eager, torch.compile), wall clock around it."""
+def _local_round(fn, dev: torch.device, calls: int, flush, seed: int = 0) -> tuple[dict, object]:
+    """A timed round of the judge's own function (eager, torch.compile), wall clock around it,
+    the generators seeded with ``seed`` first (as the candidate's round is)."""
     from harness.timing import run_round
 
+    seed_all(seed)
     t0 = time.perf_counter()
     times, out = run_round(fn, dev, calls, flush)
     out = [o.detach().clone() if isinstance(o, torch.Tensor) else o for o in flatten(out)]
     return {"times": times, "wall_ms": (time.perf_counter() - t0) * 1e3}, out
 
 
-def _remote_round(cand: CandidateProcess, calls: int, flush: bool, what: str) -> tuple[dict, list]:
+def _remote_round(cand: CandidateProcess, calls: int, flush: bool, what: str,
+                  seed: int = 0) -> tuple[dict, list]:
     """A timed round in the candidate process; its wall clock is this process's."""
     t0 = time.perf_counter()
-    cand.send(("round", calls, flush))
+    cand.send(("round", calls, flush, seed))
     msg = cand.recv(what)
     wall = (time.perf_counter() - t0) * 1e3
     if msg[0] == "error":
@@ -1253,6 +1291,7 @@ class _Timer:
         self.flush_ms = measure_flush(dev)
         self.rng = random.Random(secrets.randbits(62))
         self.m64 = None
+        self.random: bool | None = None  # does the reference draw random numbers (first check)
         self.compiled = None
         self.compile_info: dict = {}
 
@@ -1263,10 +1302,15 @@ class _Timer:
         """Why the outputs ``got`` of a timed call are not eager's ``ref`` (None: they are)."""
         try:
             _check_structure(ref, got)
-            if self.m64 is None:
+            if self.random is None:  # two calls from two seeds (as the verifier's _reference)
+                with torch.no_grad():
+                    a = _call(self.model, xs, False, seed=secrets.randbits(62))
+                    b = _call(self.model, xs, False, seed=secrets.randbits(62))
+                self.random = _draws_random(a, b, self.tol)
+            if self.m64 is None and not self.random:
                 self.m64 = _fp64_model(self.model)
-            checks = judge_outputs(ref, got, xs, self.model, self.m64, {}, "train",
-                                   lambda i, r: self.tol, where)
+            checks = judge_outputs(ref, got, xs, self.model, None if self.random else self.m64, {},
+                                   "train", lambda i, r: self.tol, where)
         except _Verdict as v:
             return v.reason
         bad = [c for c in checks if not c.ok]
@@ -1344,8 +1388,9 @@ class _Timer:
         shared = self._share(cand, priv)
         eager = lambda: self.model(*priv)  # noqa: E731
         with gpulock.hold("shared", self.cuda):  # first calls: Triton's JIT compilation
-            er, eo = _local_round(eager, self.dev, 1, self.flush)
-            cr, co = _remote_round(cand, 1, self.cuda, "the first timed call")
+            seed = secrets.randbits(62)
+            er, eo = _local_round(eager, self.dev, 1, self.flush, seed)
+            cr, co = _remote_round(cand, 1, self.cuda, "the first timed call", seed)
             self._verify(eo, co, priv, shared, "the first timed call")
         with gpulock.hold("exclusive", self.cuda):
             t0 = time.perf_counter()
@@ -1367,10 +1412,11 @@ class _Timer:
                             a.copy_(c)
                             b.copy_(c)
                 _sync(self.dev)
-                er, eo = _local_round(eager, self.dev, k, self.flush)
+                seed = secrets.randbits(62)  # the last calls of both rounds draw the same numbers
+                er, eo = _local_round(eager, self.dev, k, self.flush, seed)
                 what = f"timed round {j + 1} of {len(sizes)} ({k} calls)"
                 report_progress(f"timing: {what}")
-                cr, co = _remote_round(cand, k, self.cuda, what)
+                cr, co = _remote_round(cand, k, self.cuda, what, seed)
                 e_rounds.append(er)
                 c_rounds.append(cr)
                 if not self.cuda or k == 1 or j == len(sizes) - 1 or self.rng.random() < CHECKED_FRACTION:

@@ -122,6 +122,16 @@ MUTANTS: list[Mutant] = [
            'STEP_OPS = COMPARISONS | {"floor", "ceil", "sign", "round"}',
            ("tests/test_codegen_families.py::test_casts_to_and_from_integers_in_the_kernel",),
            "a bf16 value computed in a kernel is truncated to an integer unrounded: off by one where eager's bf16 crossed it"),
+    Mutant("verifier-random-door-open", "harness/worker.py",
+           "                door64 = None if tr.mode in random_modes else m64\n",
+           "                door64 = m64\n", VERIFIER,
+           "a model that draws random numbers is judged through the float64 door, whose reference drew "
+           "other numbers: a candidate leaving the noise out passes as 'as accurate as eager'"),
+    Mutant("candidate-call-unseeded", "harness/candidate_proc.py",
+           "            torch.manual_seed(seed)  # the reference's call started from the same seed\n",
+           "            pass\n", VERIFIER,
+           "ModelNew's call does not start from the reference's seed: every honest candidate of a "
+           "model with dropout is rejected in train()"),
     Mutant("verifier-index-watch-blind", "harness/worker.py",
            "            self.seen = True\n", "            pass\n",
            ("tests/test_trials.py::test_a_forward_indexing_with_its_own_positions_gets_the_cpu_check",),
@@ -171,7 +181,7 @@ MUTANTS: list[Mutant] = [
            "        state = {}\n", VERIFIER, "a dropped LayerNorm weight or bias passes (seeded init 1 and 0)"),
     Mutant("worker-state-unchecked", "harness/worker.py",
            "                prev = _check_state(model, cstate, kmap, before, prev, tol, where,\n"
-           "                                    _state_door(m64, model, before, priv, tr.mode))\n",
+           "                                    _state_door(door64, model, before, priv, tr.mode))\n",
            "                pass\n", VERIFIER, "a forward that changes its parameters, or running stats off, pass"),
     Mutant("judge-keeps-candidate-statistics", "harness/worker.py",
            "                prev = _sync_updated(model, cand, kmap, before, tol, where) or prev\n",

@@ -47,11 +47,11 @@ def test_send_synchronizes_before_tensors_only(monkeypatch):
     syncs = []
     monkeypatch.setattr(torch.cuda, "synchronize", lambda dev=None: syncs.append(dev))
     fake, sent = _fake("cuda")
-    worker.CandidateProcess.send(fake, ("round", 5, True))  # no tensors: a timed round's start
+    worker.CandidateProcess.send(fake, ("round", 5, True, 7))  # no tensors: a timed round's start
     worker.CandidateProcess.send(fake, ("ack",))
     assert syncs == [] and len(sent) == 2
     worker.CandidateProcess.send(fake, ("load", {"w": torch.zeros(2)}))
-    worker.CandidateProcess.send(fake, ("run", [1.0, [torch.zeros(1)]], "train", False, False))
+    worker.CandidateProcess.send(fake, ("run", [1.0, [torch.zeros(1)]], "train", False, False, 7))
     assert len(syncs) == 2 and len(sent) == 4
     fake_cpu, _ = _fake("cpu")
     worker.CandidateProcess.send(fake_cpu, ("load", {"w": torch.zeros(2)}))

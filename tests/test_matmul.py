@@ -466,3 +466,26 @@ def test_a_zero_dropout_keeps_one_plan_for_both_modes(write_problem, p, one_plan
     assert "_egg_k_eg" not in comp.emitted.source  # eval() takes train()'s kernels: the tail
     assert f"_egg_k_{prod}t" in comp.emitted.source
     _is_a_drop_in(path, comp)
+
+
+def test_a_model_with_dropout_gets_verified_kernels_in_both_modes(write_problem, tmp_path):
+    """GPT-2's MLP: LayerNorm, fc, GELU, proj, dropout 0.1, the residual. In train() the file
+    keeps PyTorch's dropout between its kernels; the verifier starts both models' calls from one
+    seed, so they draw the same mask. Before, eager's train() differed from itself and every
+    candidate was rejected (``reference``): no kernel in either mode, eval() included."""
+    from codegen.pipeline import compile_problem
+    from harness.verify import verify
+
+    members = ("        self.ln = nn.LayerNorm(32)\n        self.fc = nn.Linear(32, 64)\n"
+               "        self.proj = nn.Linear(64, 32)\n        self.drop = nn.Dropout(0.1)\n")
+    fwd = "x):\n        return x + self.drop(self.proj(F.gelu(self.fc(self.ln(x)))))\n"
+    path = write_problem(_src(fwd, "[torch.randn(4, 6, 32)]", members), "gpt2_mlp")
+    comp = compile_problem(load_problem(path))
+    assert comp.emitted is not None, comp.error
+    assert "self.drop(" in comp.emitted.source.split("def _egg_fast_train", 1)[1].split("def ", 1)[0]
+    cand = tmp_path / "cand.py"
+    cand.write_text(comp.emitted.source)
+    res = verify(str(path), str(cand), device="cpu", trials=2, problem_source=path.read_text())
+    assert res["passed"], res["reason"]
+    assert "seeded-random:train" in res["checks"] and "fp64-reference" in res["checks"]
+    _is_a_drop_in(path, comp)

@@ -48,6 +48,17 @@ def test_after_verifier(stage):
 
 
 @pytest.mark.parametrize("stage", ["algorithm", "tiling", "memory"])
+def test_a_reference_that_cannot_judge_ends_the_run(stage):
+    """``reference``: eager is not deterministic even from one seed; every candidate would fail
+    the same way (a dropout model tried four stage-1 candidates before it ended)."""
+    s = state(stage, passed=False, attempts=1, cap=3)
+    s.verifications[0].category = "reference"
+    assert R.route_after_verifier(s) == "reporter"
+    s.verifications[0].category = "mismatch"
+    assert R.route_after_verifier(s) == AUTHOR[stage]
+
+
+@pytest.mark.parametrize("stage", ["algorithm", "tiling", "memory"])
 @pytest.mark.parametrize("verdict,under_cap,at_cap", [
     ("regressed", "author", "next"),   # slower beyond noise: another variant while allowed
     ("failed", "author", "next"),      # could not be timed: likewise

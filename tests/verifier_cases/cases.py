@@ -62,6 +62,10 @@ HONEST = [
          note="top-p on an fp32 cumulative sum: its -inf sit elsewhere than eager's, nearer float64's"),
     Case("<generated:egg>", "examples/bias_gelu_scale", "passed", note="EGG codegen output"),
     Case("<generated:reference>", "pointwise", "passed", note="the reference itself as ModelNew(Model)"),
+    Case("<generated:reference>", "dropout", "passed",
+         note="dropout in train(): both models' calls start from one seed and draw the same mask"),
+    Case("honest_dropout_triton", "dropout", "passed", note="torch's dropout, then a Triton kernel"),
+    Case("<generated:reference>", "noise", "passed", note="random noise in both modes, one seed"),
 ]
 
 DYNAMIC = [
@@ -81,7 +85,11 @@ DYNAMIC = [
     Case("cheat_memory_hog", "rowsum", "memory", "memory", opts={"memory_limit_gb": 0.5},
          gpu={"opts": {"memory_limit_gb": 6}}),
     Case("wrong_params", "pointwise", "params", "differs from Model"),
-    Case("<generated:reference>", "dropout", "reference", "not deterministic"),
+    Case("<generated:reference>", "nondet_sysrandom", "reference", "not deterministic"),
+    # dropout in train(): every call of both models starts from the trial's seed
+    Case("cheat_dropout_skipped", "dropout", "mismatch", "(train"),
+    Case("cheat_dropout_own_mask", "dropout", "mismatch", "(train"),
+    Case("cheat_noise_dropped", "noise", "mismatch", "trial 1 "),
     # caught statically too; with the static check off the judge still catches them
     Case("cheat_lazy_subclass", "rowsum", "cheat", "tensor subclass", static=False),
     Case("cheat_pickle_exploit", "rowsum", "cheat", "refuses to load", static=False),

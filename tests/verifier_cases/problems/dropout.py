@@ -1,4 +1,4 @@
-"""Verifier test problem whose reference is not deterministic: dropout in training mode."""
+"""Verifier test problem with dropout in training mode: random, but deterministic from one seed."""
 import torch
 import torch.nn as nn
 
