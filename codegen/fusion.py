@@ -730,9 +730,12 @@ def plan_fusion(gm: fx.GraphModule, disabled: set[str] | None = None) -> FusionP
                     g.members.append(n)
                     where[n] = g
                     break
-            if not joined and not cands:
-                # no producer in a group: join an open group over the same domain (horizontal
-                # fusion: shared loads, one launch less) if the program order allows it
+            if not joined and (not cands or all(c.kind == "pointwise" for c in cands)):
+                # no producer it could join: an open group over the same domain (horizontal
+                # fusion: shared loads, one launch less) if the program order allows it. Also
+                # where its producers' groups are pointwise over another domain (a table of
+                # [T, D] it reads broadcast): partial RoPE's ``q_rot * cos`` went to a kernel of
+                # its own beside ``rotate_half(q_rot) * sin``, reading q_rot twice
                 for g in reversed(groups):
                     if (g.kind == "pointwise" and g.domain == shape and users_ok(g, n, strict=False)
                             and not rolls_internal(g.members + [n], nops)):

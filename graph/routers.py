@@ -50,12 +50,13 @@ def route_after_memory(state: EggState) -> Literal["verifier", "reporter"]:
 def route_after_verifier(state: EggState) -> Literal[
         "profiler", "algorithm_designer", "tiler", "memory_optimizer", "reporter"]:
     """Passed: time it. Failed: back to the stage's author while under its cap, else move on.
-    A reference that cannot judge (``reference``: not deterministic even from one seed) fails
-    every candidate the same way: the run ends with the reference."""
+    A reference that cannot judge (``reference``: not deterministic even from one seed;
+    ``problem``: Model's forward raises on the problem's own inputs) fails every candidate the
+    same way: the run ends with the reference."""
     v = state.verification(state.current_id)
     if v is not None and v.passed:
         return "profiler"
-    if v is not None and v.category == "reference":
+    if v is not None and v.category in ("reference", "problem"):
         return "reporter"
     if _may_retry(state):
         return STAGE_NODE[state.stage]  # type: ignore[return-value]

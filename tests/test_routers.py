@@ -54,6 +54,8 @@ def test_a_reference_that_cannot_judge_ends_the_run(stage):
     s = state(stage, passed=False, attempts=1, cap=3)
     s.verifications[0].category = "reference"
     assert R.route_after_verifier(s) == "reporter"
+    s.verifications[0].category = "problem"  # Model.forward raised on get_inputs()
+    assert R.route_after_verifier(s) == "reporter"
     s.verifications[0].category = "mismatch"
     assert R.route_after_verifier(s) == AUTHOR[stage]
 

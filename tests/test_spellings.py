@@ -476,3 +476,85 @@ def get_init_inputs():
     ins = pm.get_inputs()
     gm.recompile()
     torch.testing.assert_close(gm(*ins), pm.Model()(*ins))
+
+
+@pytest.mark.parametrize("expr,shapes", [
+    ('torch.einsum("i,j->ij", a, b)', "(7,), (5,)"),            # RoPE's frequency table
+    ("torch.outer(a, b)", "(7,), (5,)"),
+    ('torch.einsum("bi,bj->bij", a, b)', "(3, 7), (3, 5)"),     # a batch letter in both
+    ('torch.einsum("ij,k->kji", a, b)', "(3, 7), (5,)"),        # the output in another order
+])
+def test_outer_products_are_a_broadcast_multiply_with_eager_values(expr, shapes, write_problem):
+    """An einsum that contracts nothing (and torch.outer) is one product per element: a
+    pointwise multiply of the operands permuted and unsqueezed to the output's letters. As a
+    library call no pointwise kernel could take it (partial RoPE's tables: a kernel of its own)."""
+    a_shape, b_shape = shapes.split("), ")
+    src = HEAD + f'''
+class Model(nn.Module):
+    def forward(self, a, b):
+        return {expr} * 2.0
+def get_inputs():
+    return [torch.randn{a_shape}), torch.randn{b_shape}]
+def get_init_inputs():
+    return []
+'''
+    gm = _canonical(src, write_problem, "outer")
+    assert not any(n.target in (torch.einsum, torch.outer) for n in gm.graph.nodes)
+    pm = load_sources(src, src.replace("class Model", "class ModelNew"))[0]
+    ins = pm.get_inputs()
+    gm.recompile()
+    assert torch.equal(gm(*ins), pm.Model()(*ins))  # one rounding per element in both
+    plan, _rw, err = analyze(load_problem(write_problem(src, "outer_plan")))
+    assert plan is not None, err
+    assert [g.kind for g in plan.groups] == ["pointwise"] and not any(
+        op.kind == "library" for op in plan.nops.values())
+
+
+def test_a_contracting_einsum_is_not_an_outer_product(write_problem):
+    src = HEAD + '''
+class Model(nn.Module):
+    def forward(self, a, b):
+        return torch.einsum("ij,j->i", a, b)
+def get_inputs():
+    return [torch.randn(3, 7), torch.randn(7)]
+def get_init_inputs():
+    return []
+'''
+    gm = _canonical(src, write_problem, "contract")
+    import operator
+
+    assert not any(n.target is operator.mul for n in gm.graph.nodes)
+
+
+PARTIAL_ROPE = HEAD + '''
+class Model(nn.Module):
+    def forward(self, q, cos, sin):
+        rd = 8
+        rot_half = q[..., :rd]
+        x1, x2 = rot_half[..., : rd // 2], rot_half[..., rd // 2 :]
+        rotated = torch.cat((-x2, x1), dim=-1)
+        cos, sin = cos[None, None].to(q.dtype), sin[None, None].to(q.dtype)
+        out = rot_half * cos + rotated * sin
+        return torch.cat((out, q[..., rd:]), dim=-1)
+def get_inputs():
+    return [torch.randn(2, 3, 6, 24, dtype=torch.bfloat16), torch.randn(6, 8), torch.randn(6, 8)]
+def get_init_inputs():
+    return []
+'''
+
+
+def test_partial_rope_reads_q_in_one_kernel(write_problem):
+    """GPT-NeoX / Phi partial rotary: the first rd columns rotated, the rest passed through.
+    ``rot_half * cos`` reads a table computed by a kernel of its own (a cast, over [T, rd]):
+    it could not join that kernel (another domain) and, having a producer in a group, did not
+    look for an open group either, so it was a kernel of its own beside the one computing
+    ``rotated * sin``, the sum and the cat: q's rotated columns read twice, a [B, H, T, rd]
+    temporary written and read. Now it joins that open group: one kernel over q."""
+    path = write_problem(PARTIAL_ROPE, "partial_rope")
+    plan, rw, err = analyze(load_problem(path))
+    assert plan is not None, err
+    over_q = [g for g in plan.groups if tuple(g.domain[:2]) == (2, 3)]
+    assert len(over_q) == 1 and {plan.nops[m].name for m in over_q[0].members} >= {"rotate_half", "cat", "add"}
+    comp = compile_problem(load_problem(path))
+    report = check_dropin(PARTIAL_ROPE, comp.emitted.source, calls=1, atol=1e-2, rtol=1e-2)
+    assert report.fast("own", "train")

@@ -17,7 +17,8 @@ same math one way for the planner. Both lists are read here, in this order, by `
 - ``norms``: RMS norm and layer norm written out; batch norm, vector norms, rsqrt forms
 - ``reductions``: size-1, nested, linear-reduce, softmax written out; keepdim and mean-as-sum forms
 - ``scalars``: clamps, scalar chains, 0-d constants, a where's full_like fill;  ``scans``: flipped and exclusive scans
-- ``einsums``: two-operand einsums that are matrix products as matmul; a product's rows
+- ``einsums``: two-operand einsums that are matrix products as matmul, outer products as a
+  broadcast multiply; a product's rows
   reshaped as the reshape of its left operand
 - ``selects``: an index of a product's, an einsum's or a pointwise op's result taken first
 - ``indexing``: gather, embedding, index_select and ``x[ids]`` as one indexed read (take)
@@ -32,7 +33,7 @@ from codegen.rewrites.attention import (addmm_as_product, attention_pattern, gqa
                                        sdpa_flags_from_shapes,
                                        mha_weights_unused, relu_attention_pattern, softmax_size1)
 from codegen.rewrites.conv import conv_bias_epilogue
-from codegen.rewrites.einsums import einsum_as_matmul, flattened_products, squeezes_undone
+from codegen.rewrites.einsums import einsum_as_matmul, einsum_outer, flattened_products, squeezes_undone
 from codegen.rewrites.deadcode import common_subexpressions, drop_dead_code, drop_value_copies
 from codegen.rewrites.indexing import take_pattern
 from codegen.rewrites.lmhead import linear_cross_entropy_pattern
@@ -100,7 +101,7 @@ def _propagate(gm: fx.GraphModule, inputs: list | None) -> None:
     propagate(gm, inputs)
 
 
-CANONICAL = [modules_to_functionals, named_fields, common_subexpressions, einsum_as_matmul, flipped_scans, exclusive_scans, batchnorm_decompose,
+CANONICAL = [modules_to_functionals, named_fields, common_subexpressions, einsum_as_matmul, einsum_outer, flipped_scans, exclusive_scans, batchnorm_decompose,
              vector_norms, fold_dtype_queries, fold_type_info, device_queries_from_inputs, scalar_constants,
              where_scalar_fills,
              shape_queries_from_sources,

@@ -162,6 +162,57 @@ def einsum_as_matmul(gm: fx.GraphModule) -> bool:
     return changed
 
 
+def einsum_outer(gm: fx.GraphModule) -> bool:
+    """A two-operand einsum that contracts nothing (every letter in the output: an outer
+    product, RoPE's ``einsum('i,j->ij', t, inv_freq)``) and ``torch.outer(a, b)`` ->
+    ``x' * y'``, each operand permuted to the output's letter order with a size-1 dim where it
+    lacks a letter: one product per output element, rounded once, as einsum's batched product
+    of one term rounds it. As a library call it was a kernel of its own that no pointwise
+    consumer could take (the cos / sin tables of rotary embeddings: five kernels)."""
+    graph = gm.graph
+    changed = False
+    for n in _live(graph):
+        if n.op == "call_function" and n.target in (torch.outer, torch.ger) and len(n.args) == 2 and not n.kwargs:
+            specs, out, ops = ("i", "j"), "ij", list(n.args)
+            shapes = [node_shape(o) if isinstance(o, fx.Node) else None for o in ops]
+            if any(s is None or len(s) != 1 for s in shapes):
+                continue
+        else:
+            parts = _einsum_parts(n)
+            if parts is None or len(parts[2]) != 2:
+                continue
+            specs, out, ops, shapes = parts
+        (sa, sb), (a, b) = specs, ops
+        if (not (_float(a) and _float(b)) or node_dtype(a) != node_dtype(b) or len(set(out)) != len(out)
+                or set(sa) | set(sb) != set(out)):
+            continue
+        size = dict(zip(sa, shapes[0]))
+        if any(size.get(c, s) != s for c, s in zip(sb, shapes[1])):
+            continue  # a letter of two sizes (einsum broadcasts size 1): left alone
+        made = []
+
+        def call(kind: str, target, *args):
+            made.append(graph.create_node(kind, target, args))
+            return made[-1]
+
+        with graph.inserting_before(n):
+            xs = []
+            for x, sx in ((a, sa), (b, sb)):
+                order = [c for c in out if c in sx]
+                if list(sx) != order:
+                    x = call("call_method", "permute", x, *[sx.index(c) for c in order])
+                for i, c in enumerate(out):
+                    if c not in sx:
+                        x = call("call_method", "unsqueeze", x, i)
+                xs.append(x)
+            new = call("call_function", operator.mul, xs[0], xs[1])
+        _annotate(made)
+        new.meta = {**n.meta, **new.meta}
+        _replace(n, new)
+        changed = True
+    return changed
+
+
 def _row_wise(gm: fx.GraphModule, n: fx.Node) -> bool:
     """n computes each element from its one tensor operand's element (a cast, a unary op, an op
     with a number) or is a softmax over the last dim: the same op on a view with one more
