@@ -790,12 +790,15 @@ def _dispatch(dr, fast: dict[bool, str | None], ref: dict[bool, str], sig: str,
     if fast[True] is None and fast[False] is None:
         lines += tail
         return lines
+    # under torch.autocast Model's products and convolutions compute in the autocast dtype
+    # and return it; the kernels were built for the traced dtypes: Model's ops take the call
+    amp = "not torch._C._is_any_autocast_enabled()"
     if fast[True] is not None and fast[False] is not None:
-        lines += ["    if _egg_go:", f"        return {pick(fast, graph)}"]
+        lines += [f"    if _egg_go and {amp}:", f"        return {pick(fast, graph)}"]
     else:
         mode = "self.training" if fast[True] is not None else "not self.training"
         one = fast[True] or fast[False]
-        lines += [f"    if _egg_go and {mode}:",
+        lines += [f"    if _egg_go and {mode} and {amp}:",
                   f"        return {pick({True: one, False: one}, graph)}"]
     return lines + tail
 

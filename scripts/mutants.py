@@ -132,6 +132,11 @@ MUTANTS: list[Mutant] = [
            "            pass\n", VERIFIER,
            "ModelNew's call does not start from the reference's seed: every honest candidate of a "
            "model with dropout is rejected in train()"),
+    Mutant("dropin-autocast-ignored", "codegen/emit.py",
+           '    amp = "not torch._C._is_any_autocast_enabled()"\n', '    amp = "True"\n',
+           ("tests/test_matmul.py",),
+           "a call under torch.autocast runs the kernels built for the traced dtypes: fp32 where "
+           "Model returns bf16"),
     Mutant("verifier-index-watch-blind", "harness/worker.py",
            "            self.seen = True\n", "            pass\n",
            ("tests/test_trials.py::test_a_forward_indexing_with_its_own_positions_gets_the_cpu_check",),

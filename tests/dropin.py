@@ -271,7 +271,7 @@ def check_dropin(problem_source: str, modelnew_source: str, *, seed: int = 0, at
                  rank: bool = True, grad: bool = True, move: bool = True,
                  variants: tuple[str, ...] | None = None,
                  eval_variants: tuple[str, ...] | None = None, device: str = "cpu",
-                 skip: tuple[str, ...] = ()) -> Report:
+                 skip: tuple[str, ...] = (), amp: bool = True) -> Report:
     """Raise AssertionError, naming the trial, where ModelNew is not a drop-in for Model; return
     the report of the trials (which calls launched a kernel). ``variants``: the input sets to
     try (names of input_variants, "grad"; None: all); ``eval_variants``: those of eval() when
@@ -279,7 +279,9 @@ def check_dropin(problem_source: str, modelnew_source: str, *, seed: int = 0, at
     per input set where state carries over (own, batch, grad) when the model has buffers.
     ``device``: both models are built on the CPU, loaded, then moved there with ``.to()``.
     ``skip``: input sets not to try (a 16-bit kernel that rounds once where eager rounds each
-    step differs by an ulp of a cancelling sum at x100)."""
+    step differs by an ulp of a cancelling sum at x100). ``amp``: one eval() call under
+    ``torch.autocast`` (bf16), where Model's products compute in bf16 and return it: ModelNew
+    must give Model's dtypes and values, its kernels not running."""
     pmod, cmod = load_sources(problem_source, modelnew_source)
     box = [0]
     for name, v in list(vars(cmod).items()):
@@ -345,6 +347,23 @@ def check_dropin(problem_source: str, modelnew_source: str, *, seed: int = 0, at
                 _compare(where, ref_out, cand_out, snap, xs, g, seed + k, atol, rtol)
                 _compare_state(where, ref, cand, atol, rtol)
                 report.trials.append(Trial(mode, name, fast))
+    if amp:
+        ref.eval()
+        cand.eval()
+        with torch.autocast(torch.device(device).type, dtype=torch.bfloat16):
+            ro, re_ = _run(ref, _clone(inputs), False, seed)
+            box[0] = 0
+            co, ce = _run(cand, _clone(inputs), False, seed)
+        assert (re_ is None) == (ce is None), f"eval() under autocast: raises {ce!r} / reference {re_!r}"
+        if re_ is None:
+            for i, (r, c) in enumerate(zip(ro, co)):
+                if isinstance(r, torch.Tensor):
+                    assert isinstance(c, torch.Tensor) and c.dtype == r.dtype and _close(r, c, atol, rtol), (
+                        f"eval() under autocast: output {i} is not Model's ({getattr(c, 'dtype', c)} "
+                        f"against {r.dtype})")
+            _compare_state("eval() under autocast", ref, cand, atol, rtol)
+        assert box[0] == 0, "eval() under autocast: ModelNew ran its kernels (built for the traced dtypes)"
+        report.trials.append(Trial("eval", "autocast", False, raised=re_ is not None))
     if move:
         for mode in modes[:1] if not stateful else modes:
             r64 = copy.deepcopy(ref).to(torch.float64).train(mode == "train")
