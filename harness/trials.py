@@ -16,7 +16,8 @@ random parameters and buffers, loaded through ``load_state_dict``):
   ``.t()`` gives): a kernel that assumes contiguous inputs reads the wrong elements;
 - another size of the batch dim (the first input's dim 0) and of up to ``MAX_SIZE_VARIANTS - 1``
   other sizes (each size changed everywhere it appears, so that the dims a product contracts stay
-  consistent), and another rank (a new leading dim of 2 on the inputs that carry the batch);
+  consistent), another rank (a new leading dim of 2 on the inputs that carry the batch), and a
+  batch of one (eval(); skipped where the batch is one already);
 - then more draws of the problem's own inputs (``trials`` of them in all, counting the first).
 
 A shape variant the reference rejects (it raises) is kept as a trial: the candidate must raise
@@ -45,7 +46,7 @@ class Trial:
     mode: str = "train"  # "train" | "eval"
     grad: bool = False
     inputs: str = "own"  # own | recall | partial | x3 | x0.01 | negated | large
-    variant: str = ""  # "" (own shapes) | "batch" | "size:<n>" | "rank"
+    variant: str = ""  # "" (own shapes) | "batch" | "size" | "rank" | "one" (a batch of one)
     layout: str = ""  # "" (contiguous) | one of LAYOUTS (relayout): the inputs' memory layout
 
     @property
@@ -73,6 +74,9 @@ def plan(trials: int) -> list[Trial]:
     ]
     seq += [Trial(0, "train" if i % 2 else "eval", False, "own", "size")
             for i in range(MAX_SIZE_VARIANTS - 1)]
+    # a batch of one (eval(): one request at a time; train()-mode batch norm refuses it): a
+    # kernel that squeezes every size-1 dim, or sizes its grid from the batch, fails here
+    seq += [Trial(0, "eval", False, "own", "one")]
     # a second partial change (its elements drawn anew): a cache that happened to sample one
     # of the first trial's changed elements does not pass by that chance
     seq += [Trial(0, "train", False, "own"), Trial(0, "train", True, "partial")]

@@ -987,6 +987,9 @@ def _variants(tr: TR.Trial, base: list, more: list, sizes: list) -> list[tuple[l
                 (TR.resize(base, more, b, nb, only_batch=True), f"batch {b} -> {nb} (dim 0 only)")]
     if tr.variant == "rank":
         return [(TR.add_rank(base, more), "one more leading dim")]
+    if tr.variant == "one":  # the batch dim alone first (a square input keeps its other dims)
+        return [] if b <= 1 else [(TR.resize(base, more, b, 1, only_batch=True), f"batch {b} -> 1"),
+                                  (TR.resize(base, more, b, 1), f"batch {b} -> 1 (every dim of {b})")]
     if not sizes:
         return []
     s = sizes.pop(0)
@@ -1126,7 +1129,10 @@ def _run_trials(req, result, model, cand, kmap, prob, dev, tol, deadline, prev: 
                     raise _Verdict("mismatch", f"{where}: ModelNew returned a result where Model raises "
                                    f"({raised})")
                 _, outs, _wall, launches, cstate = msg
-                _check_structure(ref, outs)  # metadata only: shapes are checked before anything is copied
+                try:  # metadata only: shapes are checked before anything is copied
+                    _check_structure(ref, outs)
+                except _Verdict as v:
+                    raise _Verdict(v.category, f"{where}: {v.reason}") from None
                 try:
                     got = [o.clone() if isinstance(o, torch.Tensor) else o for o in outs]
                     _sync(dev)  # our copies are complete before the candidate may free its outputs

@@ -137,6 +137,9 @@ MUTANTS: list[Mutant] = [
            ("tests/test_matmul.py",),
            "a call under torch.autocast runs the kernels built for the traced dtypes: fp32 where "
            "Model returns bf16"),
+    Mutant("verifier-no-batch-of-one", "harness/worker.py",
+           "        return [] if b <= 1 else [", "        return [] if True else [", VERIFIER,
+           "a candidate that squeezes the batch away at one request passes"),
     Mutant("verifier-index-watch-blind", "harness/worker.py",
            "            self.seen = True\n", "            pass\n",
            ("tests/test_trials.py::test_a_forward_indexing_with_its_own_positions_gets_the_cpu_check",),

@@ -12,7 +12,8 @@ def test_plan_covers_modes_grad_distributions_and_shapes():
     assert p[0].mode == "train" and p[0].inputs == "own" and not p[0].variant
     assert {t.mode for t in p} == {"train", "eval"} and any(t.grad for t in p)
     assert {"recall", "partial", *TR.DISTRIBUTIONS} <= {t.inputs for t in p}
-    assert {"batch", "rank", "size"} <= {t.variant for t in p}
+    assert {"batch", "rank", "size", "one"} <= {t.variant for t in p}
+    assert [t.mode for t in p if t.variant == "one"] == ["eval"]  # train()'s batch norm refuses one
     assert sum(t.inputs == "partial" for t in p) >= 2
     # more calls than a counter can hide behind
     assert len(p) > 10

@@ -124,6 +124,7 @@ DROPIN = [
     Case("cheat_buffer_less_accurate", "running_var_far", "mismatch", "buffer running_var"),
     Case("notdropin_assumes_contiguous", "rowsum", "mismatch", "padded layout"),
     Case("notdropin_reuses_output", "pointwise", "mismatch", "changed during this call"),
+    Case("notdropin_squeezes_batch", "rowsum", "mismatch", "batch 16 -> 1"),
 ]
 
 STATIC = [
