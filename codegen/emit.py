@@ -767,6 +767,13 @@ def _dispatch(dr, fast: dict[bool, str | None], ref: dict[bool, str], sig: str,
     if not plain:  # *args / **kwargs: no guard to check them against
         lines.append(f"    return {pick(ref)}")
         return lines
+    # under torch.autocast Model's products and convolutions compute in the autocast dtype and
+    # return it; the kernels were built for the traced dtypes: Model's own code takes the call
+    # (its copy where there is one: an autocast block the trace went through, HF rotary's
+    # `with torch.autocast(..., enabled=False)`, holds there, not in the traced reference)
+    copy = original is not None and len(original[0]) == len(dr.arg_names)
+    amp_to = f"self._egg_model_forward({args})" if copy else pick(ref)
+    lines += ["    if torch._C._is_any_autocast_enabled():", f"        return {amp_to}"]
     if modes:
         lines.append("    _egg_mm = self._egg_mode_modules")
     lines += [
@@ -790,15 +797,12 @@ def _dispatch(dr, fast: dict[bool, str | None], ref: dict[bool, str], sig: str,
     if fast[True] is None and fast[False] is None:
         lines += tail
         return lines
-    # under torch.autocast Model's products and convolutions compute in the autocast dtype
-    # and return it; the kernels were built for the traced dtypes: Model's ops take the call
-    amp = "not torch._C._is_any_autocast_enabled()"
     if fast[True] is not None and fast[False] is not None:
-        lines += [f"    if _egg_go and {amp}:", f"        return {pick(fast, graph)}"]
+        lines += ["    if _egg_go:", f"        return {pick(fast, graph)}"]
     else:
         mode = "self.training" if fast[True] is not None else "not self.training"
         one = fast[True] or fast[False]
-        lines += [f"    if _egg_go and {mode} and {amp}:",
+        lines += [f"    if _egg_go and {mode}:",
                   f"        return {pick({True: one, False: one}, graph)}"]
     return lines + tail
 

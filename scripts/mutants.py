@@ -133,7 +133,8 @@ MUTANTS: list[Mutant] = [
            "ModelNew's call does not start from the reference's seed: every honest candidate of a "
            "model with dropout is rejected in train()"),
     Mutant("dropin-autocast-ignored", "codegen/emit.py",
-           '    amp = "not torch._C._is_any_autocast_enabled()"\n', '    amp = "True"\n',
+           '    lines += ["    if torch._C._is_any_autocast_enabled():", f"        return {amp_to}"]\n',
+           '    pass\n',
            ("tests/test_matmul.py",),
            "a call under torch.autocast runs the kernels built for the traced dtypes: fp32 where "
            "Model returns bf16"),
