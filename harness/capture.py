@@ -477,6 +477,7 @@ class _FactoriesOff:
     def __exit__(self, *exc):
         for n, f in self.saved.items():
             setattr(torch, n, f)
+        torch.autocast, torch.amp.autocast = self.amp
         return False
 
 
@@ -492,7 +493,30 @@ class _FactorySizes:
         self.saved = {n: getattr(torch, n) for n in SIZE_FACTORIES + TYPE_INFO}
         for n, f in self.saved.items():
             setattr(torch, n, self._info(f) if n in TYPE_INFO else self._sized(f))
+        self.amp = (torch.autocast, torch.amp.autocast)
+        torch.autocast = torch.amp.autocast = self._autocast(torch.autocast)
         return self
+
+    @staticmethod
+    def _autocast(cls):
+        """``torch.autocast(device_type=x.device.type, enabled=False)`` of a traced x (Hugging
+        Face's rotary embedding without its isinstance guard): the block is traced through, as
+        fx does with a string device type. Turning autocast off changes nothing where it is not
+        on, and a call under autocast takes Model's own code (codegen.emit): only there does the
+        block matter. fx refused the traced device type ("Expected `device_type` of type `str`"),
+        and the whole block, the tables' products and their cos / sin, was a graph break."""
+        import contextlib
+
+        def call(*args, **kwargs):
+            if not _has_proxy((args, kwargs)):
+                return cls(*args, **kwargs)
+            enabled = kwargs.get("enabled", args[2] if len(args) > 2 else True)
+            if enabled is False:
+                return contextlib.nullcontext()
+            return cls(*args, **kwargs)  # turning it on: fx's error, a graph break
+        call.__name__ = "autocast"
+        call.__wrapped__ = cls
+        return call
 
     @staticmethod
     def _info(cls):
@@ -527,6 +551,7 @@ class _FactorySizes:
     def __exit__(self, *exc):
         for n, f in self.saved.items():
             setattr(torch, n, f)
+        torch.autocast, torch.amp.autocast = self.amp
         return False
 
 

@@ -688,3 +688,37 @@ def test_dtype_information_of_a_traced_tensor_is_captured_and_folded(write_probl
     torch.manual_seed(2)
     _same(ref, new, prob.inputs())
     _same(ref.to(torch.float64), new.to(torch.float64), [torch.randn(3, 8, dtype=torch.float64) * 3])
+
+
+def test_autocast_turned_off_on_a_traced_device_is_traced_through(write_problem):
+    """Hugging Face's rotary embedding without its isinstance guard: ``with
+    torch.autocast(device_type=x.device.type, enabled=False)`` around the tables' product and
+    their cos / sin. fx refused the traced device type and the whole block was a graph break
+    (the tables in PyTorch). Now it is traced through (a no-op where autocast is off); a call
+    under autocast takes the copy of Model.forward, where the block holds: check_dropin's
+    autocast call gets Model's dtypes and values. Turning autocast on stays a break."""
+    from tests.dropin import check_dropin
+
+    members = ("        inv = 1.0 / (10000 ** (torch.arange(0, 8, 2).float() / 8))\n"
+               "        self.register_buffer('inv_freq', inv, persistent=False)\n")
+    body = ("        inv = self.inv_freq[None, :, None].expand(pos.shape[0], -1, 1)\n"
+            "        p = pos[:, None, :].float()\n"
+            "        with torch.autocast(device_type=x.device.type, enabled=False):\n"
+            "            freqs = (inv.float() @ p).transpose(1, 2)\n"
+            "            emb = torch.cat((freqs, freqs), dim=-1)\n"
+            "            cos, sin = emb.cos(), emb.sin()\n"
+            "        return x * cos.to(x.dtype) + x * sin.to(x.dtype)\n")
+    src = _problem(body, "torch.randn(2, 6, 8), torch.arange(6).repeat(2, 1)", members, args="x, pos")
+    prob = load_problem(write_problem(src, "rotary_amp"))
+    cap = capture(prob)
+    assert cap.gm is not None and cap.breaks == [], (cap.error, [b.describe() for b in cap.breaks])
+    assert torch.autocast is torch.amp.autocast_mode.autocast  # restored after the trace
+    comp = compile_problem(prob)
+    assert comp.emitted is not None and "_egg_k_" in comp.emitted.source, comp.error
+    assert not any(n.target is torch.matmul for n in comp.plan.gm.graph.nodes)  # a product of one term
+    report = check_dropin(src, comp.emitted.source, calls=1)
+    assert report.fast("own", "train")
+    on = body.replace("enabled=False", "dtype=torch.bfloat16")
+    cap = capture(load_problem(write_problem(_problem(on, "torch.randn(2, 6, 8), torch.arange(6).repeat(2, 1)",
+                                                      members, args="x, pos"), "rotary_amp_on")))
+    assert len(cap.breaks) == 1

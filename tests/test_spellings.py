@@ -483,6 +483,8 @@ def get_init_inputs():
     ("torch.outer(a, b)", "(7,), (5,)"),
     ('torch.einsum("bi,bj->bij", a, b)', "(3, 7), (3, 5)"),     # a batch letter in both
     ('torch.einsum("ij,k->kji", a, b)', "(3, 7), (5,)"),        # the output in another order
+    ("a[:, :, None] @ b[:, None, :]", "(3, 7), (3, 5)"),       # HF rotary: a product over one term
+    ("a[None, :, None] @ b[:, None, :]", "(7,), (3, 5)"),       # batch dims broadcast
 ])
 def test_outer_products_are_a_broadcast_multiply_with_eager_values(expr, shapes, write_problem):
     """An einsum that contracts nothing (and torch.outer) is one product per element: a

@@ -164,7 +164,9 @@ def einsum_as_matmul(gm: fx.GraphModule) -> bool:
 
 def einsum_outer(gm: fx.GraphModule) -> bool:
     """A two-operand einsum that contracts nothing (every letter in the output: an outer
-    product, RoPE's ``einsum('i,j->ij', t, inv_freq)``) and ``torch.outer(a, b)`` ->
+    product, RoPE's ``einsum('i,j->ij', t, inv_freq)``), ``torch.outer(a, b)`` and a matrix
+    product over a dim of one (``a[.., M, 1] @ b[.., 1, N]``, batch dims broadcast as the
+    product broadcasts them) ->
     ``x' * y'``, each operand permuted to the output's letter order with a size-1 dim where it
     lacks a letter: one product per output element, rounded once, as einsum's batched product
     of one term rounds it. As a library call it was a kernel of its own that no pointwise
@@ -172,6 +174,21 @@ def einsum_outer(gm: fx.GraphModule) -> bool:
     graph = gm.graph
     changed = False
     for n in _live(graph):
+        if (n.op == "call_function" and n.target in (torch.matmul, operator.matmul) and len(n.args) == 2
+                and not n.kwargs and all(isinstance(o, fx.Node) for o in n.args)):
+            # a product over one term (Hugging Face's rotary tables: inv_freq[:, None] @
+            # positions[None, :], [.., D/2, 1] @ [.., 1, T]) is the broadcast multiply itself
+            (a, b), (sa, sb) = n.args, [node_shape(o) for o in n.args]
+            if (sa is None or sb is None or len(sa) < 2 or len(sb) < 2 or sa[-1] != 1 or sb[-2] != 1
+                    or not (_float(a) and _float(b)) or node_dtype(a) != node_dtype(b)):
+                continue
+            with graph.inserting_before(n):
+                new = graph.create_node("call_function", operator.mul, (a, b))
+            _annotate([new])
+            new.meta = {**n.meta, **new.meta}
+            _replace(n, new)
+            changed = True
+            continue
         if n.op == "call_function" and n.target in (torch.outer, torch.ger) and len(n.args) == 2 and not n.kwargs:
             specs, out, ops = ("i", "j"), "ij", list(n.args)
             shapes = [node_shape(o) if isinstance(o, fx.Node) else None for o in ops]
