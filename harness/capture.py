@@ -477,7 +477,6 @@ class _FactoriesOff:
     def __exit__(self, *exc):
         for n, f in self.saved.items():
             setattr(torch, n, f)
-        torch.autocast, torch.amp.autocast = self.amp
         return False
 
 
