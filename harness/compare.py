@@ -89,13 +89,40 @@ class OutputCheck:
     extra: dict = field(default_factory=dict)
 
 
+#: the first leaf of a nested output: its structure (compared as a plain value, so a candidate
+#: must return the same dict keys and nesting as Model)
+TREE = "__egg_tree__:"
+
+
 def flatten(out) -> list:
-    if isinstance(out, (list, tuple)):
+    """An output's leaves, as the judge compares them: a tensor or a plain value is one; a flat
+    tuple or list its items. A nested one (a dict, Hugging Face's ModelOutput, a tuple holding a
+    tuple: ``(hidden, (k, v))``) gives its structure first (TREE and the nesting with the dict
+    keys), then its leaves in order. Before, such an output crossed as "an object" and every
+    candidate, EGG's too, was a mismatch."""
+    if isinstance(out, (list, tuple)) and not any(isinstance(o, (list, tuple, dict)) for o in out):
         return list(out)
-    return [out]
+    if not isinstance(out, (list, tuple, dict)):
+        return [out]
+    leaves: list = []
+
+    def walk(o) -> str:
+        if isinstance(o, dict):
+            return "{" + ",".join(f"{k!r}:{walk(v)}" for k, v in o.items()) + "}"
+        if isinstance(o, (list, tuple)):
+            return "(" + ",".join(walk(v) for v in o) + ")"
+        leaves.append(o)
+        return "*"
+
+    return [TREE + walk(out)] + leaves
 
 
 def structure_error(ref: list, cand: list) -> str | None:
+    tree = [x[len(TREE):] if isinstance(x, str) and x.startswith(TREE) else None
+            for x in (ref[0] if ref else None, cand[0] if cand else None)]
+    if tree[0] != tree[1]:
+        return (f"the output's structure is {tree[1] or 'flat'}, eager's {tree[0] or 'flat'} "
+                "(* a tensor or value; dict keys and nesting must be Model's)")
     if len(ref) != len(cand):
         return f"returned {len(cand)} outputs, eager returns {len(ref)}"
     for i, (r, c) in enumerate(zip(ref, cand)):

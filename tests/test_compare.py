@@ -327,3 +327,20 @@ def test_decision_regime_keeps_the_unstable_log_softmax_out():
     cand[:10] = float("-inf")
     chk = fp64_door(compare_output(0, eager, cand, Tolerance()), ref64, eager, cand, Tolerance())
     assert not chk.ok and chk.extra["eager_pattern_fp64"] == 0
+
+
+def test_nested_outputs_flatten_with_their_structure():
+    """A dict (Hugging Face's ModelOutput), or a tuple holding a tuple, crosses as its structure
+    then its leaves; another structure with the same leaves is a mismatch."""
+    from collections import OrderedDict
+
+    from harness.compare import TREE, flatten, structure_error
+
+    a, b, c = torch.ones(2), torch.zeros(3), torch.arange(4)
+    assert flatten(a) == [a] and flatten((a, 2)) == [a, 2]  # flat: as before
+    out = flatten(OrderedDict(logits=a, past=(b, c)))
+    assert out[0] == TREE + "{'logits':*,'past':(*,*)}" and out[1:] == [a, b, c]
+    assert flatten((a, (b, c)))[0] == TREE + "(*,(*,*))"
+    assert structure_error(out, flatten({"logits": a, "past": (b, c)})) is None
+    assert "structure" in structure_error(out, flatten((a, b, c)))
+    assert "structure" in structure_error(out, flatten({"logits": a, "cache": (b, c)}))

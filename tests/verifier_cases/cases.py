@@ -66,6 +66,7 @@ HONEST = [
          note="dropout in train(): both models' calls start from one seed and draw the same mask"),
     Case("honest_dropout_triton", "dropout", "passed", note="torch's dropout, then a Triton kernel"),
     Case("<generated:reference>", "noise", "passed", note="random noise in both modes, one seed"),
+    Case("honest_dict_out", "dict_out", "passed", note="a dict output (HF ModelOutput style), Triton softmax"),
 ]
 
 DYNAMIC = [
@@ -125,6 +126,7 @@ DROPIN = [
     Case("notdropin_assumes_contiguous", "rowsum", "mismatch", "padded layout"),
     Case("notdropin_reuses_output", "pointwise", "mismatch", "changed during this call"),
     Case("notdropin_squeezes_batch", "rowsum", "mismatch", "batch 16 -> 1"),
+    Case("notdropin_tuple_for_dict", "dict_out", "mismatch", "structure"),
 ]
 
 STATIC = [
