@@ -10,7 +10,9 @@ judge verified) defines ``ModelNew``. The process may start before its candidate
 keeps a spare started: torch imported, the CUDA context open); its first request names it:
 
 - ("candidate", {candidate, label, init, init_seed}): load this file, build ``ModelNew`` with
-  these constructor arguments and seed; reply ("ready", state).
+  these constructor arguments (pickled by the judge; a class of the problem file, a config
+  dataclass, read back as the candidate's class of that name: read_init) and seed; reply
+  ("ready", state).
 
 It then answers the judge's requests on a pipe:
 
@@ -35,7 +37,9 @@ can be patched by the candidate it loads.
 """
 from __future__ import annotations
 
+import io
 import os
+import pickle
 import time
 import traceback
 
@@ -55,6 +59,8 @@ POISON_SMALL = (128, 512 * 1024)
 #: arenas and the interpreter's own mappings are address space, not memory)
 AS_SLACK_BYTES = 1 << 30
 MARK = "__egg_marker__"
+#: the module name harness.problem.load_module gives a problem file (``egg_problem_<stem>_<hash>``)
+PROBLEM_MODULE_PREFIX = "egg_problem_"
 
 
 def sendable(o, received: frozenset = frozenset()):
@@ -204,6 +210,30 @@ def state_of(model: torch.nn.Module) -> dict:
     return {k: v.detach() for k, v in model.state_dict().items() if isinstance(v, torch.Tensor)}
 
 
+class _InitUnpickler(pickle.Unpickler):
+    """The constructor's arguments as the judge pickled them: a class of the problem's own
+    module (``egg_problem_*``, never imported here) is the candidate's class of that name
+    (KernelBench files carry Model's helpers: a config dataclass ModelNew takes too)."""
+
+    def __init__(self, data: bytes, mod):
+        super().__init__(io.BytesIO(data))
+        self.mod = mod
+
+    def find_class(self, module, name):
+        if module.startswith(PROBLEM_MODULE_PREFIX):
+            got = getattr(self.mod, name, None)
+            if got is None:
+                raise ProblemError(f"get_init_inputs() gives a {name}, a class of the problem "
+                                   "file that the candidate file does not define")
+            return got
+        return super().find_class(module, name)
+
+
+def read_init(data, mod) -> list:
+    """ModelNew's constructor arguments from the judge's bytes (a list as it is)."""
+    return list(_InitUnpickler(data, mod).load()) if isinstance(data, bytes) else list(data)
+
+
 def _build(cls, init: list, seed: int, dev: torch.device):
     torch.manual_seed(seed)
     with torch.device(dev):
@@ -250,7 +280,7 @@ def main(conn, creq: dict) -> None:
             conn.send(("error", "candidate", f"candidate {creq.get('label') or creq['candidate']}: "
                        "defines no ModelNew(nn.Module) class"))
             return
-        model = _build(cls, list(creq["init"]), creq["init_seed"], dev)
+        model = _build(cls, read_init(creq["init"], mod), creq["init_seed"], dev)
         _sync(dev)  # the state sent is the state built (the judge opens it with our event too)
         conn.send(("ready", state_of(model)))
     except ProblemError as e:

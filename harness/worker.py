@@ -213,7 +213,10 @@ class CandidateProcess:
             f.write(source)
         os.chmod(path, 0o444)
         self.deadline = self.watch.deadline = deadline
-        self.pending = {"candidate": path, "label": label, "init": list(init), "init_seed": init_seed}
+        # as bytes: an object of a class the problem file defines (a config dataclass) is read
+        # back there against the candidate's own class of that name (candidate_proc.read_init)
+        self.pending = {"candidate": path, "label": label, "init": pickle.dumps(list(init)),
+                        "init_seed": init_seed}
 
     def enter(self, result: dict) -> None:
         """The sandbox report (the first message, sent before any candidate code ran) into

@@ -67,6 +67,7 @@ HONEST = [
     Case("honest_dropout_triton", "dropout", "passed", note="torch's dropout, then a Triton kernel"),
     Case("<generated:reference>", "noise", "passed", note="random noise in both modes, one seed"),
     Case("honest_dict_out", "dict_out", "passed", note="a dict output (HF ModelOutput style), Triton softmax"),
+    Case("honest_config_init", "config_init", "passed", note="built from a config dataclass the problem defines"),
 ]
 
 DYNAMIC = [
@@ -86,6 +87,7 @@ DYNAMIC = [
     Case("cheat_memory_hog", "rowsum", "memory", "memory", opts={"memory_limit_gb": 0.5},
          gpu={"opts": {"memory_limit_gb": 6}}),
     Case("wrong_params", "pointwise", "params", "differs from Model"),
+    Case("wrong_no_config_class", "config_init", "compile", "does not define"),
     Case("<generated:reference>", "nondet_sysrandom", "reference", "not deterministic"),
     # dropout in train(): every call of both models starts from the trial's seed
     Case("cheat_dropout_skipped", "dropout", "mismatch", "(train"),
