@@ -659,7 +659,11 @@ def plan_fusion(gm: fx.GraphModule, disabled: set[str] | None = None) -> FusionP
             slot = ({0: "acc", 1: "acc_idx", "values": "acc", "indices": "acc_idx"}.get(key)
                     if isinstance(key, (int, str)) else None)  # x[:, 0] indexes with slices
             g = where.get(src) if isinstance(src, fx.Node) else None
-            if g is not None and g.red is src and slot is not None:
+            # an element of the op's tuple (max's values, indices); ``norm(x)[0]``, the first
+            # row of one tensor, is an index like any other (it was read as the norm's own value)
+            tm = src.meta.get("tensor_meta") if isinstance(src, fx.Node) else None
+            tup = isinstance(tm, (tuple, list)) and not hasattr(tm, "shape")  # (TensorMetadata is one)
+            if g is not None and g.red is src and slot is not None and tup:
                 g.aliases[n] = slot
                 where[n] = g
             continue

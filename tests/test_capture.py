@@ -722,3 +722,53 @@ def test_autocast_turned_off_on_a_traced_device_is_traced_through(write_problem)
     cap = capture(load_problem(write_problem(_problem(on, "torch.randn(2, 6, 8), torch.arange(6).repeat(2, 1)",
                                                       members, args="x, pos"), "rotary_amp_on")))
     assert len(cap.breaks) == 1
+
+
+ENCODER = HEAD + '''
+class Model(nn.Module):
+    def __init__(self, p: float, norm_first: bool, batch_first: bool):
+        super().__init__()
+        layer = nn.TransformerEncoderLayer(d_model=32, nhead=4, dim_feedforward=48, dropout=p,
+                                           activation="gelu", norm_first=norm_first, batch_first=batch_first)
+        self.encoder = nn.TransformerEncoder(layer, num_layers=2, norm=nn.LayerNorm(32),
+                                             enable_nested_tensor=False)
+        self.head = nn.Linear(32, 10)
+
+    def forward(self, x):
+        return self.head(self.encoder(x)[0])
+
+
+def get_inputs():
+    return [torch.randn(5, 3, 32)]
+
+
+def get_init_inputs():
+    return [{p}, {norm_first}, {batch_first}]
+'''
+
+
+@pytest.mark.parametrize("p, norm_first, batch_first", [(0.0, False, False), (0.1, True, True)])
+def test_a_transformer_encoder_is_written_out_into_kernels(p, norm_first, batch_first, write_problem, tmp_path):
+    """nn.TransformerEncoder(Layer) (ViT, the convolutional ViT of level 3) was one library call:
+    no kernel at all. Written out as the calls PyTorch's own path makes, its residual adds join
+    the norms and its activation its product; MultiheadAttention stays a call. With dropout in
+    train() the submodules are called in eager's order, so the same seed draws the same masks:
+    the file verifies in both modes and is a drop-in."""
+    from harness.verify import verify
+    from tests.dropin import check_dropin
+
+    src = ENCODER.replace("{p}", str(p)).replace("{norm_first}", str(norm_first)).replace(
+        "{batch_first}", str(batch_first))
+    path = write_problem(src, f"encoder_{int(p * 10)}_{norm_first}")
+    comp = compile_problem(load_problem(path))
+    assert comp.emitted is not None, comp.error
+    kinds = [g.kind for g in comp.plan.groups]
+    assert kinds.count("norm") >= 4 and not any(
+        isinstance(comp.plan.gm.get_submodule(n.target), (torch.nn.TransformerEncoder, torch.nn.TransformerEncoderLayer))
+        for n in comp.plan.gm.graph.nodes if n.op == "call_module"), kinds
+    cand = tmp_path / "cand.py"
+    cand.write_text(comp.emitted.source)
+    res = verify(str(path), str(cand), device="cpu", trials=2, problem_source=src)
+    assert res["passed"], res["reason"]
+    report = check_dropin(src, comp.emitted.source, calls=1, atol=1e-4, rtol=1e-4)
+    assert report.fast("own", "train")

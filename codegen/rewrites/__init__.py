@@ -23,7 +23,7 @@ same math one way for the planner. Both lists are read here, in this order, by `
 - ``selects``: an index of a product's, an einsum's or a pointwise op's result taken first
 - ``indexing``: gather, embedding, index_select and ``x[ids]`` as one indexed read (take)
 - ``metadata``: dtype / device / shape queries, redundant upcasts, ``.values`` / ``.indices`` as [0] / [1];  ``modules``: modules to
-  functionals;  ``deadcode``: dead code, value copies, the same pure op computed twice;  ``common``: the helpers they share
+  functionals, transformer encoder layers written out;  ``deadcode``: dead code, value copies, the same pure op computed twice;  ``common``: the helpers they share
 """
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ from codegen.rewrites.losses import cross_entropy_spellings, loss_decompose
 from codegen.rewrites.metadata import (device_queries_from_inputs, fold_dtype_queries, fold_type_info,
                                        named_fields,
                                        redundant_upcasts, shape_queries_from_sources)
-from codegen.rewrites.modules import modules_to_functionals
+from codegen.rewrites.modules import modules_to_functionals, transformer_layers
 from codegen.rewrites.norms import (batchnorm_decompose, layer_norm_pattern, rms_norm_pattern, rsqrt_forms,
                                    vector_norms)
 from codegen.rewrites.quant import dequant_linear, dequant_program
@@ -101,7 +101,7 @@ def _propagate(gm: fx.GraphModule, inputs: list | None) -> None:
     propagate(gm, inputs)
 
 
-CANONICAL = [modules_to_functionals, named_fields, common_subexpressions, einsum_as_matmul, einsum_outer, flipped_scans, exclusive_scans, batchnorm_decompose,
+CANONICAL = [transformer_layers, modules_to_functionals, named_fields, common_subexpressions, einsum_as_matmul, einsum_outer, flipped_scans, exclusive_scans, batchnorm_decompose,
              vector_norms, fold_dtype_queries, fold_type_info, device_queries_from_inputs, scalar_constants,
              where_scalar_fills,
              shape_queries_from_sources,
