@@ -880,6 +880,8 @@ def emit_model(problem_source: str, plan: FusionPlan, configs: dict[str, dict] |
             + [ln for _, f_init in folds.values() for ln in f_init] + core_t.init)
     imports = set(core_t.imports) | (set(core_e.imports) if core_e else set())
     methods: list[str] = []
+    own: list[str] = []  # methods running Model's own code (wrapped where weights are relaid)
+    relaid: list[str] = []
     if dr is None:  # a plan made without pipeline.analyze: its forward alone
         fwd = core_t.forward
     else:
@@ -896,8 +898,12 @@ def emit_model(problem_source: str, plan: FusionPlan, configs: dict[str, dict] |
         fwd = "\n".join(_dispatch(dr, fast, ref, _signature(core_t.forward), graph,
                                   orig[1:] if orig is not None else None,
                                   any(gm.meta.get(RANK_FIXED) for gm in refs.values()), dtype_reads))
+        # Model's own code runs with the weights the kernels keep channels-last given back in
+        # the standard layout (a conv result viewed by Model raised on a channels-last weight)
+        relaid = sorted(set(plan.channels_last_params) | set(getattr(ev_plan, "channels_last_params", None) or []))
         if orig is not None and "_egg_model_forward(" in fwd:
             methods.append(orig[0])
+            own.append("_egg_model_forward")
         methods.append(_renamed(core_t.forward, fast[True]))
         if core_e is not None:
             methods.append(_renamed(core_e.forward, fast[False]))
@@ -905,6 +911,9 @@ def emit_model(problem_source: str, plan: FusionPlan, configs: dict[str, dict] |
             r_imports, r_src = _forward_source(gm.graph, {})
             imports |= set(r_imports)
             methods.append(_renamed(root_ref_fix(r_src), ref[mode == "train"]))
+            own.append(ref[mode == "train"])
+        if not relaid:
+            own = []
         if dr.mode_modules:
             init.append("self._egg_mode_modules = ("
                         + "".join(f"self.get_submodule({m!r}), " for m in dr.mode_modules) + ")")
@@ -967,6 +976,10 @@ def emit_model(problem_source: str, plan: FusionPlan, configs: dict[str, dict] |
     # each launched kernel behind a launcher that skips Triton's per-launch binding
     # (_egg_Launcher), set up after the runtime helpers that define it
     tail = "\n".join(f"{n} = _egg_launcher({n})" for n in launched)
+    # (after the runtime helpers, which the class body cannot name at definition time)
+    tail += "".join(f"\nModelNew.{m} = _egg_standard_params({relaid!r})(ModelNew.{m})"
+                    for m in dict.fromkeys(own))
+    tail = tail.strip("\n")
     runtime = runtime_for(code + "\n" + tail)
     top = ["import math"] if re.search(r"(?<![.\w])math\.", code + runtime) else []  # not tl.math
     top += ["import torch", "import triton", "import triton.language as tl"]

@@ -58,11 +58,17 @@ def test_einsum_products_are_matmul(eq, a, b, write_problem):
     ("bij,bjk->bk", f"{R}(2, 5, 4)", f"{R}(2, 4, 6)"),  # i summed in one operand alone
     ("bnd,hdk->bnhk", f"{R}(2, 5, 4)", f"{R}(3, 4, 6)"),  # two column letters
     ("ij,jk->ik", "torch.randint(0, 5, (5, 4))", "torch.randint(0, 5, (4, 6))"),  # integers
-    ("bi,bj->bij", f"{R}(5, 4)", f"{R}(5, 3)"),  # an outer product: nothing contracted
 ])
 def test_other_einsums_stay_einsum(eq, a, b, write_problem):
     plan, _applied, err = pipeline.analyze(load_problem(write_problem(_src(eq, a, b), "other")))
     assert err is None and _einsums(plan) == 1
+
+
+def test_an_outer_product_einsum_is_a_multiply(write_problem):
+    """Nothing contracted: no product to call (tests/test_spellings.py checks its values)."""
+    plan, _applied, err = pipeline.analyze(load_problem(write_problem(_src("bi,bj->bij", f"{R}(5, 4)",
+                                                                          f"{R}(5, 3)"), "outer")))
+    assert err is None and _einsums(plan) == 0 and [g.kind for g in plan.groups] == ["pointwise"]
 
 
 def test_three_operand_einsum_stays(write_problem):

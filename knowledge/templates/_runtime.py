@@ -484,6 +484,30 @@ def _egg_params_channels_last(module, names):
         p.data = _egg_channels_last(p.data)
 
 
+def _egg_standard_params(names):
+    """A method running Model's own code (the traced reference, the copy of Model.forward) with
+    the parameters _egg_params_channels_last re-laid out given back in the standard layout for
+    the call: a convolution on a channels-last weight returns a channels-last result, and
+    Model's ``.view(n, -1)`` of it raised where Model's own call does not (a batch of one,
+    which the kernels do not take). Costs a copy of those weights on such calls only."""
+    def wrap(fn):
+        def call(self, *args, **kwargs):
+            swapped = []
+            for name in names:
+                p = self.get_parameter(name)
+                if not p.is_contiguous():
+                    swapped.append((p, p.data))
+                    p.data = p.data.contiguous()
+            try:
+                return fn(self, *args, **kwargs)
+            finally:
+                for p, d in swapped:
+                    p.data = d
+        call.__name__ = fn.__name__
+        return call
+    return wrap
+
+
 def _egg_relu_attention(q, k, v, is_causal, scale):
     """ReLU attention written out (rw-relu-attention): relu(q @ k^T * scale (None: 1/sqrt of the
     head dim), the positions above the diagonal dropped when causal) @ v, in PyTorch's ops
