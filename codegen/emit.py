@@ -880,8 +880,8 @@ def emit_model(problem_source: str, plan: FusionPlan, configs: dict[str, dict] |
             + [ln for _, f_init in folds.values() for ln in f_init] + core_t.init)
     imports = set(core_t.imports) | (set(core_e.imports) if core_e else set())
     methods: list[str] = []
-    own: list[str] = []  # methods running Model's own code (wrapped where weights are relaid)
-    relaid: list[str] = []
+    own: list[str] = []  # methods running Model's own code
+    relaid: list[str] = []  # the weights the kernels keep channels-last
     if dr is None:  # a plan made without pipeline.analyze: its forward alone
         fwd = core_t.forward
     else:
@@ -912,8 +912,6 @@ def emit_model(problem_source: str, plan: FusionPlan, configs: dict[str, dict] |
             imports |= set(r_imports)
             methods.append(_renamed(root_ref_fix(r_src), ref[mode == "train"]))
             own.append(ref[mode == "train"])
-        if not relaid:
-            own = []
         if dr.mode_modules:
             init.append("self._egg_mode_modules = ("
                         + "".join(f"self.get_submodule({m!r}), " for m in dr.mode_modules) + ")")
@@ -978,7 +976,7 @@ def emit_model(problem_source: str, plan: FusionPlan, configs: dict[str, dict] |
     tail = "\n".join(f"{n} = _egg_launcher({n})" for n in launched)
     # (after the runtime helpers, which the class body cannot name at definition time)
     tail += "".join(f"\nModelNew.{m} = _egg_standard_params({relaid!r})(ModelNew.{m})"
-                    for m in dict.fromkeys(own))
+                    for m in dict.fromkeys(own if relaid else []))
     tail = tail.strip("\n")
     runtime = runtime_for(code + "\n" + tail)
     top = ["import math"] if re.search(r"(?<![.\w])math\.", code + runtime) else []  # not tl.math

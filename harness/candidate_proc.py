@@ -229,9 +229,9 @@ class _InitUnpickler(pickle.Unpickler):
         return super().find_class(module, name)
 
 
-def read_init(data, mod) -> list:
-    """ModelNew's constructor arguments from the judge's bytes (a list as it is)."""
-    return list(_InitUnpickler(data, mod).load()) if isinstance(data, bytes) else list(data)
+def read_init(data: bytes, mod) -> list:
+    """ModelNew's constructor arguments from the judge's bytes (CandidateProcess.give)."""
+    return list(_InitUnpickler(data, mod).load())
 
 
 def _build(cls, init: list, seed: int, dev: torch.device):

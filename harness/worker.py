@@ -590,22 +590,29 @@ def _reference(model, xs: list, mode: str, grad: bool, prob, check_det: bool, to
     return out, before
 
 
-def _draws_random(a: list, b: list, tol: Tolerance) -> bool:
-    """Outputs of two calls from two seeds that differ beyond the tolerance."""
-    return any(isinstance(x, torch.Tensor) and not _same(x, y) and not compare_output(i, x, y, tol).ok
-               for i, (x, y) in enumerate(zip(a, b)))
-
-
-def _check_reference_determinism(a: list, b: list, tol: Tolerance, mode: str = "train") -> None:
+def _differs(a: list, b: list, tol: Tolerance):
+    """The first pair of two calls' outputs that differ beyond the tolerance (its check), or None."""
     for i, (x, y) in enumerate(zip(a, b)):
         if isinstance(x, torch.Tensor) and not _same(x, y):
             chk = compare_output(i, x, y, tol)
             if not chk.ok:
-                raise _Verdict("reference", f"the reference is not deterministic: two eager runs "
-                               f"on the same inputs in {mode}() mode, from the same seed, differ "
-                               f"(output {i}, max abs {chk.max_abs:.3g}), e.g. randomness torch's "
-                               "generators do not drive (Python's random, atomics); it cannot judge "
-                               "a candidate")
+                return chk
+    return None
+
+
+def _draws_random(a: list, b: list, tol: Tolerance) -> bool:
+    """Outputs of two calls from two seeds that differ beyond the tolerance."""
+    return _differs(a, b, tol) is not None
+
+
+def _check_reference_determinism(a: list, b: list, tol: Tolerance, mode: str = "train") -> None:
+    chk = _differs(a, b, tol)
+    if chk is not None:
+        raise _Verdict("reference", f"the reference is not deterministic: two eager runs "
+                       f"on the same inputs in {mode}() mode, from the same seed, differ "
+                       f"(output {chk.index}, max abs {chk.max_abs:.3g}), e.g. randomness torch's "
+                       "generators do not drive (Python's random, atomics); it cannot judge "
+                       "a candidate")
 
 
 #: elements compared at a time by _same: comparing a whole 8.6 GB input at once made temporaries

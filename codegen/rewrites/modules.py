@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import fx
 
-from codegen.rewrites.common import _attr_node, _module_calls
+from codegen.rewrites.common import _attr_node, _module_calls, _replace
 
 
 def modules_to_functionals(gm: fx.GraphModule) -> bool:
@@ -52,13 +52,6 @@ def modules_to_functionals(gm: fx.GraphModule) -> bool:
     return changed
 
 
-def _given(n: fx.Node, pos: int, name: str, default=None):
-    """A call's argument by position or keyword (``default`` when not given)."""
-    if len(n.args) > pos:
-        return n.args[pos]
-    return n.kwargs.get(name, default)
-
-
 def transformer_layers(gm: fx.GraphModule) -> bool:
     """``nn.TransformerEncoder`` and ``nn.TransformerEncoderLayer`` calls without masks, written
     out as the calls PyTorch's own (non-fused) path makes: the layers in turn, then the final
@@ -97,12 +90,11 @@ def _write_out(gm: fx.GraphModule, n: fx.Node) -> bool:
             if mod.norm is not None:
                 x = graph.call_module(f"{n.target}.norm", (x,))
         x.meta = dict(n.meta)
-        n.replace_all_uses_with(x)
-        graph.erase_node(n)
+        _replace(n, x)
         for layer in layers:
             _write_out(gm, layer)
         return True
-    elif isinstance(mod, nn.TransformerEncoderLayer):
+    if isinstance(mod, nn.TransformerEncoderLayer):
         if (not n.args or len(n.args) > 1 or any(v not in (None, False) for v in n.kwargs.values())
                 or not mod.self_attn._qkv_same_embed_dim):
             return False
@@ -131,9 +123,7 @@ def _write_out(gm: fx.GraphModule, n: fx.Node) -> bool:
             else:
                 x = call("norm1", graph.call_function(operator.add, (x, sa(x))))
                 x = call("norm2", graph.call_function(operator.add, (x, ff(x))))
-    else:
-        return False
-    x.meta = dict(n.meta)
-    n.replace_all_uses_with(x)
-    graph.erase_node(n)
-    return True
+        x.meta = dict(n.meta)
+        _replace(n, x)
+        return True
+    return False
