@@ -118,6 +118,9 @@ FUNCTIONS: dict[Any, str] = {
     torch.true_divide: "div", torch.pow: "pow", torch.maximum: "maximum", torch.minimum: "minimum",
     torch.fmax: "fmax", torch.fmin: "fmin", torch.where: "where",
     operator.invert: "invert", torch.bitwise_not: "invert", torch.masked_fill: "masked_fill",
+    operator.and_: "bitwise_and", operator.or_: "bitwise_or", operator.xor: "bitwise_xor",
+    torch.bitwise_and: "bitwise_and", torch.bitwise_or: "bitwise_or", torch.bitwise_xor: "bitwise_xor",
+    torch.logical_and: "logical_and", torch.logical_or: "logical_or", torch.logical_xor: "logical_xor",
     torch.clamp: "clamp", torch.clip: "clamp", torch.clamp_min: "clamp_min",
     torch.clamp_max: "clamp_max", torch.gt: "gt", torch.ge: "ge", torch.lt: "lt", torch.le: "le",
     torch.eq: "eq", torch.ne: "ne", torch.greater: "gt", torch.less: "lt",
@@ -297,7 +300,9 @@ METHODS: dict[str, str] = {
     "add": "add", "sub": "sub", "mul": "mul", "div": "div", "true_divide": "div", "pow": "pow",
     "clamp": "clamp", "clip": "clamp", "clamp_min": "clamp_min", "clamp_max": "clamp_max",
     "maximum": "maximum", "minimum": "minimum", "where": "where_method", "gt": "gt", "ge": "ge",
-    "masked_fill": "masked_fill", "bitwise_not": "invert",
+    "masked_fill": "masked_fill", "bitwise_not": "invert", "bitwise_and": "bitwise_and",
+    "bitwise_or": "bitwise_or", "bitwise_xor": "bitwise_xor", "logical_and": "logical_and",
+    "logical_or": "logical_or", "logical_xor": "logical_xor",
     "lt": "lt", "le": "le", "eq": "eq", "ne": "ne", "sum": "sum", "mean": "mean", "prod": "prod",
     "amax": "amax", "amin": "amin", "argmax": "argmax", "argmin": "argmin",
     "logsumexp": "logsumexp", "max": "max", "min": "min", "softmax": "softmax",
@@ -310,6 +315,8 @@ METHODS: dict[str, str] = {
     "to": "to", "type_as": "type_as", "clone": "clone", "detach": "detach",
     "logical_not": "logical_not",
 }
+#: the callables' names of the boolean binary ops -> the pointwise op (codegen.ops.LOGICAL)
+_LOGICAL = {f"{k}_{o}": f"logical_{o}" for k in ("bitwise", "logical") for o in ("and", "or", "xor")}
 METHODS.update({v: v for v in VIEWS})
 METHODS.update({"cumsum": "cumsum", "cumprod": "cumprod", "flip": "flip", "type": "to"})
 
@@ -748,6 +755,14 @@ def _from_name(name: str, node: fx.Node, args: tuple, kwargs: dict, extra: dict 
         if not isinstance(b["input"], fx.Node) or node_dtype(b["input"]) != torch.bool:
             raise TypeError("bitwise not of a tensor that is not bool")
         return NOp("pointwise", "logical_not", node, [b["input"]])
+    if name in _LOGICAL:  # m1 & m2 of bool tensors, logical_and of any (integers' bitwise & stays torch)
+        b = _bind(_d("l", "x", ["input", "other"]), args, kwargs)
+        x, y = b["input"], b["other"]
+        if not (isinstance(x, fx.Node) and isinstance(y, fx.Node)):
+            raise TypeError(f"{name} with a Python operand")
+        if name.startswith("bitwise") and not node_dtype(x) == node_dtype(y) == torch.bool:
+            raise TypeError(f"{name} of tensors that are not bool")
+        return NOp("pointwise", _LOGICAL[name], node, [x, y])
     if name == "where_method":  # x.where(cond, other)
         b = _bind(_d("w", "x", ["input", "condition", "other"]), args, kwargs)
         return NOp("pointwise", "where", node, [b["condition"], b["input"], b["other"]])
@@ -830,9 +845,9 @@ def _pow(a: str, e: Any) -> str:
     if e == 0.0:
         return f"({a} * 0.0 + 1.0)"
     if e == 0.5:
-        return f"tl.sqrt({a})"
+        return f"_egg_sqrt({a})"
     if e == -1.0:
-        return f"(1.0 / {a})"
+        return f"_egg_div(1.0, {a})"
     if e == -0.5:
         return f"(1.0 / tl.sqrt({a}))"
     if e == int(e):  # integer power of any sign base: |a|^e with the sign of a^e
@@ -841,6 +856,28 @@ def _pow(a: str, e: Any) -> str:
             return f"tl.where({a} < 0, -{mag}, {mag})"
         return mag
     return f"tl.exp({lit(e)} * tl.log({a}))"
+
+
+def _div(op: NOp, x: str, y: str) -> str:
+    """x / y as eager computes it (a step function after it, ``round(x / scale)``, needs the
+    same rounding, not a value within the tolerance):
+    - a tensor by a Python number: CUDA's division kernel multiplies by the divisor's fp32
+      reciprocal (div_true_kernel_cuda, "may lose one bit"), the CPU's divides fp32 and
+      multiplies 16-bit tensors (``_egg_sdiv`` picks by where the kernel runs);
+    - a number by a tensor (``c / t``): Tensor.__rtruediv__ is ``t.reciprocal() * c``;
+    - otherwise IEEE division (``_egg_div``; Triton's own `/` on fp32 is within 2 ulp)."""
+    num, den = op.operands[0], op.operands[1]
+    if isinstance(num, fx.Node) and is_scalar(den) and not isinstance(den, bool) and float(den) != 0:
+        dt = node_dtype(op.node)
+        if dt == torch.float64:
+            return f"_egg_div({x}, {y})"
+        inv = lit(float(torch.tensor(1.0) / torch.tensor(float(den))))  # 1.0f / (float)den
+        if dt in (torch.bfloat16, torch.float16):
+            return f"({x} * {inv})"
+        return f"_egg_sdiv({x}, {y}, {inv})"
+    if op.node.target is operator.truediv and is_scalar(num) and isinstance(den, fx.Node):
+        return f"(_egg_div(1.0, {y}) * {x})"
+    return f"_egg_div({x}, {y})"
 
 
 def _clamp(a: str, lo: str | None, hi: str | None) -> str:
@@ -865,8 +902,10 @@ def emit(op: NOp, a: list[str | None]) -> str:
     if n == "rsub":
         b = x if p.get("alpha", 1) == 1 else f"({x} * {lit(p['alpha'])})"
         return f"({a[1]} - {b})"
+    if n == "div":
+        return _div(op, x, a[1])
     simple = {
-        "mul": "({0} * {1})", "div": "({0} / {1})", "maximum": nan_max("{0}", "{1}"),
+        "mul": "({0} * {1})", "maximum": nan_max("{0}", "{1}"),
         "minimum": nan_min("{0}", "{1}"), "fmax": "tl.maximum({0}, {1})", "fmin": "tl.minimum({0}, {1})",
         "gt": "({0} > {1})", "ge": "({0} >= {1})",
         "lt": "({0} < {1})", "le": "({0} <= {1})", "eq": "({0} == {1})", "ne": "({0} != {1})",
@@ -875,6 +914,8 @@ def emit(op: NOp, a: list[str | None]) -> str:
         return simple[n].format(x, a[1])
     if n == "where":
         return f"tl.where({a[0]}, {a[1]}, {a[2]})"
+    if n in LOGICAL:  # on the operands' truth (bool held as int1, or a float / integer != 0)
+        return f"(({x} != 0) {LOGICAL[n]} ({a[1]} != 0))"
     if n == "rotate_half":  # x is the operand loaded at column (j + D/2) % D (pointwise template)
         d = int(p["size"])
         return f"tl.where((offs % {d}) < {d // 2}, -({x}), {x})"
@@ -901,7 +942,7 @@ def emit(op: NOp, a: list[str | None]) -> str:
         "neg": "(-{0})", "abs": "tl.abs({0})", "exp": "tl.exp({0})", "exp2": "tl.exp2({0})",
         "expm1": "(tl.exp({0}) - 1.0)", "log": "tl.log({0})", "log2": "tl.log2({0})",
         "log10": "(tl.log({0}) * 0.4342944819032518)", "log1p": "tl.log(1.0 + {0})",
-        "sqrt": "tl.sqrt({0})", "rsqrt": "(1.0 / tl.sqrt({0}))", "sin": "tl.sin({0})",
+        "sqrt": "_egg_sqrt({0})", "rsqrt": "(1.0 / tl.sqrt({0}))", "sin": "tl.sin({0})",
         "cos": "tl.cos({0})", "tan": "(tl.sin({0}) / tl.cos({0}))", "sigmoid": "tl.sigmoid({0})",
         "tanh": "_egg_tanh({0})", "relu": nan_max("{0}", "0.0"),
         "relu6": nan_min(nan_max("{0}", "0.0"), "6.0"), "silu": "({0} * tl.sigmoid({0}))",
@@ -910,7 +951,7 @@ def emit(op: NOp, a: list[str | None]) -> str:
         "selu": f"({SELU_SCALE!r} * tl.where({{0}} > 0, {{0}}, {SELU_ALPHA!r} * (tl.exp({{0}}) - 1.0)))",
         "hardsigmoid": nan_min(nan_max("{0} / 6.0 + 0.5", "0.0"), "1.0"),
         "hardswish": f"({{0}} * {nan_min(nan_max('{0} + 3.0', '0.0'), '6.0')} / 6.0)",
-        "reciprocal": "(1.0 / {0})", "square": "({0} * {0})",
+        "reciprocal": "_egg_div(1.0, {0})", "square": "({0} * {0})",
         "sign": "tl.where({0} > 0, 1.0, tl.where({0} < 0, -1.0, 0.0))",
         "floor": "tl.floor({0})", "ceil": "tl.ceil({0})", "erf": "tl.math.erf({0})",
         "round": "_egg_rint({0})",
@@ -942,7 +983,8 @@ def emit(op: NOp, a: list[str | None]) -> str:
 
 #: the comparisons (bool results; codegen.fusion compares signed integers with them too)
 COMPARISONS = {"gt", "ge", "lt", "le", "eq", "ne"}
-BOOL_RESULT = COMPARISONS | {"logical_not"}
+LOGICAL = {"logical_and": "&", "logical_or": "|", "logical_xor": "!="}
+BOOL_RESULT = COMPARISONS | {"logical_not"} | set(LOGICAL)
 #: ops whose result jumps where their operand crosses a point: a 16-bit operand computed in the
 #: group is rounded to its dtype before them, as eager's stored intermediate is (codegen.emit)
 STEP_OPS = COMPARISONS | {"floor", "ceil", "sign", "round", "to_int"}

@@ -53,6 +53,9 @@ class KernelCheck:
     #: a 16-bit operand read by scalar ``ld.global.b16`` where the others are ``.v4`` is one
     #: whose index the compiler could not prove contiguous (a memory-bound kernel's smell)
     global_access: dict = field(default_factory=dict)
+    #: fp32 divisions and square roots by PTX form ("div.rn.f32": 2, ...): ``div.full.f32`` and
+    #: ``sqrt.approx`` are Triton's `/` and tl.sqrt, within 2 ulp of eager's IEEE result
+    float_forms: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -277,6 +280,14 @@ def global_access(ptx: str) -> dict[str, int]:
     return out
 
 
+def float_forms(ptx: str) -> dict[str, int]:
+    """Counts of a PTX text's fp32 division and square-root instructions, by form."""
+    out: dict[str, int] = {}
+    for m in re.finditer(r"\b((?:div|sqrt|rcp)(?:\.[a-z]+)*\.f32)\b", ptx):
+        out[m.group(1)] = out.get(m.group(1), 0) + 1
+    return out
+
+
 class _Launch:
     def __init__(self, fn, args, kwargs):
         self.fn, self.args, self.kwargs = fn, args, kwargs
@@ -386,7 +397,8 @@ def child_main(req: dict) -> dict:
         regs, local = _resource_usage(kernel.asm.get("cubin", b""), md.name)
         kc.update(shared=int(md.shared), num_warps=int(md.num_warps), num_stages=int(md.num_stages),
                   n_regs=regs, local_bytes=local, constexprs=shown, compile_s=time.time() - t0,
-                  global_access=global_access(kernel.asm.get("ptx", "")))
+                  global_access=global_access(kernel.asm.get("ptx", "")),
+                  float_forms=float_forms(kernel.asm.get("ptx", "")))
         if md.shared > int(req["smem_limit"]):
             kc.update(ok=False, category="shared_memory",
                       reason=f"{md.shared} bytes of shared memory, the device allows {req['smem_limit']}")

@@ -1,5 +1,5 @@
 """Masks built in forward as pointwise kernels: comparisons of signed integer tensors (positions
-against lengths), ``~`` of a bool tensor and ``masked_fill`` (codegen.ops, codegen.fusion
+against lengths), ``~``, ``&``, ``|``, ``^`` of bool tensors (``torch.logical_*`` of any) and ``masked_fill`` (codegen.ops, codegen.fusion
 ._int_comparison). The integers are compared as integers: int64 values 2**40 apart by 1, which
 fp32 cannot tell apart, decide the result. Against torch in the interpreter, as a user calls
 the module (tests/dropin.check_dropin)."""
@@ -26,6 +26,13 @@ CASES = {
         "x, v",
         "        return torch.relu(x).masked_fill(x > 0.5, v) + 1.0\n",
         "[torch.randn(5, 7), torch.tensor(-3.0)]"),
+    # masks combined: & | ^ of bool tensors, torch.logical_* of floats (their truth)
+    "combined": problem(
+        "x, y, pos, n",
+        "        keep = (x > 0) & (y < 0.5) | (pos[None, :] >= n[:, None])\n"
+        "        other = torch.logical_xor(x > 1, y > 0) | ~(x < -1) ^ (y > 1)\n"
+        "        return torch.where(keep, x, y), torch.logical_and(x, y.relu()).float() + other\n",
+        "[torch.randn(4, 16), torch.randn(4, 16), torch.arange(16), torch.tensor([16, 3, 0, 9])]"),
 }
 
 
@@ -35,7 +42,8 @@ def test_masks_built_in_forward_are_pointwise_kernels(name, write_problem, tmp_p
     comp = generated_matches(path, tmp_path, seeds=(0, 1))
     assert [g.kind for g in comp.plan.groups] == ["pointwise"] * len(comp.plan.groups)
     left = [op.name for op in comp.plan.nops.values() if op.kind == "library"]
-    assert not [x for x in left if x in ("lt", "ge", "ne", "where", "masked_fill", "logical_not")], left
+    assert not [x for x in left if x in ("lt", "ge", "ne", "where", "masked_fill", "logical_not")
+                or "and" in x or "or" in x], left
     rep = check_dropin(path.read_text(), comp.emitted.source, calls=1)
     slow = {(t.mode, t.name) for t in rep.trials if not t.fast and not t.raised and t.name != "moved back"}
     assert not slow, slow
@@ -46,6 +54,8 @@ LEFT = {
     # value tensor of another dtype (masked_fill casts it first)
     "bitwise": ("x, m", "        return x + (~m).float()\n",
                 "[torch.randn(4), torch.tensor([1, 2, 3, 4])]", "invert"),
+    "int_and": ("x, m", "        return x + (m & 6).float()\n",
+                "[torch.randn(4), torch.tensor([1, 2, 3, 7])]", "and_"),
     "uint8": ("x, a", "        return torch.where(a > 3, x, 0.0)\n",
               "[torch.randn(6), torch.arange(6, dtype=torch.uint8)]", "gt"),
     "value_dtype": ("x, v", "        return x.masked_fill(x > 0, v)\n",

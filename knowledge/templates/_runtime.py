@@ -320,6 +320,41 @@ def _egg_index3(row, O1, O2, S0, S1, S2):
 
 
 @triton.jit
+def _egg_div(x, y):
+    # x / y as eager divides: IEEE round-to-nearest. Triton's `/` on fp32 is PTX div.full.f32
+    # (within 2 ulp), and a quotient one ulp off lands on the other side of a rounding step
+    # (int8 quantization's round(x / scale) came out 1 apart); fp64 `/` is already div.rn
+    q = x / y
+    if q.dtype == tl.float32:
+        q = tl.math.div_rn(x * 1.0, y * 1.0)  # * 1.0: an integer operand (or literal) as fp32
+    return q
+
+
+#: kernels run by Triton's interpreter (on CPU tensors), where eager's arithmetic is the CPU's
+_EGG_INTERPRETED = tl.constexpr(bool(triton.knobs.runtime.interpret))
+
+
+@triton.jit
+def _egg_sdiv(x, c, inv):
+    # fp32 x / c for a Python number c: eager on CUDA multiplies by the reciprocal inv
+    # (1.0f / c, computed in fp32 on the host), eager on the CPU divides
+    if _EGG_INTERPRETED:
+        q = _egg_div(x, c)
+    else:
+        q = x * inv
+    return q
+
+
+@triton.jit
+def _egg_sqrt(x):
+    # torch.sqrt is IEEE (sqrt.rn); Triton's tl.sqrt on fp32 is sqrt.approx.ftz
+    r = tl.sqrt(x)
+    if r.dtype == tl.float32:
+        r = tl.math.sqrt_rn(x * 1.0)
+    return r
+
+
+@triton.jit
 def _egg_rint(x):
     # torch.round: to the nearest integer, ties to even. |x| + 2^23 has a spacing of 1, so the
     # add rounds (round-to-nearest-even, the IEEE default) and the subtraction is exact; from
