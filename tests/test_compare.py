@@ -344,3 +344,36 @@ def test_nested_outputs_flatten_with_their_structure():
     assert structure_error(out, flatten({"logits": a, "past": (b, c)})) is None
     assert "structure" in structure_error(out, flatten((a, b, c)))
     assert "structure" in structure_error(out, flatten({"logits": a, "cache": (b, c)}))
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int64, torch.bool])
+def test_integer_decision_regime_admits_values_as_close_to_float64_as_eagers(dtype):
+    """Integers and bools decided from rounded floats (_integer_door): where eager's differ from
+    float64's at n_e elements, a candidate differing at <= 2 n_e elements, each by no more than
+    eager's largest difference, passes by "fp64"; more elements, a larger step, or any
+    difference where eager matches float64 exactly, fails with the counts."""
+    g = torch.Generator().manual_seed(0)
+    ref64 = torch.randint(0, 2, (4000,), generator=g).to(dtype)
+
+    def off(t, idx, by=1):
+        t = t.long().clone()
+        t[idx] += by
+        return (t % 2).to(dtype) if dtype == torch.bool else t.to(dtype)
+
+    eager = off(ref64, torch.arange(0, 100))  # 100 elements one off float64's
+    honest = off(ref64, torch.arange(50, 250))  # 200 off float64's, 200 + 100 - 2*50 off eager's
+
+    def door(cand, e=eager):
+        chk = compare_output(0, e, cand, Tolerance())
+        assert not chk.ok and "integer values differ" in chk.reason
+        return fp64_door(chk, ref64, e, cand, Tolerance())
+
+    chk = door(honest)
+    assert chk.ok and chk.passed_by == "fp64" and chk.extra["decision_regime"], chk.reason
+    chk = door(off(ref64, torch.arange(50, 260)))  # 210 > 2 * 100
+    assert not chk.ok and "at 210 elements" in chk.reason and "eager's at 100" in chk.reason
+    if dtype != torch.bool:
+        chk = door(off(ref64, torch.arange(50, 60), by=2))  # few, but two steps where eager's one
+        assert not chk.ok and "by up to 2" in chk.reason
+    chk = door(honest, e=ref64.clone())  # eager equals float64: exact equality stays the contract
+    assert not chk.ok and "eager's at 0" in chk.reason
