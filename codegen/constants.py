@@ -31,6 +31,8 @@ from harness.capture import ROOT_VALUE
 RANDOM_FUNCTIONS = {torch.rand, torch.randn, torch.randint, torch.randperm, torch.normal,
                     torch.bernoulli, torch.rand_like, torch.randn_like, torch.randint_like,
                     torch.multinomial, torch.poisson, F.dropout, torch.dropout}
+#: callables whose names end in "_" without writing in place (``a & b`` is operator.and_)
+NOT_IN_PLACE = {operator.and_, operator.or_, operator.not_}
 #: shape / dtype / device queries: their results are keys of a table
 QUERY_ATTRS = {"shape", "dtype", "device", "ndim"}
 QUERY_METHODS = {"size", "dim", "numel"}
@@ -115,7 +117,8 @@ def classify_nodes(gm: fx.GraphModule, free: set[str]) -> dict[fx.Node, str]:
                 and _scalar(_value(n)) and not _is_tensor(n):
             kind[n] = "key"
             continue
-        if (n.target in RANDOM_FUNCTIONS or name.endswith("_") or name.startswith("_egg")
+        if (n.target in RANDOM_FUNCTIONS or (name.endswith("_") and n.target not in NOT_IN_PLACE)
+                or name.startswith("_egg")
                 or getattr(n.target, "__module__", "") in ("egg_breaks", "egg_generated")
                 or not all(k in ("key", "lit", "const") for k in ins)):
             kind[n] = "var"

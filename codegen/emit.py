@@ -7,6 +7,7 @@ call of its wrapper. Everything not fused stays the torch code it was.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 import operator
@@ -535,13 +536,24 @@ def _emit_core(plan: FusionPlan, configs: dict[str, dict],
                  attr_buffers=list(getattr(cap, "attr_buffers", []) or []), folds=folds)
 
 
+class _AnyKey:
+    """A fold's key value in core_text: any (its repr is the same for every size)."""
+
+    def __repr__(self) -> str:
+        return "<key>"
+
+
 def core_text(plan: FusionPlan) -> str:
     """What a plan's file computes with, as text (kernels, wrappers, forward, constants): two
     plans with the same text run the same code (codegen.dropin compares probes by it)."""
     c = _emit_core(plan, {})
+    # a table's keys are the traced sizes it was built for: the same code for other sizes (the
+    # fold computes its table as the forward did when they differ), so they do not count
+    folds = [fold_source_lines(dataclasses.replace(f, keys=[k if isinstance(k, torch.device) else _AnyKey()
+                                                            for k in f.keys]),
+                               lambda g: _forward_source(g, {}))[1] for f in plan.folds]
     return "\n".join(c.kernels + c.wrappers + c.imports + [c.forward] + c.init
-                     + _traced_constants(plan.gm) + c.attr_buffers
-                     + [code for code, _ in c.folds.values()]
+                     + _traced_constants(plan.gm) + c.attr_buffers + folds
                      + [src for name, src in sorted(c.breaks.items()) if name in c.forward])
 
 

@@ -26,6 +26,13 @@ CASES = {
         "x, v",
         "        return torch.relu(x).masked_fill(x > 0.5, v) + 1.0\n",
         "[torch.randn(5, 7), torch.tensor(-3.0)]"),
+    # positions from arange(size) of an input: a table at init for the traced size, computed as
+    # the forward did at another (its key), the kernel the same for every size
+    "arange_positions": problem(
+        "s, n",
+        "        pos = torch.arange(s.shape[-1], device=s.device)\n"
+        "        return s.masked_fill(pos[None, :] >= n[:, None], float('-inf')) * 2.0\n",
+        "[torch.randn(4, 9), torch.tensor([9, 3, 0, 5])]"),
     # masks combined: & | ^ of bool tensors, torch.logical_* of floats (their truth)
     "combined": problem(
         "x, y, pos, n",

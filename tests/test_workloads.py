@@ -219,9 +219,10 @@ KINDS = {
     # bf16 cumsum rounded and the threshold compared in bf16, as eager compares them); the
     # masked_fill of the removed logits after the scatter, a pointwise kernel
     "29_top_p_filter.py": ["softmax", "scan", "pointwise"],
-    # rw-attention with a window mask built from position indices: the mask's integer
-    # comparisons a pointwise kernel, then one flash kernel (skipping the blocks it hides)
-    "31_sliding_window_prefill_attention.py": ["pointwise", "attention"],
+    # rw-attention with a window mask built from position indices: the mask (its comparisons,
+    # their & and its ~) a table at init, computed again at another length; one flash kernel
+    # (skipping the blocks it hides)
+    "31_sliding_window_prefill_attention.py": ["attention"],
     # rw-dequant-program: the int4 nibbles unpacked, interleaved and group-scaled in the
     # product's registers (no 16-bit copy of the weight)
     "37_int4_groupwise_gemv.py": ["matmul"],
