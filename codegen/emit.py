@@ -107,7 +107,7 @@ class _Namer:
         is_bool = O.node_dtype(o) == torch.bool
         if consumer.name == "where" and pos == 0:
             return e if is_bool else f"({e} != 0)"
-        if is_bool and consumer.name not in ("logical_not", "identity"):
+        if is_bool and consumer.name not in ("logical_not", "identity", *O.LOGICAL):
             return f"{e}.to(tl.float32)"
         return e
 
